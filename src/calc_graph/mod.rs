@@ -1,0 +1,708 @@
+//! The calculation graph: Pods, Namespaces and NetworkPolicies in, the node's desired
+//! iptables chains and IP sets out, as deltas. Pure: no I/O.
+//!
+//! Events update the model and mark what they affect dirty; `flush` renders only the dirty
+//! parts and returns the difference to what it emitted before. What depends on what:
+//! - set members (`set_index`) follow every pod, cluster-wide, but only for the sets that the
+//!   active policies reference;
+//! - a policy is *active* when it selects at least one local endpoint (a pod on this node
+//!   with a resolvable interface); only active policies get chains and take set references;
+//! - each local endpoint has `cali-tw-`/`cali-fw-` chains listing the active policies that
+//!   select it; the dispatch chains list the endpoints; each namespace with endpoints has its
+//!   profile chains.
+
+pub mod model;
+mod set_index;
+pub mod state;
+#[cfg(test)]
+mod tests;
+pub mod validate;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use tracing::{error, warn};
+
+use crate::iface_naming::InterfaceResolver;
+use crate::ipsets::{set_name, Member, SetDef, SetSpec};
+use crate::rules::chains::{endpoint_chains, profile_chains, static_chains};
+use crate::rules::dispatch::dispatch_chains;
+use crate::rules::policy::{plan, policy_chains, PolicyPlan};
+use crate::rules::{Chain, RuleConfig};
+
+use model::{IpFamily, NamespaceInfo, ObjectKey, PodInfo, PolicyInfo};
+use set_index::SetIndex;
+use state::{DesiredState, FamilyState, SetHeader, Update};
+
+pub struct GraphConfig {
+    /// Pods whose `spec.nodeName` is this are local endpoints.
+    pub node_name: String,
+    pub families: Vec<IpFamily>,
+    pub rules: RuleConfig,
+    pub resolver: Box<dyn InterfaceResolver>,
+}
+
+/// Why an object (or a part of it) is not enforced as written.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RejectKind {
+    /// The object failed validation; its last valid version (if any) stays in force.
+    Invalid,
+    /// A local pod whose host interface could not be named; it gets no chains, and the
+    /// dispatch chains drop its traffic as an unknown interface.
+    Interface,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    Pod,
+    Namespace,
+    NetworkPolicy,
+}
+
+impl ObjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Pod => "Pod",
+            ObjectKind::Namespace => "Namespace",
+            ObjectKind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+}
+
+/// Something that owns chains; re-rendered as a unit when dirty.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Owner {
+    Static,
+    Dispatch,
+    Profile(String),
+    Policy(ObjectKey),
+    Endpoint(ObjectKey),
+}
+
+struct Endpoint {
+    iface: String,
+    /// Active policies selecting this pod (any direction).
+    policies: BTreeSet<ObjectKey>,
+}
+
+struct PolicyEntry {
+    info: PolicyInfo,
+    plan: PolicyPlan,
+    /// Local endpoints the policy selects; non-empty means active.
+    selects: BTreeSet<ObjectKey>,
+}
+
+pub struct CalcGraph {
+    cfg: GraphConfig,
+    sets: SetIndex,
+    policies: HashMap<ObjectKey, PolicyEntry>,
+    policies_by_ns: HashMap<String, BTreeSet<ObjectKey>>,
+    endpoints: BTreeMap<ObjectKey, Endpoint>,
+    endpoints_by_ns: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Pods claiming each interface name; the first (by key) gets the chains.
+    iface_claims: HashMap<String, BTreeSet<ObjectKey>>,
+    rejected: BTreeMap<(ObjectKind, String), (RejectKind, String)>,
+
+    dirty: BTreeSet<Owner>,
+    owned: HashMap<Owner, Vec<(IpFamily, String)>>,
+    emitted_chains: BTreeMap<(IpFamily, String), Chain>,
+    emitted_sets: BTreeMap<String, SetDef>,
+}
+
+impl CalcGraph {
+    pub fn new(cfg: GraphConfig) -> CalcGraph {
+        let mut graph = CalcGraph {
+            cfg,
+            sets: SetIndex::default(),
+            policies: HashMap::new(),
+            policies_by_ns: HashMap::new(),
+            endpoints: BTreeMap::new(),
+            endpoints_by_ns: HashMap::new(),
+            iface_claims: HashMap::new(),
+            rejected: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            owned: HashMap::new(),
+            emitted_chains: BTreeMap::new(),
+            emitted_sets: BTreeMap::new(),
+        };
+        graph.dirty.insert(Owner::Static);
+        graph.dirty.insert(Owner::Dispatch);
+        graph
+    }
+
+    pub fn config(&self) -> &GraphConfig {
+        &self.cfg
+    }
+
+    /// Objects (or local pods' interfaces) currently not enforced as written, with the reason.
+    pub fn rejections(&self) -> &BTreeMap<(ObjectKind, String), (RejectKind, String)> {
+        &self.rejected
+    }
+
+    pub fn local_endpoint_count(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    pub fn active_policy_count(&self) -> usize {
+        self.policies
+            .values()
+            .filter(|p| !p.selects.is_empty())
+            .count()
+    }
+
+    pub fn set_evaluations(&self) -> u64 {
+        self.sets.evaluations
+    }
+
+    fn reject(&mut self, kind: ObjectKind, key: String, why: RejectKind, message: String) {
+        match why {
+            RejectKind::Invalid => {
+                error!(kind = kind.as_str(), object = %key, "rejected: {message}")
+            }
+            RejectKind::Interface => {
+                warn!(kind = kind.as_str(), object = %key, "no interface: {message}")
+            }
+        }
+        self.rejected.insert((kind, key), (why, message));
+    }
+
+    fn accept(&mut self, kind: ObjectKind, key: &str) {
+        self.rejected.remove(&(kind, key.to_string()));
+    }
+
+    // ---- object-level entry points (validate, then update) ----
+
+    /// Validates and applies a Pod. An invalid pod is logged and recorded; its previous valid
+    /// version (if any) stays in force. A pod that is not a workload is removed.
+    pub fn upsert_pod(&mut self, pod: &Pod) {
+        let key = validate::namespaced_key(&pod.metadata);
+        match validate::pod(pod) {
+            Ok(Some(info)) => {
+                self.accept(ObjectKind::Pod, &key.to_string());
+                self.upsert_pod_info(info);
+            }
+            Ok(None) => {
+                self.accept(ObjectKind::Pod, &key.to_string());
+                self.remove_pod(&key);
+            }
+            Err(e) => self.reject(
+                ObjectKind::Pod,
+                key.to_string(),
+                RejectKind::Invalid,
+                e.to_string(),
+            ),
+        }
+    }
+
+    pub fn upsert_namespace(&mut self, ns: &Namespace) {
+        let name = ns.metadata.name.clone().unwrap_or_default();
+        match validate::namespace(ns) {
+            Ok(info) => {
+                self.accept(ObjectKind::Namespace, &name);
+                self.upsert_namespace_info(info);
+            }
+            Err(e) => self.reject(
+                ObjectKind::Namespace,
+                name,
+                RejectKind::Invalid,
+                e.to_string(),
+            ),
+        }
+    }
+
+    pub fn upsert_policy(&mut self, np: &NetworkPolicy) {
+        let key = validate::namespaced_key(&np.metadata);
+        match validate::network_policy(np) {
+            Ok(info) => {
+                self.accept(ObjectKind::NetworkPolicy, &key.to_string());
+                self.upsert_policy_info(info);
+            }
+            Err(e) => self.reject(
+                ObjectKind::NetworkPolicy,
+                key.to_string(),
+                RejectKind::Invalid,
+                e.to_string(),
+            ),
+        }
+    }
+
+    pub fn remove_pod(&mut self, key: &ObjectKey) {
+        self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
+        self.sets.remove_pod(key);
+        self.remove_endpoint(key);
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) {
+        self.rejected
+            .remove(&(ObjectKind::Namespace, name.to_string()));
+        self.sets.remove_namespace(name);
+    }
+
+    pub fn remove_policy(&mut self, key: &ObjectKey) {
+        self.rejected
+            .remove(&(ObjectKind::NetworkPolicy, key.to_string()));
+        let Some(entry) = self.policies.remove(key) else {
+            return;
+        };
+        if let Some(keys) = self.policies_by_ns.get_mut(&key.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.policies_by_ns.remove(&key.namespace);
+            }
+        }
+        for ep in &entry.selects {
+            if let Some(e) = self.endpoints.get_mut(ep) {
+                e.policies.remove(key);
+            }
+            self.dirty.insert(Owner::Endpoint(ep.clone()));
+        }
+        if !entry.selects.is_empty() {
+            for def in entry.plan.set_defs() {
+                self.sets.release(&def);
+            }
+        }
+        self.dirty.insert(Owner::Policy(key.clone()));
+    }
+
+    // ---- model-level updates ----
+
+    pub fn upsert_namespace_info(&mut self, info: NamespaceInfo) {
+        self.sets.upsert_namespace(info);
+    }
+
+    pub fn upsert_pod_info(&mut self, info: PodInfo) {
+        let key = info.key.clone();
+        let local = info.node.as_deref() == Some(self.cfg.node_name.as_str());
+        let iface = if local {
+            match self.cfg.resolver.resolve(&info) {
+                Ok(name) => {
+                    self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
+                    Some(name)
+                }
+                Err(e) => {
+                    self.reject(
+                        ObjectKind::Pod,
+                        key.to_string(),
+                        RejectKind::Interface,
+                        e.to_string(),
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let labels_changed = self
+            .sets
+            .pod(&key)
+            .is_none_or(|old| old.labels != info.labels);
+        self.sets.upsert_pod(info);
+
+        let Some(iface) = iface else {
+            self.remove_endpoint(&key);
+            return;
+        };
+        match self.endpoints.get_mut(&key) {
+            Some(ep) if ep.iface == iface => {
+                if labels_changed {
+                    self.reselect_policies(&key);
+                }
+            }
+            Some(ep) => {
+                let old = std::mem::replace(&mut ep.iface, iface.clone());
+                self.release_iface(&old, &key);
+                self.claim_iface(&iface, &key);
+                self.dirty.insert(Owner::Endpoint(key.clone()));
+                self.dirty.insert(Owner::Dispatch);
+                if labels_changed {
+                    self.reselect_policies(&key);
+                }
+            }
+            None => {
+                self.endpoints.insert(
+                    key.clone(),
+                    Endpoint {
+                        iface: iface.clone(),
+                        policies: BTreeSet::new(),
+                    },
+                );
+                let in_ns = self
+                    .endpoints_by_ns
+                    .entry(key.namespace.clone())
+                    .or_default();
+                in_ns.insert(key.clone());
+                if in_ns.len() == 1 {
+                    self.dirty.insert(Owner::Profile(key.namespace.clone()));
+                }
+                self.claim_iface(&iface, &key);
+                self.dirty.insert(Owner::Endpoint(key.clone()));
+                self.dirty.insert(Owner::Dispatch);
+                self.reselect_policies(&key);
+            }
+        }
+    }
+
+    fn claim_iface(&mut self, iface: &str, key: &ObjectKey) {
+        let claims = self.iface_claims.entry(iface.to_string()).or_default();
+        claims.insert(key.clone());
+        if claims.len() > 1 {
+            error!(
+                interface = iface,
+                pods = ?claims.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "several local pods resolve to one interface; only the first gets its policy, check the interface-naming scheme"
+            );
+            // The winner may have changed.
+            for k in claims.iter() {
+                self.dirty.insert(Owner::Endpoint(k.clone()));
+            }
+        }
+    }
+
+    fn release_iface(&mut self, iface: &str, key: &ObjectKey) {
+        if let Some(claims) = self.iface_claims.get_mut(iface) {
+            claims.remove(key);
+            for k in claims.iter() {
+                self.dirty.insert(Owner::Endpoint(k.clone()));
+            }
+            if claims.is_empty() {
+                self.iface_claims.remove(iface);
+            }
+        }
+    }
+
+    fn remove_endpoint(&mut self, key: &ObjectKey) {
+        let Some(ep) = self.endpoints.remove(key) else {
+            return;
+        };
+        self.release_iface(&ep.iface, key);
+        if let Some(in_ns) = self.endpoints_by_ns.get_mut(&key.namespace) {
+            in_ns.remove(key);
+            if in_ns.is_empty() {
+                self.endpoints_by_ns.remove(&key.namespace);
+                self.dirty.insert(Owner::Profile(key.namespace.clone()));
+            }
+        }
+        for policy in ep.policies {
+            self.set_selection(&policy, key, false);
+        }
+        self.dirty.insert(Owner::Endpoint(key.clone()));
+        self.dirty.insert(Owner::Dispatch);
+    }
+
+    /// Re-evaluates which policies of its namespace select a local endpoint.
+    fn reselect_policies(&mut self, key: &ObjectKey) {
+        let Some(labels) = self.sets.pod(key).map(|p| p.labels.clone()) else {
+            return;
+        };
+        let candidates: Vec<ObjectKey> = self
+            .policies_by_ns
+            .get(&key.namespace)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for policy in candidates {
+            let selects = self
+                .policies
+                .get(&policy)
+                .is_some_and(|p| p.info.pod_selector.matches(&labels));
+            self.set_selection(&policy, key, selects);
+        }
+    }
+
+    /// Records whether `policy` selects endpoint `ep`, activating or retiring the policy when
+    /// that changes whether it selects anything.
+    fn set_selection(&mut self, policy: &ObjectKey, ep: &ObjectKey, selects: bool) {
+        let Some(entry) = self.policies.get_mut(policy) else {
+            return;
+        };
+        let was_active = !entry.selects.is_empty();
+        let changed = if selects {
+            entry.selects.insert(ep.clone())
+        } else {
+            entry.selects.remove(ep)
+        };
+        if !changed {
+            return;
+        }
+        let is_active = !entry.selects.is_empty();
+        if let Some(e) = self.endpoints.get_mut(ep) {
+            if selects {
+                e.policies.insert(policy.clone());
+            } else {
+                e.policies.remove(policy);
+            }
+        }
+        self.dirty.insert(Owner::Endpoint(ep.clone()));
+        if was_active != is_active {
+            let defs = entry.plan.set_defs();
+            for def in &defs {
+                if is_active {
+                    self.sets.acquire(def);
+                } else {
+                    self.sets.release(def);
+                }
+            }
+            self.dirty.insert(Owner::Policy(policy.clone()));
+        }
+    }
+
+    pub fn upsert_policy_info(&mut self, info: PolicyInfo) {
+        let key = info.key.clone();
+        if self.policies.get(&key).is_some_and(|p| p.info == info) {
+            return;
+        }
+        let new_plan = plan(&info);
+        let selects: BTreeSet<ObjectKey> = self
+            .endpoints_by_ns
+            .get(&key.namespace)
+            .into_iter()
+            .flatten()
+            .filter(|ep| {
+                self.sets
+                    .pod(ep)
+                    .is_some_and(|p| info.pod_selector.matches(&p.labels))
+            })
+            .cloned()
+            .collect();
+        let old = self.policies.remove(&key);
+        // New references first, so sets shared by the old and new version are not churned.
+        if !selects.is_empty() {
+            for def in new_plan.set_defs() {
+                self.sets.acquire(&def);
+            }
+        }
+        let old_selects = match &old {
+            Some(old) => {
+                if !old.selects.is_empty() {
+                    for def in old.plan.set_defs() {
+                        self.sets.release(&def);
+                    }
+                }
+                old.selects.clone()
+            }
+            None => BTreeSet::new(),
+        };
+        for ep in old_selects.union(&selects) {
+            if let Some(e) = self.endpoints.get_mut(ep) {
+                if selects.contains(ep) {
+                    e.policies.insert(key.clone());
+                } else {
+                    e.policies.remove(&key);
+                }
+            }
+            // Re-rendered even when still selected: the directions it governs may differ.
+            self.dirty.insert(Owner::Endpoint(ep.clone()));
+        }
+        self.policies_by_ns
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.clone());
+        self.dirty.insert(Owner::Policy(key.clone()));
+        self.policies.insert(
+            key,
+            PolicyEntry {
+                info,
+                plan: new_plan,
+                selects,
+            },
+        );
+    }
+
+    // ---- output ----
+
+    /// Renders everything dirty and returns the changes since the last flush.
+    pub fn flush(&mut self) -> Update {
+        let mut update = Update::default();
+        self.flush_sets(&mut update);
+        let dirty = std::mem::take(&mut self.dirty);
+        for owner in dirty {
+            let chains = self.render_owner(&owner);
+            let names: Vec<(IpFamily, String)> =
+                chains.iter().map(|(f, c)| (*f, c.name.clone())).collect();
+            let wanted: BTreeSet<&(IpFamily, String)> = names.iter().collect();
+            for old in self.owned.remove(&owner).unwrap_or_default() {
+                if !wanted.contains(&old) && self.emitted_chains.remove(&old).is_some() {
+                    update.chains_removed.push(old);
+                }
+            }
+            for (family, chain) in chains {
+                let slot = (family, chain.name.clone());
+                if self.emitted_chains.get(&slot) != Some(&chain) {
+                    self.emitted_chains.insert(slot, chain.clone());
+                    update.chains_upserted.push((family, chain));
+                }
+            }
+            if !names.is_empty() {
+                self.owned.insert(owner, names);
+            }
+        }
+        // A chain handed from one owner to another in the same flush is upserted, not removed.
+        let upserted: BTreeSet<(IpFamily, String)> = update
+            .chains_upserted
+            .iter()
+            .map(|(f, c)| (*f, c.name.clone()))
+            .collect();
+        update.chains_removed.retain(|c| !upserted.contains(c));
+        update
+    }
+
+    fn flush_sets(&mut self, update: &mut Update) {
+        let families = self.cfg.families.clone();
+        let mut pending: Vec<(String, set_index::PendingSet)> = self.sets.pending.drain().collect();
+        pending.sort_by(|a, b| a.0.cmp(&b.0));
+        for (id, change) in pending {
+            let now = self.sets.set_by_id(&id).map(|s| s.def.clone());
+            let was = self.emitted_sets.contains_key(&id);
+            match (was, now) {
+                (false, Some(def)) => {
+                    for family in &families {
+                        update.sets_created.push(SetHeader {
+                            name: set_name(*family, &id),
+                            family: *family,
+                            set_type: def.set_type(),
+                        });
+                    }
+                    self.emitted_sets.insert(id.clone(), def);
+                    add_member_changes(update, &families, &id, &change.members, true);
+                }
+                (true, Some(_)) => {
+                    add_member_changes(update, &families, &id, &change.members, true);
+                    add_member_changes(update, &families, &id, &change.members, false);
+                }
+                (true, None) => {
+                    self.emitted_sets.remove(&id);
+                    for family in &families {
+                        update.sets_removed.push((*family, set_name(*family, &id)));
+                    }
+                }
+                (false, None) => {}
+            }
+        }
+    }
+
+    fn render_owner(&self, owner: &Owner) -> Vec<(IpFamily, Chain)> {
+        let cfg = &self.cfg.rules;
+        let mut out = Vec::new();
+        for &family in &self.cfg.families {
+            let chains: Vec<Chain> = match owner {
+                Owner::Static => static_chains(cfg, family),
+                Owner::Dispatch => {
+                    let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
+                    dispatch_chains(cfg, family, &ifaces)
+                }
+                Owner::Profile(ns) => {
+                    if self.endpoints_by_ns.contains_key(ns) {
+                        profile_chains(cfg, family, ns).into()
+                    } else {
+                        Vec::new()
+                    }
+                }
+                Owner::Policy(key) => match self.policies.get(key) {
+                    Some(p) if !p.selects.is_empty() => {
+                        policy_chains(cfg, family, &p.info, &p.plan, &|def| {
+                            set_name(family, &def.id())
+                        })
+                    }
+                    _ => Vec::new(),
+                },
+                Owner::Endpoint(key) => self.endpoint_chains(key, family),
+            };
+            out.extend(chains.into_iter().map(|c| (family, c)));
+        }
+        out
+    }
+
+    fn endpoint_chains(&self, key: &ObjectKey, family: IpFamily) -> Vec<Chain> {
+        let Some(ep) = self.endpoints.get(key) else {
+            return Vec::new();
+        };
+        let winner = self
+            .iface_claims
+            .get(&ep.iface)
+            .and_then(|claims| claims.first());
+        if winner != Some(key) {
+            return Vec::new();
+        }
+        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
+        for policy in &ep.policies {
+            if let Some(p) = self.policies.get(policy) {
+                if p.plan.ingress.is_some() {
+                    ingress.push(policy.clone());
+                }
+                if p.plan.egress.is_some() {
+                    egress.push(policy.clone());
+                }
+            }
+        }
+        endpoint_chains(
+            &self.cfg.rules,
+            family,
+            &ep.iface,
+            &key.namespace,
+            &ingress,
+            &egress,
+        )
+        .into()
+    }
+
+    /// The complete state as of the last flush (call `flush` first to include recent events).
+    pub fn snapshot(&self) -> DesiredState {
+        let mut state = DesiredState::default();
+        for &family in &self.cfg.families {
+            state.families.insert(family, FamilyState::default());
+        }
+        for ((family, name), chain) in &self.emitted_chains {
+            if let Some(f) = state.families.get_mut(family) {
+                f.chains.insert(name.clone(), chain.clone());
+            }
+        }
+        for set in self.sets.sets() {
+            if !self.emitted_sets.contains_key(&set.id) {
+                continue;
+            }
+            for (&family, f) in state.families.iter_mut() {
+                let name = set_name(family, &set.id);
+                f.sets.insert(
+                    name.clone(),
+                    SetSpec {
+                        name,
+                        family,
+                        set_type: set.def.set_type(),
+                        members: set
+                            .members
+                            .keys()
+                            .filter(|m| m.family() == family)
+                            .copied()
+                            .collect(),
+                    },
+                );
+            }
+        }
+        state
+    }
+}
+
+fn add_member_changes(
+    update: &mut Update,
+    families: &[IpFamily],
+    id: &str,
+    changes: &HashMap<Member, i8>,
+    added: bool,
+) {
+    for &family in families {
+        let members: BTreeSet<Member> = changes
+            .iter()
+            .filter(|(m, c)| (**c > 0) == added && m.family() == family)
+            .map(|(m, _)| *m)
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let target = if added {
+            &mut update.members_added
+        } else {
+            &mut update.members_removed
+        };
+        target.insert(set_name(family, id), members);
+    }
+}

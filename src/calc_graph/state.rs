@@ -1,0 +1,125 @@
+//! The complete desired state of one node (per IP family: our sets with their members, our
+//! chains), and the `Update` deltas the calc graph emits to move it. Applying every update in
+//! order to an empty state gives the same state as compiling the final objects from scratch;
+//! the property tests hold the calc graph to that.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::calc_graph::model::IpFamily;
+use crate::ipsets::{Member, SetSpec, SetType};
+use crate::rules::Chain;
+
+/// What one IP family of a node must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FamilyState {
+    pub sets: BTreeMap<String, SetSpec>,
+    pub chains: BTreeMap<String, Chain>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredState {
+    pub families: BTreeMap<IpFamily, FamilyState>,
+}
+
+/// A set to create (its members arrive as additions in the same update).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SetHeader {
+    pub name: String,
+    pub family: IpFamily,
+    pub set_type: SetType,
+}
+
+/// Deltas from one flush of the calc graph. Within an update, order matters to the writer,
+/// not to the content: sets created, members added, chains written, chains removed, members
+/// removed, sets removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Update {
+    pub sets_created: Vec<SetHeader>,
+    pub members_added: BTreeMap<String, BTreeSet<Member>>,
+    pub members_removed: BTreeMap<String, BTreeSet<Member>>,
+    pub sets_removed: Vec<(IpFamily, String)>,
+    pub chains_upserted: Vec<(IpFamily, Chain)>,
+    pub chains_removed: Vec<(IpFamily, String)>,
+}
+
+impl Update {
+    pub fn is_empty(&self) -> bool {
+        self.sets_created.is_empty()
+            && self.members_added.is_empty()
+            && self.members_removed.is_empty()
+            && self.sets_removed.is_empty()
+            && self.chains_upserted.is_empty()
+            && self.chains_removed.is_empty()
+    }
+
+    /// Number of individual changes (members, sets, chains): the size of the update.
+    pub fn len(&self) -> usize {
+        self.sets_created.len()
+            + self
+                .members_added
+                .values()
+                .map(BTreeSet::len)
+                .sum::<usize>()
+            + self
+                .members_removed
+                .values()
+                .map(BTreeSet::len)
+                .sum::<usize>()
+            + self.sets_removed.len()
+            + self.chains_upserted.len()
+            + self.chains_removed.len()
+    }
+}
+
+impl DesiredState {
+    /// Applies an update. Panics only on an internal inconsistency (a member added to a set
+    /// that was never created), which the tests are there to catch.
+    pub fn apply(&mut self, update: &Update) {
+        for header in &update.sets_created {
+            let fam = self.families.entry(header.family).or_default();
+            fam.sets.insert(
+                header.name.clone(),
+                SetSpec {
+                    name: header.name.clone(),
+                    family: header.family,
+                    set_type: header.set_type,
+                    members: BTreeSet::new(),
+                },
+            );
+        }
+        for (name, members) in &update.members_added {
+            let set = self.set_mut(name);
+            set.members.extend(members.iter().copied());
+        }
+        for (name, members) in &update.members_removed {
+            let set = self.set_mut(name);
+            for m in members {
+                set.members.remove(m);
+            }
+        }
+        for (family, chain) in &update.chains_upserted {
+            self.families
+                .entry(*family)
+                .or_default()
+                .chains
+                .insert(chain.name.clone(), chain.clone());
+        }
+        for (family, name) in &update.chains_removed {
+            if let Some(fam) = self.families.get_mut(family) {
+                fam.chains.remove(name);
+            }
+        }
+        for (family, name) in &update.sets_removed {
+            if let Some(fam) = self.families.get_mut(family) {
+                fam.sets.remove(name);
+            }
+        }
+    }
+
+    fn set_mut(&mut self, name: &str) -> &mut SetSpec {
+        self.families
+            .values_mut()
+            .find_map(|f| f.sets.get_mut(name))
+            .unwrap_or_else(|| panic!("update touches set {name} that was never created"))
+    }
+}

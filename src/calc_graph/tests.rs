@@ -1,0 +1,635 @@
+//! Calc graph tests: incremental updates against a from-scratch compile, and the cost of
+//! label changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use kube::core::Expression;
+use proptest::prelude::*;
+
+use super::model::*;
+use super::state::DesiredState;
+use super::{CalcGraph, GraphConfig};
+use crate::iface_naming::CalicoResolver;
+use crate::rules::RuleConfig;
+
+const NODE: &str = "node-1";
+const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const POD_NAMES: [&str; 4] = ["a", "b", "c", "d"];
+const POLICY_NAMES: [&str; 3] = ["p1", "p2", "p3"];
+
+fn graph() -> CalcGraph {
+    CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4, IpFamily::V6],
+        rules: RuleConfig::default(),
+        resolver: Box::new(CalicoResolver::default()),
+    })
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn eq(k: &str, v: &str) -> Expression {
+    Expression::Equal(k.into(), v.into())
+}
+
+// ---- generators ----
+
+fn label_map(
+    keys: &'static [(&'static str, &'static [&'static str])],
+) -> impl Strategy<Value = BTreeMap<String, String>> {
+    proptest::collection::vec(proptest::option::of(0usize..3), keys.len()).prop_map(
+        move |choices| {
+            keys.iter()
+                .zip(choices)
+                .filter_map(|((k, vals), c)| {
+                    c.map(|i| (k.to_string(), vals[i % vals.len()].to_string()))
+                })
+                .collect()
+        },
+    )
+}
+
+const POD_LABELS: &[(&str, &[&str])] = &[
+    ("pod", &["a", "b", "c"]),
+    ("app", &["web", "db"]),
+    ("tier", &["1", "2"]),
+];
+const NS_LABELS: &[(&str, &[&str])] = &[("team", &["red", "blue"]), ("env", &["prod", "dev"])];
+
+fn expression(
+    keys: &'static [(&'static str, &'static [&'static str])],
+) -> impl Strategy<Value = Expression> {
+    (0..keys.len(), 0usize..6, 0usize..3, any::<bool>()).prop_map(move |(ki, op, vi, two)| {
+        let (k, vals) = keys[ki];
+        let v = vals[vi % vals.len()].to_string();
+        let mut set: BTreeSet<String> = BTreeSet::from([v.clone()]);
+        if two {
+            set.insert(vals[(vi + 1) % vals.len()].to_string());
+        }
+        match op {
+            0 => Expression::Equal(k.into(), v),
+            1 => Expression::In(k.into(), set),
+            2 => Expression::NotIn(k.into(), set),
+            3 => Expression::Exists(k.into()),
+            4 => Expression::DoesNotExist(k.into()),
+            _ => Expression::Equal(k.into(), v),
+        }
+    })
+}
+
+fn selector(
+    keys: &'static [(&'static str, &'static [&'static str])],
+) -> impl Strategy<Value = LabelSel> {
+    proptest::collection::vec(expression(keys), 0..3).prop_map(LabelSel::from_exprs)
+}
+
+fn ns_scope(own: &'static str) -> impl Strategy<Value = NamespaceScope> {
+    prop_oneof![
+        Just(NamespaceScope::Named(own.to_string())),
+        selector(NS_LABELS).prop_map(NamespaceScope::Selector),
+        (0..3usize).prop_map(|i| NamespaceScope::Selector(LabelSel::from_exprs(vec![eq(
+            NAMESPACE_NAME_LABEL,
+            NAMESPACES[i]
+        )]))),
+    ]
+}
+
+fn peer(own: &'static str) -> impl Strategy<Value = Peer> {
+    prop_oneof![
+        3 => (ns_scope(own), selector(POD_LABELS)).prop_map(|(namespaces, pods)| Peer::Pods { namespaces, pods }),
+        1 => (0u8..4, any::<bool>()).prop_map(|(i, v6)| {
+            if v6 {
+                Peer::IpBlock { cidr: "fd00::/104".parse().unwrap(), except: vec![format!("fd00::{i}:0/112").parse().unwrap()] }
+            } else {
+                Peer::IpBlock { cidr: "10.0.0.0/16".parse().unwrap(), except: vec![format!("10.0.{i}.0/24").parse().unwrap()] }
+            }
+        }),
+    ]
+}
+
+fn port_spec() -> impl Strategy<Value = PortSpec> {
+    prop_oneof![
+        Just(PortSpec {
+            protocol: Protocol::Tcp,
+            port: PortMatch::Range {
+                first: 80,
+                last: 80
+            }
+        }),
+        Just(PortSpec {
+            protocol: Protocol::Tcp,
+            port: PortMatch::Range {
+                first: 8000,
+                last: 8080
+            }
+        }),
+        Just(PortSpec {
+            protocol: Protocol::Udp,
+            port: PortMatch::Any
+        }),
+        Just(PortSpec {
+            protocol: Protocol::Tcp,
+            port: PortMatch::Named("http".into())
+        }),
+        Just(PortSpec {
+            protocol: Protocol::Udp,
+            port: PortMatch::Named("dns".into())
+        }),
+        Just(PortSpec {
+            protocol: Protocol::Sctp,
+            port: PortMatch::Range {
+                first: 81,
+                last: 81
+            }
+        }),
+    ]
+}
+
+fn rule(own: &'static str) -> impl Strategy<Value = PolicyRule> {
+    (
+        proptest::collection::vec(port_spec(), 0..3),
+        proptest::option::of(proptest::collection::vec(peer(own), 1..3)),
+    )
+        .prop_map(|(ports, peers)| PolicyRule { ports, peers })
+}
+
+fn policy() -> impl Strategy<Value = PolicyInfo> {
+    (0..3usize, 0..3usize).prop_flat_map(|(ni, pi)| {
+        let ns = NAMESPACES[ni];
+        (
+            selector(POD_LABELS),
+            proptest::option::of(proptest::collection::vec(rule(ns), 0..3)),
+            proptest::option::of(proptest::collection::vec(rule(ns), 0..3)),
+        )
+            .prop_map(move |(pod_selector, ingress, egress)| PolicyInfo {
+                key: ObjectKey::new(ns, POLICY_NAMES[pi]),
+                pod_selector,
+                ingress: if ingress.is_none() && egress.is_none() {
+                    Some(vec![])
+                } else {
+                    ingress
+                },
+                egress,
+            })
+    })
+}
+
+fn pod() -> impl Strategy<Value = PodInfo> {
+    (
+        0..3usize,
+        0..4usize,
+        label_map(POD_LABELS),
+        any::<bool>(),
+        0u8..2,
+        proptest::collection::vec(0usize..3, 0..3),
+    )
+        .prop_map(|(ni, pi, labels, local, ip_variant, ports)| {
+            let index = (ni * 4 + pi) as u8 + 1;
+            let ips: Vec<IpAddr> = vec![
+                format!("10.0.{ip_variant}.{index}").parse().unwrap(),
+                format!("fd00::{ip_variant}:{index}").parse().unwrap(),
+            ];
+            let catalogue = [
+                NamedPort {
+                    name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                },
+                NamedPort {
+                    name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    port: 8080,
+                },
+                NamedPort {
+                    name: "dns".into(),
+                    protocol: Protocol::Udp,
+                    port: 53,
+                },
+            ];
+            let mut named_ports: Vec<NamedPort> =
+                ports.into_iter().map(|i| catalogue[i].clone()).collect();
+            named_ports.sort();
+            named_ports.dedup_by(|a, b| a.name == b.name && a.protocol == b.protocol);
+            PodInfo {
+                key: ObjectKey::new(NAMESPACES[ni], POD_NAMES[pi]),
+                uid: None,
+                node: Some(if local { NODE } else { "node-2" }.into()),
+                labels,
+                ips,
+                named_ports,
+                sandbox_id: None,
+            }
+        })
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    UpsertNamespace(NamespaceInfo),
+    DeleteNamespace(String),
+    UpsertPod(PodInfo),
+    /// Only the labels of an existing pod change (IPs and ports stay).
+    RelabelPod(ObjectKey, BTreeMap<String, String>),
+    DeletePod(ObjectKey),
+    UpsertPolicy(PolicyInfo),
+    DeletePolicy(ObjectKey),
+    Flush,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        2 => (0..3usize, label_map(NS_LABELS)).prop_map(|(i, mut labels)| {
+            labels.insert(NAMESPACE_NAME_LABEL.into(), NAMESPACES[i].into());
+            Event::UpsertNamespace(NamespaceInfo { name: NAMESPACES[i].into(), labels })
+        }),
+        1 => (0..3usize).prop_map(|i| Event::DeleteNamespace(NAMESPACES[i].into())),
+        4 => pod().prop_map(Event::UpsertPod),
+        5 => (0..3usize, 0..4usize, label_map(POD_LABELS))
+            .prop_map(|(n, p, l)| Event::RelabelPod(ObjectKey::new(NAMESPACES[n], POD_NAMES[p]), l)),
+        2 => (0..3usize, 0..4usize).prop_map(|(n, p)| Event::DeletePod(ObjectKey::new(NAMESPACES[n], POD_NAMES[p]))),
+        4 => policy().prop_map(Event::UpsertPolicy),
+        1 => (0..3usize, 0..3usize).prop_map(|(n, p)| Event::DeletePolicy(ObjectKey::new(NAMESPACES[n], POLICY_NAMES[p]))),
+        2 => Just(Event::Flush),
+    ]
+}
+
+/// The objects that exist after a sequence of events.
+#[derive(Default)]
+struct World {
+    namespaces: BTreeMap<String, NamespaceInfo>,
+    pods: BTreeMap<ObjectKey, PodInfo>,
+    policies: BTreeMap<ObjectKey, PolicyInfo>,
+}
+
+fn apply(graph: &mut CalcGraph, world: &mut World, e: &Event, acc: &mut DesiredState) {
+    match e.clone() {
+        Event::UpsertNamespace(ns) => {
+            world.namespaces.insert(ns.name.clone(), ns.clone());
+            graph.upsert_namespace_info(ns);
+        }
+        Event::DeleteNamespace(n) => {
+            world.namespaces.remove(&n);
+            graph.remove_namespace(&n);
+        }
+        Event::UpsertPod(p) => {
+            world.pods.insert(p.key.clone(), p.clone());
+            graph.upsert_pod_info(p);
+        }
+        Event::RelabelPod(k, labels) => {
+            if let Some(p) = world.pods.get_mut(&k) {
+                p.labels = labels;
+                graph.upsert_pod_info(p.clone());
+            }
+        }
+        Event::DeletePod(k) => {
+            world.pods.remove(&k);
+            graph.remove_pod(&k);
+        }
+        Event::UpsertPolicy(p) => {
+            world.policies.insert(p.key.clone(), p.clone());
+            graph.upsert_policy_info(p);
+        }
+        Event::DeletePolicy(k) => {
+            world.policies.remove(&k);
+            graph.remove_policy(&k);
+        }
+        Event::Flush => acc.apply(&graph.flush()),
+    }
+}
+
+fn from_scratch(world: &World, order: u8) -> DesiredState {
+    let mut g = graph();
+    // Feed in different orders: the result must not depend on it.
+    match order % 3 {
+        0 => {
+            world
+                .namespaces
+                .values()
+                .for_each(|n| g.upsert_namespace_info(n.clone()));
+            world
+                .pods
+                .values()
+                .for_each(|p| g.upsert_pod_info(p.clone()));
+            world
+                .policies
+                .values()
+                .for_each(|p| g.upsert_policy_info(p.clone()));
+        }
+        1 => {
+            world
+                .policies
+                .values()
+                .rev()
+                .for_each(|p| g.upsert_policy_info(p.clone()));
+            world
+                .pods
+                .values()
+                .rev()
+                .for_each(|p| g.upsert_pod_info(p.clone()));
+            world
+                .namespaces
+                .values()
+                .for_each(|n| g.upsert_namespace_info(n.clone()));
+        }
+        _ => {
+            world
+                .pods
+                .values()
+                .for_each(|p| g.upsert_pod_info(p.clone()));
+            world
+                .namespaces
+                .values()
+                .for_each(|n| g.upsert_namespace_info(n.clone()));
+            world
+                .policies
+                .values()
+                .for_each(|p| g.upsert_policy_info(p.clone()));
+        }
+    }
+    let mut acc = DesiredState::default();
+    acc.apply(&g.flush());
+    assert_eq!(
+        acc,
+        g.snapshot(),
+        "a single flush from empty must equal the snapshot"
+    );
+    acc
+}
+
+/// A short description of how two states differ (for readable failures).
+fn state_diff(a: &DesiredState, b: &DesiredState) -> String {
+    let mut out = Vec::new();
+    for (fam, fa) in &a.families {
+        let empty = Default::default();
+        let fb = b.families.get(fam).unwrap_or(&empty);
+        for (name, s) in &fa.sets {
+            match fb.sets.get(name) {
+                None => out.push(format!("{fam:?} set {name} only left")),
+                Some(t) if t != s => out.push(format!(
+                    "{fam:?} set {name}: {:?} vs {:?}",
+                    s.members, t.members
+                )),
+                _ => {}
+            }
+        }
+        for name in fb.sets.keys().filter(|n| !fa.sets.contains_key(*n)) {
+            out.push(format!("{fam:?} set {name} only right"));
+        }
+        for (name, c) in &fa.chains {
+            match fb.chains.get(name) {
+                None => out.push(format!("{fam:?} chain {name} only left")),
+                Some(d) if d != c => out.push(format!(
+                    "{fam:?} chain {name}:\n  {:?}\n  {:?}",
+                    c.rules.iter().map(|r| &r.body).collect::<Vec<_>>(),
+                    d.rules.iter().map(|r| &r.body).collect::<Vec<_>>()
+                )),
+                _ => {}
+            }
+        }
+        for name in fb.chains.keys().filter(|n| !fa.chains.contains_key(*n)) {
+            out.push(format!("{fam:?} chain {name} only right"));
+        }
+    }
+    out.join("\n")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_deltas_reach_the_from_scratch_state(
+        events in proptest::collection::vec(event(), 1..60),
+        order in 0u8..3,
+    ) {
+        let mut g = graph();
+        let mut world = World::default();
+        let mut acc = DesiredState::default();
+        for e in &events {
+            apply(&mut g, &mut world, e, &mut acc);
+        }
+        acc.apply(&g.flush());
+        // A second flush with nothing new emits nothing.
+        prop_assert!(g.flush().is_empty());
+        let snapshot = g.snapshot();
+        prop_assert!(acc == snapshot, "updates vs snapshot:\n{}", state_diff(&acc, &snapshot));
+        let scratch = from_scratch(&world, order);
+        prop_assert!(acc == scratch, "incremental vs scratch:\n{}", state_diff(&acc, &scratch));
+    }
+}
+
+// ---- targeted tests ----
+
+fn local_pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)]) -> PodInfo {
+    PodInfo {
+        key: ObjectKey::new(ns, name),
+        uid: None,
+        node: Some(NODE.into()),
+        labels: labels(l),
+        ips: vec![ip.parse().unwrap()],
+        named_ports: vec![],
+        sandbox_id: None,
+    }
+}
+
+fn allow_from(ns: &str, name: &str, target: &[(&str, &str)], from: Vec<Expression>) -> PolicyInfo {
+    PolicyInfo {
+        key: ObjectKey::new(ns, name),
+        pod_selector: LabelSel::from_exprs(target.iter().map(|(k, v)| eq(k, v)).collect()),
+        ingress: Some(vec![PolicyRule {
+            ports: vec![],
+            peers: Some(vec![Peer::Pods {
+                namespaces: NamespaceScope::Named(ns.into()),
+                pods: LabelSel::from_exprs(from),
+            }]),
+        }]),
+        egress: None,
+    }
+}
+
+#[test]
+fn remote_label_change_touches_only_the_sets_that_name_its_values() {
+    let mut g = graph();
+    g.upsert_pod_info(local_pod("x", "server", "10.0.0.1", &[("role", "server")]));
+    // 200 policies, each allowing from a different app value.
+    for i in 0..200 {
+        g.upsert_policy_info(allow_from(
+            "x",
+            &format!("p{i}"),
+            &[("role", "server")],
+            vec![eq("app", &format!("app{i}"))],
+        ));
+    }
+    let mut client = local_pod("x", "client", "10.0.0.2", &[("app", "app3")]);
+    client.node = Some("node-2".into());
+    g.upsert_pod_info(client.clone());
+    g.flush();
+
+    let before = g.set_evaluations();
+    client.labels = labels(&[("app", "app7")]);
+    g.upsert_pod_info(client.clone());
+    let update = g.flush();
+    assert_eq!(
+        g.set_evaluations() - before,
+        2,
+        "only the app3 and app7 sets are evaluated"
+    );
+    assert!(update.chains_upserted.is_empty() && update.chains_removed.is_empty());
+    let added: Vec<_> = update.members_added.values().flatten().collect();
+    let removed: Vec<_> = update.members_removed.values().flatten().collect();
+    assert_eq!((added.len(), removed.len()), (1, 1));
+
+    // A label no selector mentions costs nothing.
+    let before = g.set_evaluations();
+    client.labels.insert("unrelated".into(), "v".into());
+    g.upsert_pod_info(client);
+    assert!(g.flush().is_empty());
+    assert_eq!(g.set_evaluations(), before);
+}
+
+#[test]
+fn isolation_follows_policy_types_per_direction() {
+    let mut g = graph();
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("pod", "a")]));
+    g.upsert_policy_info(PolicyInfo {
+        key: ObjectKey::new("x", "egress-only"),
+        pod_selector: LabelSel::everything(),
+        ingress: None,
+        egress: Some(vec![]),
+    });
+    g.flush();
+    let state = g.snapshot();
+    let chains = &state.families[&IpFamily::V4].chains;
+    let iface = crate::iface_naming::CalicoResolver::default();
+    let name = crate::iface_naming::InterfaceResolver::resolve(
+        &iface,
+        &local_pod("x", "a", "10.0.0.1", &[]),
+    )
+    .unwrap();
+    let tw = &chains[&format!("cali-tw-{name}")];
+    let fw = &chains[&format!("cali-fw-{name}")];
+    assert!(
+        !tw.rules.iter().any(|r| r.body.contains("cali-pi-")),
+        "ingress not isolated"
+    );
+    assert!(fw
+        .rules
+        .iter()
+        .any(|r| r.body.contains("-j cali-po-knp/x/egress-only")));
+    assert!(fw
+        .rules
+        .iter()
+        .any(|r| r.body.contains("Drop if no policies passed packet")));
+    assert!(chains.contains_key("cali-po-knp/x/egress-only"));
+    assert!(!chains.contains_key("cali-pi-knp/x/egress-only"));
+}
+
+#[test]
+fn inactive_policies_cost_no_chains_or_sets() {
+    let mut g = graph();
+    let mut remote = local_pod("x", "a", "10.0.0.1", &[("pod", "a")]);
+    remote.node = Some("elsewhere".into());
+    g.upsert_pod_info(remote);
+    g.upsert_policy_info(allow_from("x", "p", &[("pod", "a")], vec![eq("pod", "b")]));
+    g.flush();
+    let state = g.snapshot();
+    let v4 = &state.families[&IpFamily::V4];
+    assert!(v4.sets.is_empty());
+    assert!(!v4.chains.keys().any(|c| c.starts_with("cali-pi-")));
+    assert_eq!(g.active_policy_count(), 0);
+}
+
+#[test]
+fn unresolvable_interface_is_reported_and_fail_closed() {
+    let mut g = CalcGraph::new(GraphConfig {
+        resolver: Box::new(crate::iface_naming::SandboxResolver::new("veth-").unwrap()),
+        ..GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig::default(),
+            resolver: Box::new(CalicoResolver::default()),
+        }
+    });
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[]));
+    g.flush();
+    assert_eq!(g.local_endpoint_count(), 0);
+    assert_eq!(g.rejections().len(), 1);
+    let state = g.snapshot();
+    let dispatch = &state.families[&IpFamily::V4].chains["cali-from-wl-dispatch"];
+    assert_eq!(dispatch.rules.len(), 1, "only the Unknown interface drop");
+}
+
+/// Names every pod's interface after its first label value, so tests can make two pods
+/// claim one interface.
+#[derive(Debug)]
+struct LabelResolver;
+
+impl crate::iface_naming::InterfaceResolver for LabelResolver {
+    fn resolve(&self, pod: &PodInfo) -> Result<String, crate::iface_naming::NamingError> {
+        Ok(format!(
+            "eth-{}",
+            pod.labels.values().next().cloned().unwrap_or_default()
+        ))
+    }
+    fn scheme(&self) -> &'static str {
+        "test"
+    }
+}
+
+#[test]
+fn colliding_interfaces_program_one_endpoint_until_the_winner_leaves() {
+    let mut g = CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4],
+        rules: RuleConfig::default(),
+        resolver: Box::new(LabelResolver),
+    });
+    g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("n", "same")]));
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("n", "same")]));
+    g.upsert_policy_info(allow_from(
+        "x",
+        "only-b",
+        &[("n", "same"), ("extra", "b")],
+        vec![],
+    ));
+    g.flush();
+    let dispatch = |g: &CalcGraph| {
+        g.snapshot().families[&IpFamily::V4].chains["cali-to-wl-dispatch"]
+            .rules
+            .len()
+    };
+    assert_eq!(dispatch(&g), 2, "one interface, one goto");
+    assert_eq!(g.local_endpoint_count(), 2);
+
+    // The first pod by key (x/a) owns the chains; when it goes, x/b takes over.
+    g.remove_pod(&ObjectKey::new("x", "a"));
+    let update = g.flush();
+    assert!(
+        update
+            .chains_upserted
+            .iter()
+            .any(|(_, c)| c.name == "cali-tw-eth-same")
+            || update.chains_upserted.is_empty()
+    );
+    assert_eq!(dispatch(&g), 2);
+    let mut acc = DesiredState::default();
+    let mut fresh = CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4],
+        rules: RuleConfig::default(),
+        resolver: Box::new(LabelResolver),
+    });
+    fresh.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("n", "same")]));
+    fresh.upsert_policy_info(allow_from(
+        "x",
+        "only-b",
+        &[("n", "same"), ("extra", "b")],
+        vec![],
+    ));
+    acc.apply(&fresh.flush());
+    assert_eq!(acc, g.snapshot());
+}

@@ -1,0 +1,819 @@
+//! Manifest loading: reads YAML or JSON manifests (multi-document, `kind: List` and typed
+//! lists expanded) from text, files and directories, and keeps the objects the agent works
+//! on: Pods, Namespaces and NetworkPolicies. A broken document is reported as a
+//! [`ManifestError`] and never hides the other documents.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde::Deserialize;
+use serde_yaml_ng::{Mapping, Value};
+
+// Pods are much larger than the other variants; these values are short-lived (parsed, then
+// validated into the model), so boxing would only add noise to every match.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum K8sObject {
+    Pod(Pod),
+    Namespace(Namespace),
+    NetworkPolicy(NetworkPolicy),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{source_name}: document {document}: {message}")]
+pub struct ManifestError {
+    /// File path, or whatever name the caller gave the text.
+    pub source_name: String,
+    /// 1-based position of the document in its source.
+    pub document: usize,
+    pub message: String,
+}
+
+const CORE_V1: &str = "v1";
+const NETWORKING_V1: &str = "networking.k8s.io/v1";
+const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// Parses every document of `text`. Objects of kinds the agent does not use are skipped.
+pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<ManifestError>) {
+    let mut parsed = Parsed {
+        source_name,
+        objects: Vec::new(),
+        errors: Vec::new(),
+    };
+    let mut document = 0;
+    for chunk in split_documents(text) {
+        let documents = serde_yaml_ng::Deserializer::from_str(chunk.text);
+        for (position_in_chunk, deserializer) in documents.enumerate() {
+            document += 1;
+            match Value::deserialize(deserializer) {
+                Ok(value) => parsed.document(document, value),
+                Err(err) => {
+                    let message = syntax_error_at_source_lines(&chunk, position_in_chunk)
+                        .unwrap_or_else(|| err.to_string());
+                    parsed.error(document, format!("invalid YAML: {message}"));
+                    // After a syntax error the YAML parser only repeats it; the next chunk
+                    // starts fresh.
+                    break;
+                }
+            }
+        }
+    }
+    (parsed.objects, parsed.errors)
+}
+
+/// Loads every manifest under `paths`. A path is a file (read whatever its name) or a
+/// directory, searched recursively for `.yaml`, `.yml` and `.json` files, which are read in
+/// path order. A path that cannot be read is an error; a bad document in a readable file is
+/// only reported.
+pub fn load_paths(paths: &[PathBuf]) -> anyhow::Result<(Vec<K8sObject>, Vec<ManifestError>)> {
+    let mut files = Vec::new();
+    for path in paths {
+        let metadata =
+            fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if metadata.is_dir() {
+            let mut found = Vec::new();
+            collect_manifest_files(path, &mut found, &mut HashSet::new())?;
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(path.clone());
+        }
+    }
+
+    let mut objects = Vec::new();
+    let mut errors = Vec::new();
+    for file in files {
+        let text =
+            fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let (file_objects, file_errors) = parse_manifests(&text, &file.display().to_string());
+        objects.extend(file_objects);
+        errors.extend(file_errors);
+    }
+    Ok((objects, errors))
+}
+
+fn collect_manifest_files(
+    dir: &Path,
+    found: &mut Vec<PathBuf>,
+    visited: &mut HashSet<PathBuf>,
+) -> anyhow::Result<()> {
+    // Symlinked directories are followed, so remember where we have been to survive loops.
+    let canonical =
+        fs::canonicalize(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    if !visited.insert(canonical) {
+        return Ok(());
+    }
+    let entries =
+        fs::read_dir(dir).with_context(|| format!("cannot read directory {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot read directory {}", dir.display()))?;
+        let path = entry.path();
+        // Hidden entries are skipped: a ConfigMap volume keeps the real files in hidden
+        // `..<timestamp>` directories behind the visible symlinks, and reading both would
+        // load every object twice.
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let metadata =
+            fs::metadata(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        if metadata.is_dir() {
+            collect_manifest_files(&path, found, visited)?;
+        } else if has_manifest_extension(&path) {
+            found.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn has_manifest_extension(path: &Path) -> bool {
+    path.extension().and_then(OsStr::to_str).is_some_and(|ext| {
+        MANIFEST_EXTENSIONS
+            .iter()
+            .any(|known| ext.eq_ignore_ascii_case(known))
+    })
+}
+
+/// A piece of the stream holding one document (occasionally more), parsed on its own so
+/// that a syntax error in one document does not lose the documents after it.
+struct Chunk<'a> {
+    text: &'a str,
+    /// 1-based line of the source where the chunk starts, for error messages (the YAML
+    /// parser counts lines from the start of the chunk).
+    first_line: usize,
+}
+
+/// Splits at `---` document markers. The YAML spec forbids a `---` at the start of a line
+/// inside any scalar, so such a line always starts a new document and splitting there is
+/// safe. A leading chunk holding only comments, blank lines or directives belongs to the
+/// first document and is not split off.
+fn split_documents(text: &str) -> Vec<Chunk<'_>> {
+    let mut chunks = Vec::new();
+    let mut chunk_start = 0;
+    let mut chunk_first_line = 1;
+    let mut offset = 0;
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        if offset > chunk_start && is_document_marker(line) {
+            let previous = &text[chunk_start..offset];
+            if !(chunks.is_empty() && is_preamble(previous)) {
+                chunks.push(Chunk {
+                    text: previous,
+                    first_line: chunk_first_line,
+                });
+                chunk_start = offset;
+                chunk_first_line = index + 1;
+            }
+        }
+        offset += line.len();
+    }
+    chunks.push(Chunk {
+        text: &text[chunk_start..],
+        first_line: chunk_first_line,
+    });
+    chunks
+}
+
+/// The parser numbers lines from the start of the chunk it reads. For an error message that
+/// points into the source, re-read the chunk behind as many blank lines as precede it (only
+/// on this error path, so a large stream is not copied).
+fn syntax_error_at_source_lines(chunk: &Chunk<'_>, position_in_chunk: usize) -> Option<String> {
+    let padded = "\n".repeat(chunk.first_line.saturating_sub(1)) + chunk.text;
+    let deserializer = serde_yaml_ng::Deserializer::from_str(&padded).nth(position_in_chunk)?;
+    Value::deserialize(deserializer)
+        .err()
+        .map(|err| err.to_string())
+}
+
+fn is_document_marker(line: &str) -> bool {
+    line.strip_prefix("---")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']))
+}
+
+fn is_preamble(text: &str) -> bool {
+    text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line.starts_with('%')
+    })
+}
+
+/// Where one item of a list came from, for error messages and kind defaulting.
+struct ListItem<'a> {
+    index: usize,
+    /// Typed lists (`PodList`, ...) as returned by the API server omit each item's kind and
+    /// apiVersion.
+    default_kind: Option<&'static str>,
+    default_api_version: Option<&'a str>,
+}
+
+struct Parsed<'a> {
+    source_name: &'a str,
+    objects: Vec<K8sObject>,
+    errors: Vec<ManifestError>,
+}
+
+impl Parsed<'_> {
+    fn error(&mut self, document: usize, message: String) {
+        self.errors.push(ManifestError {
+            source_name: self.source_name.to_string(),
+            document,
+            message,
+        });
+    }
+
+    fn document(&mut self, document: usize, mut value: Value) {
+        if let Err(err) = value.apply_merge() {
+            self.error(document, format!("invalid YAML merge key: {err}"));
+            return;
+        }
+        let mapping = match value {
+            Value::Null => return,
+            Value::Mapping(mapping) => mapping,
+            other => {
+                self.error(
+                    document,
+                    format!(
+                        "expected an object with apiVersion and kind, found {}",
+                        value_type(&other)
+                    ),
+                );
+                return;
+            }
+        };
+        let list_kind = match string_field(&mapping, "kind") {
+            Some(kind @ ("List" | "PodList" | "NamespaceList" | "NetworkPolicyList")) => {
+                kind.to_string()
+            }
+            _ => return self.object(document, mapping, None),
+        };
+        let default_kind = match list_kind.as_str() {
+            "PodList" => Some("Pod"),
+            "NamespaceList" => Some("Namespace"),
+            "NetworkPolicyList" => Some("NetworkPolicy"),
+            // A generic List mixes kinds, so its items must say what they are.
+            _ => None,
+        };
+        let default_api_version = default_kind.and_then(|_| string_field(&mapping, "apiVersion"));
+        match mapping.get("items") {
+            None | Some(Value::Null) => {}
+            Some(Value::Sequence(items)) => {
+                for (index, item) in items.iter().enumerate() {
+                    let item_context = ListItem {
+                        index,
+                        default_kind,
+                        default_api_version,
+                    };
+                    match item {
+                        Value::Mapping(item) => {
+                            self.object(document, item.clone(), Some(item_context))
+                        }
+                        other => self.error(
+                            document,
+                            format!(
+                                "{list_kind} items[{index}]: expected an object, found {}",
+                                value_type(other)
+                            ),
+                        ),
+                    }
+                }
+            }
+            Some(other) => self.error(
+                document,
+                format!(
+                    "{list_kind}: items must be a list, found {}",
+                    value_type(other)
+                ),
+            ),
+        }
+    }
+
+    fn object(&mut self, document: usize, mut mapping: Mapping, item: Option<ListItem<'_>>) {
+        let item_prefix = item
+            .as_ref()
+            .map(|item| format!("items[{}]: ", item.index))
+            .unwrap_or_default();
+        if let Some(item) = &item {
+            if let Some(kind) = item.default_kind {
+                if !mapping.contains_key("kind") {
+                    mapping.insert("kind".into(), kind.into());
+                }
+            }
+            if let Some(api_version) = item.default_api_version {
+                if !mapping.contains_key("apiVersion") {
+                    mapping.insert("apiVersion".into(), api_version.into());
+                }
+            }
+        }
+
+        let Some(kind) = string_field(&mapping, "kind").map(str::to_string) else {
+            self.error(document, format!("{item_prefix}object has no kind"));
+            return;
+        };
+        let expected_api_version = match kind.as_str() {
+            "Pod" | "Namespace" => CORE_V1,
+            "NetworkPolicy" => NETWORKING_V1,
+            "List" | "PodList" | "NamespaceList" | "NetworkPolicyList" => {
+                self.error(
+                    document,
+                    format!("{item_prefix}a {kind} inside a list is not supported"),
+                );
+                return;
+            }
+            _ => {
+                tracing::debug!(
+                    source = self.source_name,
+                    document,
+                    kind,
+                    "skipping an object of a kind the agent does not use"
+                );
+                return;
+            }
+        };
+        let described = format!("{item_prefix}{}", describe(&kind, &mapping));
+        let api_version = string_field(&mapping, "apiVersion");
+        if api_version != Some(expected_api_version) {
+            let found = match api_version {
+                Some(api_version) => format!("apiVersion {api_version:?}"),
+                None => "no apiVersion".to_string(),
+            };
+            self.error(
+                document,
+                format!(
+                    "{described}: {found} is not supported; {kind} must be {expected_api_version}"
+                ),
+            );
+            return;
+        }
+
+        let value = Value::Mapping(mapping);
+        let object = match kind.as_str() {
+            "Pod" => serde_yaml_ng::from_value(value).map(K8sObject::Pod),
+            "Namespace" => serde_yaml_ng::from_value(value).map(K8sObject::Namespace),
+            _ => serde_yaml_ng::from_value(value).map(K8sObject::NetworkPolicy),
+        };
+        match object {
+            Ok(object) => self.objects.push(object),
+            Err(err) => self.error(document, format!("{described}: invalid object: {err}")),
+        }
+    }
+}
+
+fn string_field<'a>(mapping: &'a Mapping, key: &str) -> Option<&'a str> {
+    mapping.get(key).and_then(Value::as_str)
+}
+
+/// `Pod prod/web`, `Namespace prod`, or the kind alone when the name is unknown.
+fn describe(kind: &str, mapping: &Mapping) -> String {
+    let metadata = mapping.get("metadata");
+    let field = |key: &str| {
+        metadata
+            .and_then(|metadata| metadata.get(key))
+            .and_then(Value::as_str)
+            .filter(|text| !text.is_empty())
+    };
+    match (field("namespace"), field("name")) {
+        (Some(namespace), Some(name)) => format!("{kind} {namespace}/{name}"),
+        (None, Some(name)) => format!("{kind} {name}"),
+        (_, None) => format!("{kind} (unnamed)"),
+    }
+}
+
+fn value_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "an object",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(objects: &[K8sObject]) -> Vec<String> {
+        objects
+            .iter()
+            .map(|object| match object {
+                K8sObject::Pod(pod) => {
+                    format!("Pod {}", pod.metadata.name.clone().unwrap_or_default())
+                }
+                K8sObject::Namespace(ns) => {
+                    format!("Namespace {}", ns.metadata.name.clone().unwrap_or_default())
+                }
+                K8sObject::NetworkPolicy(np) => {
+                    format!(
+                        "NetworkPolicy {}",
+                        np.metadata.name.clone().unwrap_or_default()
+                    )
+                }
+            })
+            .collect()
+    }
+
+    const POLICY: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: prod}
+spec:
+  podSelector: {}
+";
+
+    #[test]
+    fn multi_document_stream_with_a_list_is_expanded_in_order() {
+        let text = format!(
+            "\
+# leading comment
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Namespace
+  metadata: {{name: prod}}
+- apiVersion: v1
+  kind: Service
+  metadata: {{name: skipped}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {{name: web, namespace: prod}}
+  spec: {{containers: [{{name: main, image: nginx}}]}}
+---
+{POLICY}"
+        );
+        let (objects, errors) = parse_manifests(&text, "stream.yaml");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            names(&objects),
+            ["Namespace prod", "Pod web", "NetworkPolicy deny-all"]
+        );
+    }
+
+    #[test]
+    fn typed_lists_supply_missing_item_kind_and_api_version() {
+        let text = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicyList
+items:
+- metadata: {name: a, namespace: prod}
+  spec: {podSelector: {}}
+- metadata: {name: b, namespace: prod}
+  spec: {podSelector: {}}
+---
+apiVersion: v1
+kind: PodList
+items:
+- metadata: {name: p}
+";
+        let (objects, errors) = parse_manifests(text, "lists.yaml");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            names(&objects),
+            ["NetworkPolicy a", "NetworkPolicy b", "Pod p"]
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_are_skipped_silently() {
+        let text = format!(
+            "\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec: {{replicas: 3}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web}}
+---
+{POLICY}"
+        );
+        let (objects, errors) = parse_manifests(&text, "mixed.yaml");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(names(&objects), ["NetworkPolicy deny-all"]);
+    }
+
+    #[test]
+    fn broken_document_is_reported_and_the_others_load() {
+        let text = format!(
+            "\
+apiVersion: v1
+kind: Namespace
+metadata: {{name: prod}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: broken, namespace: prod}}
+spec:
+  containers: not-a-list
+---
+{POLICY}"
+        );
+        let (objects, errors) = parse_manifests(&text, "app.yaml");
+        assert_eq!(
+            names(&objects),
+            ["Namespace prod", "NetworkPolicy deny-all"]
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let error = &errors[0];
+        assert_eq!(
+            (error.source_name.as_str(), error.document),
+            ("app.yaml", 2)
+        );
+        assert!(
+            error.message.contains("Pod prod/broken"),
+            "{}",
+            error.message
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with("app.yaml: document 2: Pod prod/broken: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_error_loses_only_its_own_document() {
+        let text = format!(
+            "\
+apiVersion: v1
+kind: Namespace
+metadata: {{name: prod}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: [unclosed
+---
+{POLICY}"
+        );
+        let (objects, errors) = parse_manifests(&text, "syntax.yaml");
+        assert_eq!(
+            names(&objects),
+            ["Namespace prod", "NetworkPolicy deny-all"]
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].document, 2);
+        // Positions are the source's, not the document's: the unclosed `[` is on line 7.
+        assert!(
+            errors[0].message.contains("line 7 column 18"),
+            "{}",
+            errors[0].message
+        );
+    }
+
+    #[test]
+    fn network_policy_with_another_api_version_is_rejected() {
+        let text = "\
+apiVersion: extensions/v1beta1
+kind: NetworkPolicy
+metadata: {name: old, namespace: prod}
+spec: {podSelector: {}}
+---
+kind: NetworkPolicy
+metadata: {name: unversioned}
+spec: {podSelector: {}}
+";
+        let (objects, errors) = parse_manifests(text, "old.yaml");
+        assert!(objects.is_empty(), "{:?}", names(&objects));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors[0].document, 1);
+        assert!(
+            errors[0].message.contains("NetworkPolicy prod/old"),
+            "{}",
+            errors[0].message
+        );
+        assert!(
+            errors[0].message.contains("extensions/v1beta1"),
+            "{}",
+            errors[0].message
+        );
+        assert!(
+            errors[0].message.contains("networking.k8s.io/v1"),
+            "{}",
+            errors[0].message
+        );
+        assert_eq!(errors[1].document, 2);
+        assert!(
+            errors[1].message.contains("no apiVersion"),
+            "{}",
+            errors[1].message
+        );
+    }
+
+    #[test]
+    fn empty_documents_are_skipped_but_counted() {
+        let text = "---\n---\n# only a comment\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: 7\n---\n";
+        let (objects, errors) = parse_manifests(text, "sparse.yaml");
+        assert!(objects.is_empty());
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].document, 3);
+        let (objects, errors) = parse_manifests("", "empty.yaml");
+        assert!(objects.is_empty() && errors.is_empty());
+    }
+
+    #[test]
+    fn json_documents_and_lists_are_read() {
+        let text = r#"{
+	"apiVersion": "v1",
+	"kind": "List",
+	"items": [
+		{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}},
+		{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}}
+	]
+}"#;
+        let (objects, errors) = parse_manifests(text, "list.json");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(names(&objects), ["Namespace prod", "Pod web"]);
+    }
+
+    #[test]
+    fn malformed_objects_and_list_items_are_reported() {
+        let text = "\
+- just a list
+---
+plain scalar
+---
+metadata: {name: kindless}
+---
+apiVersion: v1
+kind: List
+items:
+- 42
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: bad-item}
+  spec: {containers: 5}
+---
+apiVersion: v1
+kind: List
+items: nope
+";
+        let (objects, errors) = parse_manifests(text, "bad.yaml");
+        assert!(objects.is_empty());
+        let summary: Vec<(usize, bool)> = errors
+            .iter()
+            .map(|error| (error.document, error.message.is_empty()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (1, false),
+                (2, false),
+                (3, false),
+                (4, false),
+                (4, false),
+                (5, false)
+            ]
+        );
+        assert!(
+            errors[0].message.contains("a list"),
+            "{}",
+            errors[0].message
+        );
+        assert!(
+            errors[2].message.contains("no kind"),
+            "{}",
+            errors[2].message
+        );
+        assert!(
+            errors[3].message.contains("items[0]"),
+            "{}",
+            errors[3].message
+        );
+        assert!(
+            errors[4].message.contains("items[1]: Pod bad-item"),
+            "{}",
+            errors[4].message
+        );
+        assert!(
+            errors[5].message.contains("items must be a list"),
+            "{}",
+            errors[5].message
+        );
+    }
+
+    #[test]
+    fn wrong_api_version_for_core_kinds_is_rejected() {
+        let text = "apiVersion: apps/v1\nkind: Pod\nmetadata: {name: p}\n";
+        let (objects, errors) = parse_manifests(text, "pod.yaml");
+        assert!(objects.is_empty());
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].message.contains("apps/v1"),
+            "{}",
+            errors[0].message
+        );
+    }
+
+    #[test]
+    fn document_markers_are_recognised_only_at_line_start() {
+        assert!(is_document_marker("---"));
+        assert!(is_document_marker("---\n"));
+        assert!(is_document_marker("--- # comment\n"));
+        assert!(is_document_marker("---\r\n"));
+        assert!(!is_document_marker("----\n"));
+        assert!(!is_document_marker(" ---\n"));
+        let text = "a: |\n  ---\n  text\n---\nb: 1\n";
+        let chunks = split_documents(text);
+        let lines: Vec<usize> = chunks.iter().map(|chunk| chunk.first_line).collect();
+        assert_eq!(lines, [1, 4]);
+        assert_eq!(chunks[0].text, "a: |\n  ---\n  text\n");
+    }
+
+    /// A scratch directory removed when dropped.
+    struct ScratchDir(PathBuf);
+
+    impl ScratchDir {
+        fn new(test: &str) -> ScratchDir {
+            let path = std::env::temp_dir().join(format!(
+                "netpol-agent-manifests-{}-{test}",
+                std::process::id()
+            ));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).expect("create scratch dir");
+            ScratchDir(path)
+        }
+
+        fn write(&self, relative: &str, text: &str) -> PathBuf {
+            let path = self.0.join(relative);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).expect("create parent dir");
+            }
+            fs::write(&path, text).expect("write file");
+            path
+        }
+    }
+
+    impl Drop for ScratchDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn pod_yaml(name: &str) -> String {
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\n")
+    }
+
+    #[test]
+    fn directories_are_walked_recursively_in_path_order() {
+        let dir = ScratchDir::new("walk");
+        dir.write("b.yaml", &pod_yaml("b"));
+        dir.write("a/z.yml", &pod_yaml("a-z"));
+        dir.write(
+            "a/c.JSON",
+            r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a-c"}}"#,
+        );
+        dir.write("notes.txt", &pod_yaml("ignored-extension"));
+        dir.write(".hidden/x.yaml", &pod_yaml("ignored-hidden"));
+        dir.write("c.yaml", "apiVersion: v1\nkind: Pod\nspec: 1\n");
+        let explicit = dir.write("explicit.txt", &pod_yaml("explicit"));
+
+        let (objects, errors) =
+            load_paths(&[dir.0.clone(), explicit.clone()]).expect("paths are readable");
+        // explicit.txt is read once: the walk skips it for its extension, naming it reads it.
+        assert_eq!(
+            names(&objects),
+            ["Pod a-c", "Pod a-z", "Pod b", "Pod explicit"]
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(
+            errors[0].source_name,
+            dir.0.join("c.yaml").display().to_string()
+        );
+        assert_eq!(errors[0].document, 1);
+    }
+
+    #[test]
+    fn missing_path_is_an_error() {
+        let dir = ScratchDir::new("missing");
+        let missing = dir.0.join("does-not-exist.yaml");
+        let err = load_paths(std::slice::from_ref(&missing)).expect_err("missing path");
+        assert!(err.to_string().contains("does-not-exist.yaml"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlink_loops_are_walked_once() {
+        let dir = ScratchDir::new("loop");
+        dir.write("sub/p.yaml", &pod_yaml("p"));
+        std::os::unix::fs::symlink(&dir.0, dir.0.join("sub/back")).expect("symlink");
+        let (objects, errors) = load_paths(std::slice::from_ref(&dir.0)).expect("readable");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(names(&objects), ["Pod p"]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_text_never_panics(text in r#"(---\n|[-a-z:{}\[\] \n\t"'&*!|>%#]){0,200}"#) {
+            let (objects, errors) = parse_manifests(&text, "fuzz.yaml");
+            proptest::prop_assert!(objects.len() + errors.len() <= text.len() + 1);
+        }
+    }
+}

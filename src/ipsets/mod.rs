@@ -1,0 +1,347 @@
+//! IP sets: what a set means (`SetDef`: the pods of a peer selector, or their named port),
+//! its felix-style kernel name (`cali40s:` / `cali60s:` + hash, at most 31 characters), its
+//! members, and the `ipset restore` text that creates and fills sets. The kernel side (reading
+//! what exists, applying deltas) lives beside this in the dataplane.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use kube::core::Expression;
+use sha2::{Digest, Sha224};
+
+use crate::calc_graph::model::{IpFamily, LabelSel, NamespaceScope, PodInfo, Protocol};
+
+/// Kernel limit on set names.
+pub const MAX_SET_NAME_LEN: usize = 31;
+/// felix's default `MaxIpsetSize`.
+pub const DEFAULT_MAX_SET_SIZE: u32 = 1_048_576;
+/// Prefixes of the sets we own (both families).
+pub const OWNED_SET_PREFIXES: [&str; 2] = ["cali40", "cali60"];
+
+/// What a set holds, independent of IP family.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetDef {
+    /// IPs of the pods in `namespaces` whose labels match `pods`.
+    Selector {
+        namespaces: NamespaceScope,
+        pods: LabelSel,
+    },
+    /// `ip,proto:port` of those pods for the container port called `port_name`.
+    NamedPort {
+        namespaces: NamespaceScope,
+        pods: LabelSel,
+        protocol: Protocol,
+        port_name: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetType {
+    HashNet,
+    HashIpPort,
+}
+
+impl SetType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetType::HashNet => "hash:net",
+            SetType::HashIpPort => "hash:ip,port",
+        }
+    }
+}
+
+impl SetDef {
+    pub fn namespaces(&self) -> &NamespaceScope {
+        match self {
+            SetDef::Selector { namespaces, .. } | SetDef::NamedPort { namespaces, .. } => {
+                namespaces
+            }
+        }
+    }
+
+    pub fn pods(&self) -> &LabelSel {
+        match self {
+            SetDef::Selector { pods, .. } | SetDef::NamedPort { pods, .. } => pods,
+        }
+    }
+
+    pub fn set_type(&self) -> SetType {
+        match self {
+            SetDef::Selector { .. } => SetType::HashNet,
+            SetDef::NamedPort { .. } => SetType::HashIpPort,
+        }
+    }
+
+    /// The selector in Calico's syntax, as felix derives it from a Kubernetes peer:
+    /// `(<namespace part>) && (<pod part>)`. Namespace labels carry felix's `pcns.` prefix.
+    pub fn selector_string(&self) -> String {
+        let ns = match self.namespaces() {
+            NamespaceScope::Named(ns) => format!("projectcalico.org/namespace == '{ns}'"),
+            NamespaceScope::Selector(sel) if sel.is_everything() => {
+                "has(projectcalico.org/namespace)".to_string()
+            }
+            NamespaceScope::Selector(sel) => selector_terms(sel, "pcns."),
+        };
+        let mut pods = "projectcalico.org/orchestrator == 'k8s'".to_string();
+        if !self.pods().is_everything() {
+            pods.push_str(" && ");
+            pods.push_str(&selector_terms(self.pods(), ""));
+        }
+        format!("({ns}) && ({pods})")
+    }
+
+    /// felix's `MakeUniqueID`: `s:` + base64url(sha224(`s:` + selector)); named ports use
+    /// `n:` over `<selector id>,<proto>,<name>`.
+    pub fn id(&self) -> String {
+        let selector_id = unique_id("s", &self.selector_string());
+        match self {
+            SetDef::Selector { .. } => selector_id,
+            SetDef::NamedPort {
+                protocol,
+                port_name,
+                ..
+            } => unique_id("n", &format!("{selector_id},{protocol},{port_name}")),
+        }
+    }
+
+    /// Which members a pod contributes to this set (it must already match the set's
+    /// selectors). A pod with no port of that name and protocol contributes nothing.
+    pub fn members_of(&self, pod: &PodInfo) -> Vec<Member> {
+        match self {
+            SetDef::Selector { .. } => pod.ips.iter().map(|ip| Member::Addr(*ip)).collect(),
+            SetDef::NamedPort {
+                protocol,
+                port_name,
+                ..
+            } => pod
+                .named_ports
+                .iter()
+                .filter(|p| p.protocol == *protocol && p.name == *port_name)
+                .flat_map(|p| {
+                    pod.ips
+                        .iter()
+                        .map(move |ip| Member::AddrPort(*ip, p.protocol, p.port))
+                })
+                .collect(),
+        }
+    }
+}
+
+fn unique_id(prefix: &str, text: &str) -> String {
+    let digest = Sha224::digest(format!("{prefix}:{text}").as_bytes());
+    format!("{prefix}:{}", URL_SAFE_NO_PAD.encode(digest))
+}
+
+fn selector_terms(sel: &LabelSel, key_prefix: &str) -> String {
+    let quoted = |vals: &BTreeSet<String>| {
+        vals.iter()
+            .map(|v| format!("'{v}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    sel.exprs()
+        .iter()
+        .map(|e| match e {
+            Expression::Equal(k, v) => format!("{key_prefix}{k} == '{v}'"),
+            Expression::NotEqual(k, v) => format!("{key_prefix}{k} != '{v}'"),
+            Expression::In(k, vals) => format!("{key_prefix}{k} in {{ {} }}", quoted(vals)),
+            Expression::NotIn(k, vals) => {
+                format!("{key_prefix}{k} not in {{ {} }}", quoted(vals))
+            }
+            Expression::Exists(k) => format!("has({key_prefix}{k})"),
+            Expression::DoesNotExist(k) => format!("! has({key_prefix}{k})"),
+        })
+        .collect::<Vec<_>>()
+        .join(" && ")
+}
+
+/// felix's `NameForMainIPSet`: `cali` + family digit + format version `0` + ID, cut to 31.
+pub fn set_name(family: IpFamily, id: &str) -> String {
+    let digit = match family {
+        IpFamily::V4 => '4',
+        IpFamily::V6 => '6',
+    };
+    let mut name = format!("cali{digit}0{id}");
+    name.truncate(MAX_SET_NAME_LEN);
+    name
+}
+
+pub fn is_owned_set(name: &str) -> bool {
+    OWNED_SET_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// One entry of a set, printed the way `ipset save` prints it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Member {
+    /// A pod IP in a `hash:net` set (a host address prints without `/32`).
+    Addr(IpAddr),
+    /// A pod IP and one of its named ports in a `hash:ip,port` set.
+    AddrPort(IpAddr, Protocol, u16),
+}
+
+impl Member {
+    pub fn family(&self) -> IpFamily {
+        match self {
+            Member::Addr(ip) | Member::AddrPort(ip, _, _) => IpFamily::of(ip),
+        }
+    }
+}
+
+impl fmt::Display for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Member::Addr(ip) => write!(f, "{ip}"),
+            Member::AddrPort(ip, proto, port) => write!(f, "{ip},{proto}:{port}"),
+        }
+    }
+}
+
+/// A set as the kernel should hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetSpec {
+    pub name: String,
+    pub family: IpFamily,
+    pub set_type: SetType,
+    pub members: BTreeSet<Member>,
+}
+
+impl SetSpec {
+    pub fn create_line(&self, max_size: u32) -> String {
+        let family = match self.family {
+            IpFamily::V4 => "inet",
+            IpFamily::V6 => "inet6",
+        };
+        format!(
+            "create {} {} family {family} maxelem {max_size}",
+            self.name,
+            self.set_type.as_str()
+        )
+    }
+}
+
+/// `ipset restore` input that creates every set and adds its members, in name order.
+pub fn restore_script(sets: &BTreeMap<String, SetSpec>, max_size: u32) -> String {
+    let mut out = String::new();
+    for set in sets.values() {
+        out.push_str(&set.create_line(max_size));
+        out.push('\n');
+        for m in &set.members {
+            out.push_str(&format!("add {} {m}\n", set.name));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calc_graph::model::{NamedPort, ObjectKey};
+    use std::collections::BTreeMap;
+
+    fn sel(pairs: &[(&str, &str)]) -> LabelSel {
+        LabelSel::from_exprs(
+            pairs
+                .iter()
+                .map(|(k, v)| Expression::Equal(k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn names_fit_the_kernel_and_follow_felix() {
+        let def = SetDef::Selector {
+            namespaces: NamespaceScope::Named("default".into()),
+            pods: sel(&[("hyapp", "client1")]),
+        };
+        assert_eq!(
+            def.selector_string(),
+            "(projectcalico.org/namespace == 'default') && (projectcalico.org/orchestrator == 'k8s' && hyapp == 'client1')"
+        );
+        let id = def.id();
+        assert!(id.starts_with("s:") && id.len() == 40, "{id}");
+        let v4 = set_name(IpFamily::V4, &id);
+        assert_eq!(v4.len(), 31);
+        assert!(v4.starts_with("cali40s:"));
+        assert!(set_name(IpFamily::V6, &id).starts_with("cali60s:"));
+        assert!(is_owned_set(&v4));
+    }
+
+    #[test]
+    fn equivalent_selectors_share_a_set() {
+        let a = SetDef::Selector {
+            namespaces: NamespaceScope::Selector(sel(&[("b", "2"), ("a", "1")])),
+            pods: LabelSel::everything(),
+        };
+        let b = SetDef::Selector {
+            namespaces: NamespaceScope::Selector(sel(&[("a", "1"), ("b", "2")])),
+            pods: LabelSel::everything(),
+        };
+        assert_eq!(a.id(), b.id());
+        let c = SetDef::Selector {
+            namespaces: NamespaceScope::Selector(sel(&[("a", "1")])),
+            pods: LabelSel::everything(),
+        };
+        assert_ne!(a.id(), c.id());
+        let named = SetDef::NamedPort {
+            namespaces: NamespaceScope::Selector(sel(&[("a", "1")])),
+            pods: LabelSel::everything(),
+            protocol: Protocol::Tcp,
+            port_name: "http".into(),
+        };
+        assert!(named.id().starts_with("n:"));
+        assert_eq!(named.set_type(), SetType::HashIpPort);
+    }
+
+    #[test]
+    fn named_port_members_come_from_matching_ports() {
+        let pod = PodInfo {
+            key: ObjectKey::new("x", "a"),
+            uid: None,
+            node: None,
+            labels: BTreeMap::new(),
+            ips: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+            named_ports: vec![
+                NamedPort {
+                    name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    port: 8080,
+                },
+                NamedPort {
+                    name: "http".into(),
+                    protocol: Protocol::Udp,
+                    port: 53,
+                },
+            ],
+            sandbox_id: None,
+        };
+        let def = SetDef::NamedPort {
+            namespaces: NamespaceScope::Named("x".into()),
+            pods: LabelSel::everything(),
+            protocol: Protocol::Tcp,
+            port_name: "http".into(),
+        };
+        let members: Vec<String> = def.members_of(&pod).iter().map(|m| m.to_string()).collect();
+        assert_eq!(members, ["10.0.0.1,tcp:8080", "fd00::1,tcp:8080"]);
+    }
+
+    #[test]
+    fn restore_script_creates_then_adds() {
+        let set = SetSpec {
+            name: "cali40s:abc".into(),
+            family: IpFamily::V4,
+            set_type: SetType::HashNet,
+            members: ["10.0.0.2", "10.0.0.1"]
+                .iter()
+                .map(|s| Member::Addr(s.parse().unwrap()))
+                .collect(),
+        };
+        let script = restore_script(&BTreeMap::from([(set.name.clone(), set)]), 1024);
+        assert_eq!(
+            script,
+            "create cali40s:abc hash:net family inet maxelem 1024\nadd cali40s:abc 10.0.0.1\nadd cali40s:abc 10.0.0.2\n"
+        );
+    }
+}

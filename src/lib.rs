@@ -1,0 +1,13 @@
+//! netpol-agent: Kubernetes NetworkPolicy enforcement with iptables and ipset, felix style,
+//! beside an existing routed-veth CNI.
+//!
+//! Rooms: `datastore` (manifests in, Kubernetes objects out), `calc_graph` (objects in,
+//! incremental desired state out; pure), `rules` (felix-compatible chain rendering; pure),
+//! `ipsets` (set naming, members and restore scripts), `iface_naming` (pod → host veth).
+
+pub mod calc_graph;
+pub mod config;
+pub mod datastore;
+pub mod iface_naming;
+pub mod ipsets;
+pub mod rules;

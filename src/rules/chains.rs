@@ -1,0 +1,344 @@
+//! The static chains (`cali-FORWARD`, `cali-INPUT`, `cali-wl-to-host`, `cali-OUTPUT`), our
+//! jumps in the kernel chains, the per-workload chains (`cali-tw-`/`cali-fw-`) and the
+//! per-namespace profile chains, in the order of felix's `iptables-save` output.
+
+use crate::calc_graph::model::{IpFamily, ObjectKey};
+
+use super::{
+    from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain, Action,
+    AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction, RenderedRule,
+    Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH, INPUT_CHAIN, OUTPUT_CHAIN, TO_WL_DISPATCH,
+    WL_TO_HOST_CHAIN,
+};
+
+/// ICMPv6 types a pod must be able to send to its host before any policy: MLD (130-132),
+/// router solicitation (133), neighbour solicitation/advertisement (135, 136).
+const ICMPV6_TO_HOST_TYPES: [u8; 6] = [130, 131, 132, 133, 135, 136];
+
+pub(crate) fn deny(cfg: &RuleConfig) -> Action {
+    match cfg.deny_action {
+        DenyAction::Drop => Action::Drop,
+        DenyAction::Reject => Action::Reject,
+    }
+}
+
+pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
+    let marks = cfg.marks;
+    let mut forward = vec![
+        // The accept bit survives: only pass and scratch bits are per-hop state.
+        Rule::new(Action::SetMark {
+            value: 0,
+            mask: marks.all() & !marks.accept,
+        }),
+    ];
+    for prefix in &cfg.interface_prefixes {
+        forward
+            .push(Rule::new(Action::Jump(FROM_WL_DISPATCH.into())).in_iface(format!("{prefix}+")));
+        forward
+            .push(Rule::new(Action::Jump(TO_WL_DISPATCH.into())).out_iface(format!("{prefix}+")));
+    }
+
+    let input = cfg
+        .interface_prefixes
+        .iter()
+        .map(|prefix| {
+            Rule::new(Action::Goto(WL_TO_HOST_CHAIN.into())).in_iface(format!("{prefix}+"))
+        })
+        .collect();
+
+    let mut wl_to_host = Vec::new();
+    if family == IpFamily::V6 {
+        for t in ICMPV6_TO_HOST_TYPES {
+            wl_to_host.push(Rule {
+                protocol: Some("ipv6-icmp"),
+                ..Rule::new(Action::Accept).matching(format!("-m icmp6 --icmpv6-type {t}"))
+            });
+        }
+    }
+    wl_to_host.push(Rule::new(Action::Jump(FROM_WL_DISPATCH.into())));
+    let to_host = match cfg.endpoint_to_host_action {
+        EndpointToHostAction::Accept => Action::Accept,
+        EndpointToHostAction::Drop => deny(cfg),
+        EndpointToHostAction::Return => Action::Return,
+    };
+    wl_to_host.push(Rule::new(to_host).comment("Configured DefaultEndpointToHostAction"));
+
+    // Host-to-pod traffic (kubelet probes) is never policed.
+    let output = cfg
+        .interface_prefixes
+        .iter()
+        .map(|prefix| Rule::new(Action::Return).out_iface(format!("{prefix}+")))
+        .collect();
+
+    vec![
+        Chain::new(FORWARD_CHAIN, family, forward),
+        Chain::new(INPUT_CHAIN, family, input),
+        Chain::new(WL_TO_HOST_CHAIN, family, wl_to_host),
+        Chain::new(OUTPUT_CHAIN, family, output),
+    ]
+}
+
+/// Our rules in one kernel chain (`FORWARD`, `INPUT`, `OUTPUT`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelChainRules {
+    pub chain: String,
+    /// At the top (insert mode) or after the other programs' rules (append mode).
+    pub inserts: Vec<RenderedRule>,
+    /// Always after everything else in the chain.
+    pub appends: Vec<RenderedRule>,
+}
+
+pub fn kernel_chain_rules(cfg: &RuleConfig, family: IpFamily) -> Vec<KernelChainRules> {
+    let jump = |kernel: &str, ours: &str| KernelChainRules {
+        chain: kernel.to_string(),
+        inserts: render_rules(kernel, family, &[Rule::new(Action::Jump(ours.into()))]),
+        appends: Vec::new(),
+    };
+    let mut forward = jump("FORWARD", FORWARD_CHAIN);
+    // The verdict for allowed pod traffic comes last in FORWARD, so rules that others put
+    // between our jump and the end (kube-proxy's KUBE-FORWARD, ...) still run.
+    let accept = match cfg.allow_action {
+        AllowAction::Accept => Action::Accept,
+        AllowAction::Return => Action::Return,
+    };
+    forward.appends = render_rules(
+        "FORWARD*appends*",
+        family,
+        &[Rule::new(accept)
+            .comment("Policy explicitly accepted packet.")
+            .mark_match(cfg.marks.accept, cfg.marks.accept)],
+    );
+    vec![
+        forward,
+        jump("INPUT", INPUT_CHAIN),
+        jump("OUTPUT", OUTPUT_CHAIN),
+    ]
+}
+
+impl ChainInsertMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChainInsertMode::Insert => "insert",
+            ChainInsertMode::Append => "append",
+        }
+    }
+}
+
+/// `cali-tw-<iface>` (ingress, to the workload) and `cali-fw-<iface>` (egress).
+pub fn endpoint_chains(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    iface: &str,
+    namespace: &str,
+    ingress: &[ObjectKey],
+    egress: &[ObjectKey],
+) -> [Chain; 2] {
+    [
+        Chain::new(
+            to_workload_chain(iface),
+            family,
+            endpoint_rules(cfg, Direction::Ingress, namespace, ingress),
+        ),
+        Chain::new(
+            from_workload_chain(iface),
+            family,
+            endpoint_rules(cfg, Direction::Egress, namespace, egress),
+        ),
+    ]
+}
+
+fn endpoint_rules(
+    cfg: &RuleConfig,
+    direction: Direction,
+    namespace: &str,
+    policies: &[ObjectKey],
+) -> Vec<Rule> {
+    let m = cfg.marks;
+    let established = "-m conntrack --ctstate RELATED,ESTABLISHED";
+    let mut rules = match cfg.allow_action {
+        AllowAction::Accept => vec![Rule::new(Action::Accept).matching(established)],
+        AllowAction::Return => vec![
+            Rule::new(Action::SetMark {
+                value: m.accept,
+                mask: m.accept,
+            })
+            .matching(established),
+            Rule::new(Action::Return).matching(established),
+        ],
+    };
+    rules.push(Rule::new(deny(cfg)).matching("-m conntrack --ctstate INVALID"));
+    rules.push(Rule::new(Action::SetMark {
+        value: 0,
+        mask: m.accept | m.pass,
+    }));
+    if !policies.is_empty() {
+        rules.push(
+            Rule::new(Action::SetMark {
+                value: 0,
+                mask: m.pass,
+            })
+            .comment("Start of policies"),
+        );
+        for p in policies {
+            rules.push(
+                Rule::new(Action::Jump(policy_chain(direction, &p.namespace, &p.name)))
+                    .mark_match(0, m.pass),
+            );
+            rules.push(
+                Rule::new(Action::Return)
+                    .comment("Return if policy accepted")
+                    .mark_match(m.accept, m.accept),
+            );
+        }
+        rules.push(
+            Rule::new(deny(cfg))
+                .comment("Drop if no policies passed packet")
+                .mark_match(0, m.pass),
+        );
+    }
+    rules.push(Rule::new(Action::Jump(profile_chain(direction, namespace))));
+    rules.push(
+        Rule::new(Action::Return)
+            .comment("Return if profile accepted")
+            .mark_match(m.accept, m.accept),
+    );
+    rules.push(Rule::new(deny(cfg)).comment("Drop if no profiles matched"));
+    rules
+}
+
+/// `cali-pri-kns.<ns>` and `cali-pro-kns.<ns>`: the allow-everything profile that decides for
+/// pods no policy isolates.
+pub fn profile_chains(cfg: &RuleConfig, family: IpFamily, namespace: &str) -> [Chain; 2] {
+    let accept = cfg.marks.accept;
+    let chain = |direction: Direction| {
+        Chain::new(
+            profile_chain(direction, namespace),
+            family,
+            vec![
+                Rule::new(Action::SetMark {
+                    value: accept,
+                    mask: accept,
+                })
+                .comment(format!("Profile kns.{namespace} {}", direction.as_str())),
+                Rule::new(Action::Return).mark_match(accept, accept),
+            ],
+        )
+    };
+    [chain(Direction::Ingress), chain(Direction::Egress)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bodies(c: &Chain) -> Vec<String> {
+        c.rules
+            .iter()
+            .map(|r| {
+                let needle = format!("-m comment --comment \"cali:{}\" ", r.hash);
+                r.body
+                    .replace(&needle, "")
+                    .replace(&needle[..needle.len() - 1], "")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn forward_dispatches_every_prefix() {
+        let cfg = RuleConfig {
+            interface_prefixes: vec!["eni".into(), "veth".into()],
+            ..RuleConfig::default()
+        };
+        let chains = static_chains(&cfg, IpFamily::V4);
+        assert_eq!(
+            bodies(&chains[0]),
+            [
+                "-j MARK --set-xmark 0x0/0xe0000",
+                "-i eni+ -j cali-from-wl-dispatch",
+                "-o eni+ -j cali-to-wl-dispatch",
+                "-i veth+ -j cali-from-wl-dispatch",
+                "-o veth+ -j cali-to-wl-dispatch",
+            ]
+        );
+        assert_eq!(
+            bodies(&chains[1]),
+            ["-i eni+ -g cali-wl-to-host", "-i veth+ -g cali-wl-to-host"]
+        );
+        assert_eq!(
+            bodies(&chains[2]),
+            [
+                "-j cali-from-wl-dispatch",
+                "-m comment --comment \"Configured DefaultEndpointToHostAction\" -j ACCEPT"
+            ]
+        );
+        assert_eq!(
+            bodies(&chains[3]),
+            ["-o eni+ -j RETURN", "-o veth+ -j RETURN"]
+        );
+    }
+
+    #[test]
+    fn ipv6_lets_neighbour_discovery_reach_the_host() {
+        let chains = static_chains(&RuleConfig::default(), IpFamily::V6);
+        let wl = bodies(&chains[2]);
+        assert_eq!(wl.len(), 8);
+        assert_eq!(wl[4], "-p ipv6-icmp -m icmp6 --icmpv6-type 135 -j ACCEPT");
+    }
+
+    #[test]
+    fn kernel_rules_put_the_accept_last() {
+        let rules = kernel_chain_rules(&RuleConfig::default(), IpFamily::V4);
+        assert_eq!(rules[0].chain, "FORWARD");
+        assert!(rules[0].inserts[0].body.ends_with("-j cali-FORWARD"));
+        assert!(rules[0].appends[0].body.ends_with(
+            "-m comment --comment \"Policy explicitly accepted packet.\" -m mark --mark 0x10000/0x10000 -j ACCEPT"
+        ));
+        assert!(rules[2].inserts[0].body.ends_with("-j cali-OUTPUT"));
+    }
+
+    #[test]
+    fn unisolated_endpoint_goes_straight_to_the_profile() {
+        let [tw, fw] = endpoint_chains(
+            &RuleConfig::default(),
+            IpFamily::V4,
+            "cali1",
+            "ns",
+            &[],
+            &[],
+        );
+        assert_eq!(tw.name, "cali-tw-cali1");
+        assert_eq!(fw.name, "cali-fw-cali1");
+        assert_eq!(
+            bodies(&tw),
+            [
+                "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+                "-m conntrack --ctstate INVALID -j DROP",
+                "-j MARK --set-xmark 0x0/0x30000",
+                "-j cali-pri-kns.ns",
+                "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",
+                "-m comment --comment \"Drop if no profiles matched\" -j DROP",
+            ]
+        );
+        assert!(bodies(&fw)[3].ends_with("cali-pro-kns.ns"));
+    }
+
+    #[test]
+    fn reject_and_return_actions_follow_config() {
+        let cfg = RuleConfig {
+            deny_action: DenyAction::Reject,
+            allow_action: AllowAction::Return,
+            ..RuleConfig::default()
+        };
+        let [tw, _] = endpoint_chains(&cfg, IpFamily::V6, "c", "ns", &[], &[]);
+        let b = bodies(&tw);
+        assert_eq!(
+            b[0],
+            "-m conntrack --ctstate RELATED,ESTABLISHED -j MARK --set-xmark 0x10000/0x10000"
+        );
+        assert_eq!(b[1], "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN");
+        assert!(b
+            .last()
+            .unwrap()
+            .ends_with("-j REJECT --reject-with icmp6-port-unreachable"));
+    }
+}

@@ -1,0 +1,119 @@
+//! Helpers for tests that program a real kernel: every test works inside network namespaces
+//! it creates, and removes them when it ends, also when it fails (Drop runs on panic).
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Prefix of every namespace a test makes, so CI can sweep leftovers of a killed run.
+pub const NETNS_PREFIX: &str = "npa-test-";
+
+pub fn require_root() {
+    let uid = run("id", &["-u"]);
+    assert_eq!(
+        String::from_utf8_lossy(&uid.stdout).trim(),
+        "0",
+        "this test programs iptables and ipsets in network namespaces and must run as root"
+    );
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
+}
+
+pub fn run_ok(cmd: &str, args: &[&str]) -> String {
+    let out = run(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn have(binary: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {binary}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A network namespace that is deleted (with everything in it) when dropped.
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> NetNs {
+        require_root();
+        let name = format!(
+            "{NETNS_PREFIX}{}-{}-{tag}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        run_ok("ip", &["netns", "add", &name]);
+        let ns = NetNs { name };
+        ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn exec(&self, args: &[&str]) -> Output {
+        let mut full = vec!["netns", "exec", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    pub fn exec_ok(&self, args: &[&str]) -> String {
+        let mut full = vec!["netns", "exec", self.name.as_str()];
+        full.extend_from_slice(args);
+        run_ok("ip", &full)
+    }
+
+    /// Runs a shell command line inside the namespace.
+    pub fn sh_ok(&self, script: &str) -> String {
+        self.exec_ok(&["sh", "-c", script])
+    }
+
+    pub fn restore_file(&self, tool: &str, file: &Path) -> String {
+        self.sh_ok(&format!("{tool} < '{}'", file.display()))
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = run("ip", &["netns", "del", &self.name]);
+    }
+}
+
+/// A temporary directory removed when dropped.
+pub struct TempDir {
+    pub path: std::path::PathBuf,
+}
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!(
+            "npa-{tag}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir { path }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
