@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what netpol-agent's build, tests and demo need on a Debian machine (as root),
+# only when it is missing. Sourced by test.sh and demo.sh.
+set -euo pipefail
+
+need_pkgs=()
+command -v iptables-legacy-restore >/dev/null 2>&1 || need_pkgs+=(iptables)
+command -v ipset >/dev/null 2>&1 || need_pkgs+=(ipset)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "installing: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install a Rust toolchain (rustup)"; exit 1; }
+
+# Network namespaces left behind by a killed test run (ours all start with npa-).
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^npa-' || true); do
+  ip netns del "$ns" 2>/dev/null || true
+done
