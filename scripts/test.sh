@@ -9,7 +9,7 @@ cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 mkdir -p target
 set +e
-cargo test --locked --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
+cargo test --locked --lib --bins --tests --no-fail-fast 2>&1 | tee target/test-output.txt
 status=${PIPESTATUS[0]}
 set -e
 # One summary line for the whole run (cargo prints one per test binary).
