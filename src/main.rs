@@ -1,5 +1,6 @@
 //! The netpol-agent command line: `compile` renders what a node must hold, offline.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -88,6 +89,7 @@ fn init_logging(severity: &str) {
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(tracing_subscriber::EnvFilter::new(level))
         .init();
 }
