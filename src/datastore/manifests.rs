@@ -17,7 +17,7 @@ use serde_yaml_ng::{Mapping, Value};
 // Pods are much larger than the other variants; these values are short-lived (parsed, then
 // validated into the model), so boxing would only add noise to every match.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum K8sObject {
     Pod(Pod),
     Namespace(Namespace),
@@ -71,6 +71,20 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
 /// path order. A path that cannot be read is an error; a bad document in a readable file is
 /// only reported.
 pub fn load_paths(paths: &[PathBuf]) -> anyhow::Result<(Vec<K8sObject>, Vec<ManifestError>)> {
+    let mut objects = Vec::new();
+    let mut errors = Vec::new();
+    for file in manifest_files(paths)? {
+        let text =
+            fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let (file_objects, file_errors) = parse_manifests(&text, &file.display().to_string());
+        objects.extend(file_objects);
+        errors.extend(file_errors);
+    }
+    Ok((objects, errors))
+}
+
+/// The manifest files `load_paths` reads, in the order it reads them.
+pub fn manifest_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for path in paths {
         let metadata =
@@ -84,17 +98,7 @@ pub fn load_paths(paths: &[PathBuf]) -> anyhow::Result<(Vec<K8sObject>, Vec<Mani
             files.push(path.clone());
         }
     }
-
-    let mut objects = Vec::new();
-    let mut errors = Vec::new();
-    for file in files {
-        let text =
-            fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
-        let (file_objects, file_errors) = parse_manifests(&text, &file.display().to_string());
-        objects.extend(file_objects);
-        errors.extend(file_errors);
-    }
-    Ok((objects, errors))
+    Ok(files)
 }
 
 fn collect_manifest_files(
