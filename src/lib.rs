@@ -3,11 +3,13 @@
 //!
 //! Rooms: `datastore` (manifests in, Kubernetes objects out), `calc_graph` (objects in,
 //! incremental desired state out; pure), `rules` (felix-compatible chain rendering; pure),
-//! `ipsets` (set naming, members and restore scripts), `iface_naming` (pod → host veth).
+//! `ipsets` (set naming, members and restore scripts; `ipsets::kernel` applies them),
+//! `iface_naming` (pod → host veth), `exec` (how external programs are started).
 
 pub mod calc_graph;
 pub mod config;
 pub mod datastore;
+pub mod exec;
 pub mod iface_naming;
 pub mod ipsets;
 pub mod rules;

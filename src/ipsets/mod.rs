@@ -1,7 +1,9 @@
 //! IP sets: what a set means (`SetDef`: the pods of a peer selector, or their named port),
 //! its felix-style kernel name (`cali40s:` / `cali60s:` + hash, at most 31 characters), its
 //! members, and the `ipset restore` text that creates and fills sets. The kernel side (reading
-//! what exists, applying deltas) lives beside this in the dataplane.
+//! what exists, applying deltas) is `kernel`.
+
+pub mod kernel;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -20,6 +22,10 @@ pub const MAX_SET_NAME_LEN: usize = 31;
 pub const DEFAULT_MAX_SET_SIZE: u32 = 1_048_576;
 /// Prefixes of the sets we own (both families).
 pub const OWNED_SET_PREFIXES: [&str; 2] = ["cali40", "cali60"];
+/// Prefixes of the temporary sets the kernel writer builds a replacement in before swapping
+/// it with the real set (felix's `cali4t`/`cali6t`). Ours too: one left behind by a crash is
+/// found and destroyed.
+pub const TEMP_SET_PREFIXES: [&str; 2] = ["cali4t", "cali6t"];
 
 /// What a set holds, independent of IP family.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -169,8 +175,15 @@ pub fn set_name(family: IpFamily, id: &str) -> String {
     name
 }
 
+/// Whether a kernel set is ours: a main set (`cali40`/`cali60`) or a temporary one
+/// (`cali4t`/`cali6t`). Nothing else is ever modified or destroyed.
 pub fn is_owned_set(name: &str) -> bool {
-    OWNED_SET_PREFIXES.iter().any(|p| name.starts_with(p))
+    OWNED_SET_PREFIXES.iter().any(|p| name.starts_with(p)) || is_temp_set(name)
+}
+
+/// Whether a kernel set is one of our temporary sets (never desired, always destroyed).
+pub fn is_temp_set(name: &str) -> bool {
+    TEMP_SET_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 /// One entry of a set, printed the way `ipset save` prints it.
@@ -267,6 +280,9 @@ mod tests {
         assert!(v4.starts_with("cali40s:"));
         assert!(set_name(IpFamily::V6, &id).starts_with("cali60s:"));
         assert!(is_owned_set(&v4));
+        assert!(is_owned_set("cali4t0") && is_temp_set("cali6t12"));
+        assert!(!is_temp_set(&v4));
+        assert!(!is_owned_set("KUBE-X") && !is_owned_set("cali-x") && !is_owned_set("cali41"));
     }
 
     #[test]
