@@ -3,11 +3,15 @@
 //!
 //! Rooms: `datastore` (manifests in, Kubernetes objects out), `calc_graph` (objects in,
 //! incremental desired state out; pure), `rules` (felix-compatible chain rendering; pure),
-//! `ipsets` (set naming, members and restore scripts), `iface_naming` (pod → host veth).
+//! `ipsets` (set naming, members and restore scripts), `iface_naming` (pod → host veth),
+//! `iptables_writer` (our chains and kernel-chain rules into the kernel, by diff), `exec`
+//! (running external tools, optionally in a network namespace).
 
 pub mod calc_graph;
 pub mod config;
 pub mod datastore;
+pub mod exec;
 pub mod iface_naming;
 pub mod ipsets;
+pub mod iptables_writer;
 pub mod rules;
