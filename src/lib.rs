@@ -4,12 +4,17 @@
 //! Rooms: `datastore` (manifests in, Kubernetes objects out), `calc_graph` (objects in,
 //! incremental desired state out; pure), `rules` (felix-compatible chain rendering; pure),
 //! `ipsets` (set naming, members and restore scripts; `ipsets::kernel` applies them),
-//! `iface_naming` (pod → host veth), `exec` (how external programs are started).
+//! `iptables_writer` (our chains and kernel-chain rules into the kernel, by diff),
+//! `dataplane` (apply order), `agent` (the event loop), `iface_naming` (pod → host veth),
+//! `exec` (running external tools, optionally in a network namespace).
 
+pub mod agent;
 pub mod calc_graph;
 pub mod config;
+pub mod dataplane;
 pub mod datastore;
 pub mod exec;
 pub mod iface_naming;
 pub mod ipsets;
+pub mod iptables_writer;
 pub mod rules;

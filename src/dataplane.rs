@@ -1,0 +1,217 @@
+//! The node's dataplane: the desired state the calc graph's updates add up to, and applying
+//! it to the kernel in the order that never leaves a rule naming a missing set: ipset
+//! creations and additions, then iptables (per IP family), then ipset member removals and
+//! set destructions. Only what updates marked dirty is looked at, unless a resync asks for
+//! everything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tracing::debug;
+
+use crate::calc_graph::model::IpFamily;
+use crate::calc_graph::state::Update;
+use crate::exec::Exec;
+use crate::ipsets::kernel::IpsetManager;
+use crate::ipsets::SetSpec;
+use crate::iptables_writer::{Backend, DesiredTable, TableWriter};
+use crate::rules::chains::kernel_chain_rules;
+use crate::rules::RuleConfig;
+
+pub struct DataplaneConfig {
+    pub families: Vec<IpFamily>,
+    pub rules: RuleConfig,
+    pub backend: Backend,
+    pub max_set_size: u32,
+    pub exec: Exec,
+}
+
+/// What one apply did.
+#[derive(Clone, Debug, Default)]
+pub struct ApplyReport {
+    pub iptables_lines: usize,
+    pub duration: Duration,
+    /// Whether anything was dirty at all.
+    pub wrote: bool,
+}
+
+pub struct Dataplane {
+    sets: BTreeMap<String, SetSpec>,
+    tables: BTreeMap<IpFamily, DesiredTable>,
+    ipsets: IpsetManager,
+    writers: BTreeMap<IpFamily, TableWriter>,
+    dirty_sets: BTreeSet<String>,
+    dirty_chains: BTreeMap<IpFamily, BTreeSet<String>>,
+    /// Set by a resync: every chain is checked on the next apply.
+    check_all: bool,
+}
+
+impl Dataplane {
+    pub fn new(cfg: &DataplaneConfig) -> anyhow::Result<Dataplane> {
+        let mut ipsets = IpsetManager::new(cfg.exec.clone(), cfg.max_set_size);
+        ipsets.resync().context("reading the existing IP sets")?;
+        let tables = cfg
+            .families
+            .iter()
+            .map(|&f| {
+                (
+                    f,
+                    DesiredTable {
+                        chains: BTreeMap::new(),
+                        kernel: kernel_chain_rules(&cfg.rules, f),
+                        insert_mode: cfg.rules.insert_mode,
+                    },
+                )
+            })
+            .collect();
+        let writers = cfg
+            .families
+            .iter()
+            .map(|&f| (f, TableWriter::new(cfg.exec.clone(), f, cfg.backend)))
+            .collect();
+        // Sets left by an earlier run are checked on the first apply (after the datastore is
+        // in sync): reused when still wanted, destroyed when not.
+        let dirty_sets = ipsets.cached_names().into_iter().collect();
+        Ok(Dataplane {
+            sets: BTreeMap::new(),
+            tables,
+            ipsets,
+            writers,
+            dirty_sets,
+            dirty_chains: BTreeMap::new(),
+            check_all: true,
+        })
+    }
+
+    /// Adds an update to the desired state (several updates coalesce into one apply).
+    pub fn absorb(&mut self, update: &Update) {
+        for h in &update.sets_created {
+            self.sets.insert(
+                h.name.clone(),
+                SetSpec {
+                    name: h.name.clone(),
+                    family: h.family,
+                    set_type: h.set_type,
+                    members: BTreeSet::new(),
+                },
+            );
+            self.dirty_sets.insert(h.name.clone());
+        }
+        for (name, members) in &update.members_added {
+            if let Some(set) = self.sets.get_mut(name) {
+                set.members.extend(members.iter().copied());
+                self.dirty_sets.insert(name.clone());
+            }
+        }
+        for (name, members) in &update.members_removed {
+            if let Some(set) = self.sets.get_mut(name) {
+                for m in members {
+                    set.members.remove(m);
+                }
+                self.dirty_sets.insert(name.clone());
+            }
+        }
+        for (_, name) in &update.sets_removed {
+            self.sets.remove(name);
+            self.dirty_sets.insert(name.clone());
+        }
+        for (family, chain) in &update.chains_upserted {
+            if let Some(t) = self.tables.get_mut(family) {
+                t.chains.insert(chain.name.clone(), chain.clone());
+                self.dirty_chains
+                    .entry(*family)
+                    .or_default()
+                    .insert(chain.name.clone());
+            }
+        }
+        for (family, name) in &update.chains_removed {
+            if let Some(t) = self.tables.get_mut(family) {
+                t.chains.remove(name);
+                self.dirty_chains
+                    .entry(*family)
+                    .or_default()
+                    .insert(name.clone());
+            }
+        }
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        self.check_all
+            || !self.dirty_sets.is_empty()
+            || self.dirty_chains.values().any(|c| !c.is_empty())
+    }
+
+    /// Re-reads the kernel on the next apply and checks everything (refresh timer).
+    pub fn resync(&mut self) -> anyhow::Result<()> {
+        self.ipsets.resync()?;
+        self.dirty_sets.extend(self.sets.keys().cloned());
+        self.dirty_sets.extend(self.ipsets.cached_names());
+        self.invalidate_iptables();
+        Ok(())
+    }
+
+    /// Re-reads iptables on the next apply (post-write check).
+    pub fn invalidate_iptables(&mut self) {
+        for w in self.writers.values_mut() {
+            w.invalidate();
+        }
+        self.check_all = true;
+    }
+
+    pub fn apply(&mut self) -> anyhow::Result<ApplyReport> {
+        let start = Instant::now();
+        if !self.is_dirty() {
+            return Ok(ApplyReport::default());
+        }
+        let dirty_specs: BTreeMap<String, SetSpec> = self
+            .dirty_sets
+            .iter()
+            .filter_map(|n| self.sets.get(n).map(|s| (n.clone(), s.clone())))
+            .collect();
+        self.ipsets
+            .apply_additions(&dirty_specs, &self.dirty_sets)
+            .context("ipset additions")?;
+
+        let mut lines = 0;
+        for (family, writer) in self.writers.iter_mut() {
+            let Some(table) = self.tables.get(family) else {
+                continue;
+            };
+            let dirty = if self.check_all {
+                table.chains.keys().cloned().collect()
+            } else {
+                self.dirty_chains.get(family).cloned().unwrap_or_default()
+            };
+            lines += writer
+                .apply(table, &dirty)
+                .with_context(|| format!("iptables ({family:?})"))?;
+            self.dirty_chains.remove(family);
+        }
+        self.check_all = false;
+
+        self.ipsets
+            .apply_removals(&dirty_specs, &self.dirty_sets)
+            .context("ipset removals")?;
+        self.dirty_sets.clear();
+        let report = ApplyReport {
+            iptables_lines: lines,
+            duration: start.elapsed(),
+            wrote: true,
+        };
+        debug!(lines, ms = report.duration.as_secs_f64() * 1e3, "applied");
+        Ok(report)
+    }
+}
+
+/// Removes every chain, kernel-chain rule and IP set netpol-agent owns, and nothing else.
+pub fn cleanup(exec: &Exec, backend: Backend, families: &[IpFamily]) -> anyhow::Result<()> {
+    for &family in families {
+        TableWriter::new(exec.clone(), family, backend)
+            .remove_all()
+            .with_context(|| format!("removing our iptables rules ({family:?})"))?;
+    }
+    let mut ipsets = IpsetManager::new(exec.clone(), crate::ipsets::DEFAULT_MAX_SET_SIZE);
+    ipsets.resync()?;
+    ipsets.destroy_all_owned()
+}

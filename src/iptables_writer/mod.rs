@@ -1,0 +1,291 @@
+//! The kernel writer for iptables: for one (table, IP family) it owns our `cali-` chains
+//! and our rules in the kernel chains (`FORWARD`, `INPUT`, `OUTPUT`), and brings the kernel
+//! to the desired state with one `<tool>-restore --noflush --wait` per apply.
+//!
+//! - `backend`: legacy/nft, the tool names, backend detection, running save and restore.
+//! - `parse`: the table model and `iptables-save` parsing.
+//! - `plan`: the diff (model + desired → restore operations) and its effect on the model.
+//! - this file: `TableWriter`, which keeps a trusted cache of the table (read with one save
+//!   when it has none, updated from what it wrote after each successful restore), and
+//!   retries with backoff after a failure, re-reading the kernel first.
+//!
+//! Other programs' chains and rules are never touched: only chains named `cali-…` and rules
+//! whose first comment is `cali:<hash>` are ours.
+
+pub mod backend;
+pub mod parse;
+pub mod plan;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::anyhow;
+
+use crate::calc_graph::model::IpFamily;
+use crate::exec::Exec;
+use crate::rules::chains::KernelChainRules;
+use crate::rules::{Chain, ChainInsertMode, CHAIN_PREFIX, MAX_CHAIN_NAME_LEN};
+
+pub use backend::{detect_backend, tool_name, Backend, BackendMode};
+pub use parse::{KernelRule, TableState};
+pub use plan::{Op, Plan};
+
+/// The table the writer programs (netpol-agent only needs filter).
+pub const TABLE: &str = "filter";
+
+/// Everything we want in one table of one IP family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredTable {
+    /// Our chains by name (every name starts with `cali-`).
+    pub chains: BTreeMap<String, Chain>,
+    /// Our rules in chains we do not own.
+    pub kernel: Vec<KernelChainRules>,
+    pub insert_mode: ChainInsertMode,
+}
+
+impl DesiredTable {
+    /// Nothing of ours: applying it removes everything we own.
+    pub fn empty() -> DesiredTable {
+        DesiredTable {
+            chains: BTreeMap::new(),
+            kernel: Vec::new(),
+            insert_mode: ChainInsertMode::Insert,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        for (name, chain) in &self.chains {
+            if *name != chain.name {
+                return Err(anyhow!(
+                    "chain {} is filed under the name {name}",
+                    chain.name
+                ));
+            }
+            if !name.starts_with(CHAIN_PREFIX) || name.len() > MAX_CHAIN_NAME_LEN {
+                return Err(anyhow!(
+                    "chain name {name:?} must start with {CHAIN_PREFIX} and have at most {MAX_CHAIN_NAME_LEN} characters"
+                ));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for k in &self.kernel {
+            if k.chain.starts_with(CHAIN_PREFIX) {
+                return Err(anyhow!("kernel-chain rules for our own chain {}", k.chain));
+            }
+            if !seen.insert(k.chain.as_str()) {
+                return Err(anyhow!("kernel chain {} listed twice", k.chain));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct WriterStats {
+    /// Restore invocations (successful or not).
+    pub restore_calls: u64,
+    pub restore_errors: u64,
+    pub save_calls: u64,
+    /// Restore lines committed (without the `*table` and `COMMIT` lines).
+    pub lines_written: u64,
+}
+
+/// How often and how patiently a failed apply is retried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub retries: u32,
+    /// Sleep before the first retry; doubled before each further one.
+    pub initial_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 5 retries after 20, 40, 80, 160 and 320 ms.
+    fn default() -> Self {
+        RetryPolicy {
+            retries: 5,
+            initial_backoff: Duration::from_millis(20),
+        }
+    }
+}
+
+/// Writes one table (filter) of one IP family through one backend.
+pub struct TableWriter {
+    exec: Exec,
+    family: IpFamily,
+    backend: Backend,
+    retry: RetryPolicy,
+    /// What the kernel holds, as far as we know; `None`: read it before the next diff.
+    cache: Option<TableState>,
+    /// `--wait` flags the restore tool accepts (probed on first use).
+    restore_flags: Option<Vec<String>>,
+    stats: WriterStats,
+}
+
+impl TableWriter {
+    pub fn new(exec: Exec, family: IpFamily, backend: Backend) -> Self {
+        TableWriter {
+            exec,
+            family,
+            backend,
+            retry: RetryPolicy::default(),
+            cache: None,
+            restore_flags: None,
+            stats: WriterStats::default(),
+        }
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn save_tool(&self) -> String {
+        tool_name(self.family, self.backend, "save")
+    }
+
+    pub fn restore_tool(&self) -> String {
+        tool_name(self.family, self.backend, "restore")
+    }
+
+    /// Brings the kernel to `desired`. `dirty`: chains that may have changed since the last
+    /// apply (names); kernel-chain rules, and which chains exist, are always checked against
+    /// the cache. With no cache (first call, after a failure, or after `invalidate`) it first
+    /// reads the kernel with one save and treats everything as dirty. Returns the lines
+    /// written.
+    ///
+    /// On failure (xtables lock held too long, a concurrent writer, a rule the kernel
+    /// refuses) it drops the cache, re-reads, recomputes and retries with backoff; after the
+    /// last retry it returns the error. A failed restore commits nothing, so the rules of the
+    /// previous apply stay in force.
+    pub fn apply(
+        &mut self,
+        desired: &DesiredTable,
+        dirty: &BTreeSet<String>,
+    ) -> anyhow::Result<usize> {
+        desired.validate()?;
+        let mut written = 0;
+        let mut backoff = self.retry.initial_backoff;
+        let mut attempt = 0;
+        loop {
+            match self.try_apply(desired, dirty, &mut written) {
+                Ok(()) => return Ok(written),
+                Err(e) => {
+                    self.cache = None;
+                    if attempt >= self.retry.retries {
+                        return Err(e.context(format!(
+                            "{} {TABLE}: giving up after {} attempts",
+                            self.restore_tool(),
+                            attempt + 1
+                        )));
+                    }
+                    tracing::warn!(
+                        family = ?self.family,
+                        backend = self.backend.as_str(),
+                        attempt = attempt + 1,
+                        "iptables update failed, re-reading and retrying in {backoff:?}: {e:#}"
+                    );
+                    std::thread::sleep(backoff);
+                    backoff = backoff.saturating_mul(2);
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    fn try_apply(
+        &mut self,
+        desired: &DesiredTable,
+        dirty: &BTreeSet<String>,
+        written: &mut usize,
+    ) -> anyhow::Result<()> {
+        // The cache is taken out while we work: on any error it stays dropped.
+        let (mut state, all_dirty) = match self.cache.take() {
+            Some(state) => (state, false),
+            None => (self.read_kernel()?, true),
+        };
+        let plan = plan::plan(&state, desired, (!all_dirty).then_some(dirty), self.backend);
+        let mut trusted = true;
+        for ops in [&plan.main, &plan.deferred] {
+            if ops.is_empty() {
+                continue;
+            }
+            self.restore(ops)?;
+            *written += ops.len();
+            if trusted {
+                if let Err(e) = plan::apply_ops(&mut state, ops) {
+                    tracing::warn!(
+                        "writer model disagrees with its own update ({e}); re-reading next time"
+                    );
+                    trusted = false;
+                }
+            }
+        }
+        if trusted {
+            self.cache = Some(state);
+        }
+        Ok(())
+    }
+
+    /// Forget the cache: the next apply re-reads (the agent calls this on its refresh timer,
+    /// IptablesRefreshInterval, and a short while after writes,
+    /// IptablesPostWriteCheckIntervalSecs).
+    pub fn invalidate(&mut self) {
+        self.cache = None;
+    }
+
+    /// Removes every chain and kernel-chain rule we own (cleanup), nothing else.
+    pub fn remove_all(&mut self) -> anyhow::Result<()> {
+        self.invalidate();
+        self.apply(&DesiredTable::empty(), &BTreeSet::new())?;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+
+    /// The table as the writer last saw or wrote it, if it trusts that.
+    pub fn cached(&self) -> Option<&TableState> {
+        self.cache.as_ref()
+    }
+
+    fn read_kernel(&mut self) -> anyhow::Result<TableState> {
+        self.stats.save_calls += 1;
+        let text = backend::run_save(&self.exec, &self.save_tool(), Some(TABLE))?;
+        parse::parse_save(&text, TABLE)
+    }
+
+    fn restore(&mut self, ops: &[Op]) -> anyhow::Result<()> {
+        let tool = self.restore_tool();
+        let flags = match &self.restore_flags {
+            Some(f) => f.clone(),
+            None => {
+                let f = backend::probe_restore_flags(&self.exec, &tool);
+                self.restore_flags = Some(f.clone());
+                f
+            }
+        };
+        self.stats.restore_calls += 1;
+        tracing::debug!(lines = ops.len(), "{tool}");
+        tracing::trace!(script = %Plan::script(ops, TABLE), "restore input");
+        match backend::run_restore(&self.exec, &tool, &flags, TABLE, ops.iter().map(Op::line)) {
+            Ok(()) => {
+                self.stats.lines_written += ops.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.restore_errors += 1;
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! The agent on a real kernel: `netpol-agent run --datastore dir:…` inside a network
+//! namespace converges to exactly what `compile` renders for the same directory, follows
+//! changes, repairs tampering within the refresh interval, survives kill -9, shares the
+//! tables with a concurrent writer, and `cleanup` leaves the tables as they were.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{NetNs, TempDir};
+
+const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
+const CONVERGE: Duration = Duration::from_secs(15);
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+/// The demo cluster and policies, one object per file so tests can change them one by one.
+fn populate(dir: &Path) {
+    for f in ["cluster.yaml", "policies.yaml"] {
+        std::fs::copy(examples().join("demo").join(f), dir.join(f)).unwrap();
+    }
+}
+
+struct Agent {
+    child: Child,
+}
+
+impl Agent {
+    fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
+        let log_file = std::fs::File::create(log).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+            .arg("--datastore")
+            .arg(format!("dir:{}", dir.display()))
+            .args(["--iptables-backend", backend])
+            .args(["--iptables-refresh-interval", "1"])
+            .args(["--iptables-post-write-check-interval-secs", "0.2"])
+            .args(["--log-severity-screen", "DEBUG"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("start agent");
+        Agent { child }
+    }
+
+    fn signal(&mut self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, Default)]
+struct Tables {
+    sets: BTreeMap<String, BTreeSet<String>>,
+    /// Our chains with their rules.
+    chains: BTreeMap<String, Vec<String>>,
+    /// Our rules in FORWARD, INPUT and OUTPUT, in order.
+    kernel: BTreeMap<String, Vec<String>>,
+}
+
+fn parse_rules(text: &str, tables: &mut Tables) {
+    for line in text.lines() {
+        if let Some(decl) = line.strip_prefix(':') {
+            let name = decl.split_whitespace().next().unwrap_or_default();
+            if name.starts_with("cali-") {
+                tables.chains.entry(name.to_string()).or_default();
+            }
+            continue;
+        }
+        let Some(rest) = line
+            .strip_prefix("-A ")
+            .or_else(|| line.strip_prefix("-I "))
+        else {
+            continue;
+        };
+        let (chain, mut body) = rest.split_once(' ').unwrap_or((rest, ""));
+        if line.starts_with("-I ") {
+            body = body.split_once(' ').map_or("", |(_, b)| b);
+        }
+        if chain.starts_with("cali-") {
+            tables
+                .chains
+                .entry(chain.to_string())
+                .or_default()
+                .push(body.to_string());
+        } else if body.contains("--comment \"cali:") {
+            tables
+                .kernel
+                .entry(chain.to_string())
+                .or_default()
+                .push(body.to_string());
+        }
+    }
+}
+
+fn parse_sets(text: &str, family_prefix: &str, tables: &mut Tables) {
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("create"), Some(name), _) if name.starts_with(family_prefix) => {
+                tables.sets.entry(name.to_string()).or_default();
+            }
+            (Some("add"), Some(name), Some(member)) if name.starts_with(family_prefix) => {
+                tables
+                    .sets
+                    .entry(name.to_string())
+                    .or_default()
+                    .insert(member.to_string());
+            }
+            _ => {}
+        }
+    }
+}
+
+fn expected(dir: &Path, ipv6: bool) -> Tables {
+    let out = TempDir::new("expect");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["compile", "--node", "node-1", "--manifests"])
+        .arg(dir);
+    if ipv6 {
+        cmd.arg("--ipv6");
+    }
+    cmd.arg("--ipsets-out")
+        .arg(out.path.join("s"))
+        .arg("--iptables-out")
+        .arg(out.path.join("t"));
+    let status = cmd.stderr(Stdio::null()).status().unwrap();
+    assert!(status.success());
+    let mut t = Tables::default();
+    parse_rules(
+        &std::fs::read_to_string(out.path.join("t")).unwrap(),
+        &mut t,
+    );
+    parse_sets(
+        &std::fs::read_to_string(out.path.join("s")).unwrap(),
+        if ipv6 { "cali6" } else { "cali4" },
+        &mut t,
+    );
+    t
+}
+
+fn observed(ns: &NetNs, backend: &str, ipv6: bool) -> Tables {
+    let tool = format!(
+        "{}-{backend}-save",
+        if ipv6 { "ip6tables" } else { "iptables" }
+    );
+    let mut t = Tables::default();
+    parse_rules(&ns.exec_ok(&[&tool, "-t", "filter"]), &mut t);
+    parse_sets(
+        &ns.exec_ok(&["ipset", "save"]),
+        if ipv6 { "cali6" } else { "cali4" },
+        &mut t,
+    );
+    t
+}
+
+/// Waits until the kernel holds exactly what compile renders for `dir` (both families).
+fn wait_converged(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Duration {
+    let start = Instant::now();
+    let want = [expected(dir, false), expected(dir, true)];
+    loop {
+        let have = [observed(ns, backend, false), observed(ns, backend, true)];
+        if have == want {
+            return start.elapsed();
+        }
+        if start.elapsed() > CONVERGE {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "not converged after {CONVERGE:?}\nwant v4: {:#?}\nhave v4: {:#?}\nagent log (last lines, newest first):\n{}",
+                want[0],
+                have[0],
+                tail.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn write_policy(dir: &Path, file: &str, name: &str, port: u16) {
+    std::fs::write(
+        dir.join(file),
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  podSelector: {{matchLabels: {{app: web}}}}\n  ingress:\n  - from: [{{namespaceSelector: {{matchLabels: {{team: ops}}}}}}]\n    ports: [{{port: {port}}}]\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn converges_and_follows_changes(backend: &str) {
+    let ns = NetNs::new("agent");
+    let dir = TempDir::new("manifests");
+    let logs = TempDir::new("logs");
+    let log = logs.path.join("agent.log");
+    populate(&dir.path);
+    let _agent = Agent::start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+
+    // Add, modify and delete a policy; delete and re-add a pod.
+    write_policy(&dir.path, "extra.yaml", "extra", 8443);
+    wait_converged(&ns, &dir.path, backend, &log);
+    write_policy(&dir.path, "extra.yaml", "extra", 9443);
+    wait_converged(&ns, &dir.path, backend, &log);
+    std::fs::remove_file(dir.path.join("extra.yaml")).unwrap();
+    wait_converged(&ns, &dir.path, backend, &log);
+    let cluster = std::fs::read_to_string(dir.path.join("cluster.yaml")).unwrap();
+    let without_api = cluster.replace("name: api,", "name: api-gone,").replace(
+        "nodeName: node-1\n    containers: [{name: api",
+        "nodeName: node-9\n    containers: [{name: api",
+    );
+    std::fs::write(dir.path.join("cluster.yaml"), &without_api).unwrap();
+    wait_converged(&ns, &dir.path, backend, &log);
+    std::fs::write(dir.path.join("cluster.yaml"), &cluster).unwrap();
+    wait_converged(&ns, &dir.path, backend, &log);
+}
+
+#[test]
+fn converges_and_follows_changes_legacy() {
+    converges_and_follows_changes("legacy");
+}
+
+#[test]
+fn converges_and_follows_changes_nft() {
+    converges_and_follows_changes("nft");
+}
+
+#[test]
+fn tampering_is_repaired_within_the_refresh_interval() {
+    let backend = "legacy";
+    let ns = NetNs::new("tamper");
+    let dir = TempDir::new("manifests");
+    let logs = TempDir::new("logs");
+    let log = logs.path.join("agent.log");
+    populate(&dir.path);
+    let _agent = Agent::start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+    let want = expected(&dir.path, false);
+    let ipt = "iptables-legacy";
+
+    // 1. Flush cali-FORWARD.
+    ns.exec_ok(&[ipt, "-F", "cali-FORWARD"]);
+    let took = wait_converged(&ns, &dir.path, backend, &log);
+    assert!(took < Duration::from_secs(5), "flush repaired in {took:?}");
+
+    // 2. Delete our FORWARD jump.
+    let jump = want.kernel["FORWARD"][0].clone();
+    ns.sh_ok(&format!("{ipt} -D FORWARD {jump}"));
+    wait_converged(&ns, &dir.path, backend, &log);
+
+    // 3. Remove a set member.
+    let (set, members) = want.sets.iter().find(|(_, m)| !m.is_empty()).unwrap();
+    ns.exec_ok(&["ipset", "del", set, members.iter().next().unwrap()]);
+    wait_converged(&ns, &dir.path, backend, &log);
+
+    // 4. Destroy a wanted set once nothing references it (flush the chains that use it).
+    for (chain, rules) in &want.chains {
+        if rules.iter().any(|r| r.contains(set.as_str())) {
+            ns.exec_ok(&[ipt, "-F", chain]);
+        }
+    }
+    ns.exec_ok(&["ipset", "destroy", set]);
+    wait_converged(&ns, &dir.path, backend, &log);
+
+    // 5. A foreign ACCEPT inserted above our jump: ours goes back on top, theirs stays.
+    ns.exec_ok(&[ipt, "-I", "FORWARD", "1", "-s", "192.0.2.1", "-j", "ACCEPT"]);
+    wait_converged(&ns, &dir.path, backend, &log);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let forward = ns.exec_ok(&[ipt, "-S", "FORWARD"]);
+        let rules: Vec<&str> = forward.lines().filter(|l| l.starts_with("-A")).collect();
+        if rules.first().is_some_and(|r| r.contains("cali-FORWARD")) {
+            assert!(
+                rules.iter().any(|r| r.contains("192.0.2.1")),
+                "foreign rule kept: {rules:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "our jump not back on top: {rules:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kill_9_mid_churn_then_restart_converges_without_leftovers() {
+    let backend = "legacy";
+    let ns = NetNs::new("kill9");
+    let dir = TempDir::new("manifests");
+    let logs = TempDir::new("logs");
+    let log = logs.path.join("agent.log");
+    populate(&dir.path);
+    let mut agent = Agent::start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+    for i in 0..40 {
+        write_policy(
+            &dir.path,
+            &format!("churn-{i}.yaml"),
+            &format!("churn-{i}"),
+            1000 + i,
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    agent.signal("-9");
+    // While it is down, half the churn goes away.
+    for i in 0..20 {
+        std::fs::remove_file(dir.path.join(format!("churn-{i}.yaml"))).unwrap();
+    }
+    let _agent = Agent::start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+}
+
+/// Full `-save` output without comments and counters, for exact before/after comparison.
+fn snapshot(ns: &NetNs) -> String {
+    let mut out = String::new();
+    for tool in [
+        "iptables-legacy-save",
+        "ip6tables-legacy-save",
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+    ] {
+        for line in ns.exec_ok(&[tool]).lines() {
+            if !line.starts_with('#') {
+                out.push_str(&line.replace(" [0:0]", ""));
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str(&ns.exec_ok(&["ipset", "save"]));
+    out
+}
+
+#[test]
+fn sigterm_keeps_rules_and_cleanup_restores_the_tables_exactly() {
+    let backend = "legacy";
+    let ns = NetNs::new("cleanup");
+    // Other programs' state that must survive: a chain with a jump, a set.
+    ns.exec_ok(&["iptables-legacy", "-N", "KUBE-TEST"]);
+    ns.exec_ok(&[
+        "iptables-legacy",
+        "-A",
+        "KUBE-TEST",
+        "-p",
+        "tcp",
+        "--dport",
+        "22",
+        "-j",
+        "RETURN",
+    ]);
+    ns.exec_ok(&["iptables-legacy", "-A", "FORWARD", "-j", "KUBE-TEST"]);
+    ns.exec_ok(&["ipset", "create", "KUBE-SET", "hash:ip"]);
+    ns.exec_ok(&["ipset", "add", "KUBE-SET", "10.9.9.9"]);
+    // Legacy iptables registers a table in a namespace on its first use and never removes it;
+    // on a real node both families' filter tables exist long before we start, so make that so.
+    ns.exec_ok(&["ip6tables-legacy", "-S"]);
+    let before = snapshot(&ns);
+
+    let dir = TempDir::new("manifests");
+    let logs = TempDir::new("logs");
+    let log = logs.path.join("agent.log");
+    populate(&dir.path);
+    let mut agent = Agent::start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+    agent.signal("-TERM");
+    // The rules stay after SIGTERM.
+    assert_eq!(observed(&ns, backend, false), expected(&dir.path, false));
+
+    ns.exec_ok(&[BIN, "cleanup", "--iptables-backend", backend]);
+    assert_eq!(snapshot(&ns), before);
+}
+
+#[test]
+fn a_concurrent_writer_and_the_agent_both_keep_their_rules() {
+    let backend = "legacy";
+    let ns = NetNs::new("concurrent");
+    let dir = TempDir::new("manifests");
+    let logs = TempDir::new("logs");
+    let log = logs.path.join("agent.log");
+    populate(&dir.path);
+    let _agent = Agent::start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+
+    // Another program rewrites its own chain and its FORWARD jump 50 times a second.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let ns_name = ns.name.clone();
+        std::thread::spawn(move || {
+            let script = "*filter\n:KUBE-TEST - [0:0]\n-A KUBE-TEST -p tcp --dport 22 -j RETURN\n-A KUBE-TEST -p tcp --dport 23 -j RETURN\n-D FORWARD -j KUBE-TEST\n-I FORWARD 1 -j KUBE-TEST\nCOMMIT\n";
+            let first = "*filter\n:KUBE-TEST - [0:0]\n-I FORWARD 1 -j KUBE-TEST\nCOMMIT\n";
+            let mut runs = 0;
+            let feed = |text: &str| {
+                let mut child = Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        &ns_name,
+                        "iptables-legacy-restore",
+                        "--noflush",
+                        "--wait",
+                    ])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(text.as_bytes())
+                    .unwrap();
+                child.wait().unwrap().success()
+            };
+            assert!(feed(first));
+            while !stop.load(Ordering::Relaxed) {
+                if feed(script) {
+                    runs += 1;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            runs
+        })
+    };
+    // Policy churn for the length of the writer's run.
+    for i in 0..30 {
+        write_policy(
+            &dir.path,
+            &format!("churn-{}.yaml", i % 10),
+            &format!("churn-{}", i % 10),
+            2000 + i,
+        );
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let runs = writer.join().unwrap();
+    assert!(runs > 20, "the concurrent writer ran {runs} times");
+
+    wait_converged(&ns, &dir.path, backend, &log);
+    let kube_test = ns.exec_ok(&["iptables-legacy", "-S", "KUBE-TEST"]);
+    assert!(
+        kube_test.contains("--dport 22") && kube_test.contains("--dport 23"),
+        "{kube_test}"
+    );
+    let forward = ns.exec_ok(&["iptables-legacy", "-S", "FORWARD"]);
+    assert_eq!(forward.matches("-j KUBE-TEST").count(), 1, "{forward}");
+}
