@@ -194,6 +194,34 @@ fn wait_converged(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Duration
     }
 }
 
+/// A namespace, a manifest directory holding the demo, and an agent that has converged.
+struct Fixture {
+    agent: Agent,
+    log: PathBuf,
+    _logs: TempDir,
+    dir: TempDir,
+    ns: NetNs,
+}
+
+impl Fixture {
+    fn start(tag: &str, backend: &str) -> Fixture {
+        let ns = NetNs::new(tag);
+        let dir = TempDir::new("manifests");
+        let logs = TempDir::new("logs");
+        let log = logs.path.join("agent.log");
+        populate(&dir.path);
+        let agent = Agent::start(&ns, &dir.path, backend, &log);
+        wait_converged(&ns, &dir.path, backend, &log);
+        Fixture {
+            agent,
+            log,
+            _logs: logs,
+            dir,
+            ns,
+        }
+    }
+}
+
 fn write_policy(dir: &Path, file: &str, name: &str, port: u16) {
     std::fs::write(
         dir.join(file),
@@ -205,30 +233,25 @@ fn write_policy(dir: &Path, file: &str, name: &str, port: u16) {
 }
 
 fn converges_and_follows_changes(backend: &str) {
-    let ns = NetNs::new("agent");
-    let dir = TempDir::new("manifests");
-    let logs = TempDir::new("logs");
-    let log = logs.path.join("agent.log");
-    populate(&dir.path);
-    let _agent = Agent::start(&ns, &dir.path, backend, &log);
-    wait_converged(&ns, &dir.path, backend, &log);
+    let fx = Fixture::start("agent", backend);
+    let (ns, dir, log) = (&fx.ns, &fx.dir, fx.log.clone());
 
     // Add, modify and delete a policy; delete and re-add a pod.
     write_policy(&dir.path, "extra.yaml", "extra", 8443);
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
     write_policy(&dir.path, "extra.yaml", "extra", 9443);
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
     std::fs::remove_file(dir.path.join("extra.yaml")).unwrap();
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
     let cluster = std::fs::read_to_string(dir.path.join("cluster.yaml")).unwrap();
     let without_api = cluster.replace("name: api,", "name: api-gone,").replace(
         "nodeName: node-1\n    containers: [{name: api",
         "nodeName: node-9\n    containers: [{name: api",
     );
     std::fs::write(dir.path.join("cluster.yaml"), &without_api).unwrap();
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
     std::fs::write(dir.path.join("cluster.yaml"), &cluster).unwrap();
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
 }
 
 #[test]
@@ -244,30 +267,25 @@ fn converges_and_follows_changes_nft() {
 #[test]
 fn tampering_is_repaired_within_the_refresh_interval() {
     let backend = "legacy";
-    let ns = NetNs::new("tamper");
-    let dir = TempDir::new("manifests");
-    let logs = TempDir::new("logs");
-    let log = logs.path.join("agent.log");
-    populate(&dir.path);
-    let _agent = Agent::start(&ns, &dir.path, backend, &log);
-    wait_converged(&ns, &dir.path, backend, &log);
+    let fx = Fixture::start("tamper", backend);
+    let (ns, dir, log) = (&fx.ns, &fx.dir, fx.log.clone());
     let want = expected(&dir.path, false);
     let ipt = "iptables-legacy";
 
     // 1. Flush cali-FORWARD.
     ns.exec_ok(&[ipt, "-F", "cali-FORWARD"]);
-    let took = wait_converged(&ns, &dir.path, backend, &log);
+    let took = wait_converged(ns, &dir.path, backend, &log);
     assert!(took < Duration::from_secs(5), "flush repaired in {took:?}");
 
     // 2. Delete our FORWARD jump.
     let jump = want.kernel["FORWARD"][0].clone();
     ns.sh_ok(&format!("{ipt} -D FORWARD {jump}"));
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
 
     // 3. Remove a set member.
     let (set, members) = want.sets.iter().find(|(_, m)| !m.is_empty()).unwrap();
     ns.exec_ok(&["ipset", "del", set, members.iter().next().unwrap()]);
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
 
     // 4. Destroy a wanted set once nothing references it (flush the chains that use it).
     for (chain, rules) in &want.chains {
@@ -276,11 +294,11 @@ fn tampering_is_repaired_within_the_refresh_interval() {
         }
     }
     ns.exec_ok(&["ipset", "destroy", set]);
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
 
     // 5. A foreign ACCEPT inserted above our jump: ours goes back on top, theirs stays.
     ns.exec_ok(&[ipt, "-I", "FORWARD", "1", "-s", "192.0.2.1", "-j", "ACCEPT"]);
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let forward = ns.exec_ok(&[ipt, "-S", "FORWARD"]);
@@ -303,13 +321,8 @@ fn tampering_is_repaired_within_the_refresh_interval() {
 #[test]
 fn kill_9_mid_churn_then_restart_converges_without_leftovers() {
     let backend = "legacy";
-    let ns = NetNs::new("kill9");
-    let dir = TempDir::new("manifests");
-    let logs = TempDir::new("logs");
-    let log = logs.path.join("agent.log");
-    populate(&dir.path);
-    let mut agent = Agent::start(&ns, &dir.path, backend, &log);
-    wait_converged(&ns, &dir.path, backend, &log);
+    let mut fx = Fixture::start("kill9", backend);
+    let (ns, dir, log) = (&fx.ns, &fx.dir, fx.log.clone());
     for i in 0..40 {
         write_policy(
             &dir.path,
@@ -319,13 +332,13 @@ fn kill_9_mid_churn_then_restart_converges_without_leftovers() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    agent.signal("-9");
+    fx.agent.signal("-9");
     // While it is down, half the churn goes away.
     for i in 0..20 {
         std::fs::remove_file(dir.path.join(format!("churn-{i}.yaml"))).unwrap();
     }
-    let _agent = Agent::start(&ns, &dir.path, backend, &log);
-    wait_converged(&ns, &dir.path, backend, &log);
+    fx.agent = Agent::start(ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
 }
 
 /// Full `-save` output without comments and counters, for exact before/after comparison.
@@ -390,13 +403,8 @@ fn sigterm_keeps_rules_and_cleanup_restores_the_tables_exactly() {
 #[test]
 fn a_concurrent_writer_and_the_agent_both_keep_their_rules() {
     let backend = "legacy";
-    let ns = NetNs::new("concurrent");
-    let dir = TempDir::new("manifests");
-    let logs = TempDir::new("logs");
-    let log = logs.path.join("agent.log");
-    populate(&dir.path);
-    let _agent = Agent::start(&ns, &dir.path, backend, &log);
-    wait_converged(&ns, &dir.path, backend, &log);
+    let fx = Fixture::start("concurrent", backend);
+    let (ns, dir, log) = (&fx.ns, &fx.dir, fx.log.clone());
 
     // Another program rewrites its own chain and its FORWARD jump 50 times a second.
     let stop = Arc::new(AtomicBool::new(false));
@@ -455,7 +463,7 @@ fn a_concurrent_writer_and_the_agent_both_keep_their_rules() {
     let runs = writer.join().unwrap();
     assert!(runs > 20, "the concurrent writer ran {runs} times");
 
-    wait_converged(&ns, &dir.path, backend, &log);
+    wait_converged(ns, &dir.path, backend, &log);
     let kube_test = ns.exec_ok(&["iptables-legacy", "-S", "KUBE-TEST"]);
     assert!(
         kube_test.contains("--dport 22") && kube_test.contains("--dport 23"),
