@@ -1,0 +1,278 @@
+//! Synthetic clusters for the benchmarks (`calc_graph`, `dataplane`), included by both with
+//! `#[path = "support/synthetic.rs"] mod synthetic;` so the generator is written once.
+//!
+//! Generated with a small fixed-seed PRNG (no dependency needed for benchmark data):
+//! namespaces with team/env labels; pods with app/tier/version labels and named ports, the
+//! first `Scale::local` of them on the benchmarked node (`NODE`); policies of five shapes (pod
+//! selector peers, namespace+pod selector peers with named ports, ipBlock with except and port
+//! ranges, default deny, namespace-selector peers). The same seed gives the same cluster.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus,
+};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use netpol_agent::calc_graph::model::IpFamily;
+use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
+use netpol_agent::iface_naming::CalicoResolver;
+use netpol_agent::rules::RuleConfig;
+
+/// The benchmarked node.
+pub const NODE: &str = "node-0";
+/// Distinct `app` label values (`app-0` … `app-49`).
+pub const APPS: usize = 50;
+
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Scale {
+    pub pods: usize,
+    pub policies: usize,
+    pub namespaces: usize,
+    /// Pods on the benchmarked node: pods `0..local`.
+    pub local: usize,
+}
+
+pub fn labels(pairs: &[(&str, String)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    )
+}
+
+pub fn sel(pairs: &[(&str, String)]) -> LabelSelector {
+    LabelSelector {
+        match_labels: labels(pairs),
+        match_expressions: None,
+    }
+}
+
+pub fn namespace(i: usize) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(format!("ns-{i}")),
+            labels: labels(&[
+                ("team", format!("team-{}", i % 20)),
+                ("env", ["prod", "dev", "staging"][i % 3].to_string()),
+            ]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+pub fn pod_ip(j: usize) -> String {
+    format!("10.{}.{}.{}", (j >> 16) & 0xff, (j >> 8) & 0xff, j & 0xff)
+}
+
+/// Namespace index of pod `j`.
+pub fn pod_namespace(j: usize, scale: Scale) -> usize {
+    j % scale.namespaces
+}
+
+/// Pod `j` with label `app-<app>`; pods `0..scale.local` are on `NODE`, the others spread
+/// over the remaining nodes.
+pub fn pod(j: usize, scale: Scale, app: usize) -> Pod {
+    let nodes = (scale.pods / scale.local.max(1)).max(2);
+    let node = if j < scale.local {
+        0
+    } else {
+        1 + j % (nodes - 1)
+    };
+    let port = |name: &str, p: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port: p,
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("pod-{j}")),
+            namespace: Some(format!("ns-{}", pod_namespace(j, scale))),
+            labels: labels(&[
+                ("app", format!("app-{app}")),
+                ("tier", ["web", "api", "db"][j % 3].to_string()),
+                ("version", format!("v{}", j % 5)),
+            ]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(format!("node-{node}")),
+            containers: vec![Container {
+                name: "main".into(),
+                ports: Some(vec![port("http", 8080), port("metrics", 9090)]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ips: Some(vec![PodIP { ip: pod_ip(j) }]),
+            ..Default::default()
+        }),
+    }
+}
+
+pub fn tcp(port: IntOrString, end: Option<i32>) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(port),
+        end_port: end,
+        protocol: Some("TCP".into()),
+    }
+}
+
+/// Policy `k` (`pol-<k>` in namespace `ns-<k % namespaces>`), of shape `k % 5`.
+pub fn policy(k: usize, scale: Scale, rng: &mut Rng) -> NetworkPolicy {
+    let app = |rng: &mut Rng| format!("app-{}", rng.below(APPS));
+    let pods_peer = |s: LabelSelector| NetworkPolicyPeer {
+        pod_selector: Some(s),
+        ..Default::default()
+    };
+    let mut spec = NetworkPolicySpec {
+        pod_selector: Some(sel(&[("app", app(rng))])),
+        ..Default::default()
+    };
+    match k % 5 {
+        0 => {
+            // "from app X in any namespace": a cluster-wide set that label changes move pods
+            // in and out of.
+            spec.ingress = Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![
+                    NetworkPolicyPeer {
+                        namespace_selector: Some(LabelSelector::default()),
+                        pod_selector: Some(sel(&[("app", app(rng))])),
+                        ip_block: None,
+                    },
+                    pods_peer(sel(&[("tier", "web".into())])),
+                ]),
+                ports: Some(vec![tcp(IntOrString::Int(8080), None)]),
+            }])
+        }
+        1 => {
+            spec.pod_selector = Some(sel(&[("tier", "db".into())]));
+            spec.ingress = Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    namespace_selector: Some(sel(&[("team", format!("team-{}", rng.below(20)))])),
+                    pod_selector: Some(sel(&[("app", app(rng))])),
+                    ip_block: None,
+                }]),
+                ports: Some(vec![tcp(IntOrString::String("http".into()), None)]),
+            }])
+        }
+        2 => {
+            spec.policy_types = Some(vec!["Egress".into()]);
+            spec.egress = Some(vec![NetworkPolicyEgressRule {
+                to: Some(vec![NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: "10.0.0.0/8".into(),
+                        except: Some(vec![format!("10.{}.0.0/16", rng.below(200))]),
+                    }),
+                    ..Default::default()
+                }]),
+                ports: Some(vec![
+                    tcp(IntOrString::Int(443), None),
+                    tcp(IntOrString::Int(8000), Some(8100)),
+                ]),
+            }])
+        }
+        3 => {
+            spec.pod_selector = Some(LabelSelector::default());
+            spec.ingress = Some(vec![]);
+        }
+        _ => {
+            spec.pod_selector = Some(sel(&[("version", format!("v{}", rng.below(5)))]));
+            spec.ingress = Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    namespace_selector: Some(sel(&[("env", "prod".into())])),
+                    ..Default::default()
+                }]),
+                ports: None,
+            }])
+        }
+    }
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(format!("pol-{k}")),
+            namespace: Some(format!("ns-{}", k % scale.namespaces)),
+            ..Default::default()
+        },
+        spec: Some(spec),
+    }
+}
+
+/// The `app-<n>` a policy's pod selector asks for, if it selects by app.
+pub fn selected_app(np: &NetworkPolicy) -> Option<usize> {
+    np.spec
+        .as_ref()?
+        .pod_selector
+        .as_ref()?
+        .match_labels
+        .as_ref()?
+        .get("app")?
+        .strip_prefix("app-")?
+        .parse()
+        .ok()
+}
+
+pub fn new_graph() -> CalcGraph {
+    CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4],
+        rules: RuleConfig::default(),
+        resolver: Box::new(CalicoResolver::default()),
+    })
+}
+
+/// Feeds a whole synthetic cluster; objects are built and dropped one at a time, as a watch
+/// would deliver them. Returns the graph and the app label value of each pod.
+pub fn build(scale: Scale, rng: &mut Rng) -> (CalcGraph, Vec<usize>) {
+    let mut g = new_graph();
+    for i in 0..scale.namespaces {
+        g.upsert_namespace(&namespace(i));
+    }
+    // `policies` below repeats these draws: keep the two in step.
+    let mut apps = Vec::with_capacity(scale.pods);
+    for j in 0..scale.pods {
+        let app = rng.below(APPS);
+        apps.push(app);
+        g.upsert_pod(&pod(j, scale, app));
+    }
+    for k in 0..scale.policies {
+        g.upsert_policy(&policy(k, scale, rng));
+    }
+    (g, apps)
+}
+
+/// The policies `build` feeds when its generator starts as `Rng(seed)`, generated again, for
+/// scenarios that need to know them (without slowing `build` down).
+pub fn policies(scale: Scale, seed: u64) -> impl Iterator<Item = NetworkPolicy> {
+    let mut rng = Rng(seed);
+    // `build` draws one app per pod before the policies.
+    for _ in 0..scale.pods {
+        rng.below(APPS);
+    }
+    (0..scale.policies).map(move |k| policy(k, scale, &mut rng))
+}
