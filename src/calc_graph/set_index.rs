@@ -293,6 +293,7 @@ impl SetIndex {
         }
         let set_id = def.id();
         self.pending.entry(set_id.clone()).or_default();
+        self.ids_by_name.insert(set_id.clone(), id);
         self.sets[id] = Some(SetEntry {
             def: def.clone(),
             id: set_id,
@@ -302,7 +303,6 @@ impl SetIndex {
             anchor,
         });
         self.set_ids.insert(def.clone(), id);
-        self.ids_by_name.insert(def.id(), id);
         for pod in self.creation_candidates(def) {
             self.evaluate(id, pod);
         }
