@@ -18,3 +18,4 @@ pub mod iface_naming;
 pub mod ipsets;
 pub mod iptables_writer;
 pub mod rules;
+pub mod verify;

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{NetNs, TempDir};
+use netpol_agent::calc_graph::model::IpFamily;
+use netpol_agent::verify::OwnedState;
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 const CONVERGE: Duration = Duration::from_secs(15);
@@ -66,66 +67,13 @@ impl Drop for Agent {
     }
 }
 
-#[derive(Debug, PartialEq, Eq, Default)]
-struct Tables {
-    sets: BTreeMap<String, BTreeSet<String>>,
-    /// Our chains with their rules.
-    chains: BTreeMap<String, Vec<String>>,
-    /// Our rules in FORWARD, INPUT and OUTPUT, in order.
-    kernel: BTreeMap<String, Vec<String>>,
-}
+type Tables = OwnedState;
 
-fn parse_rules(text: &str, tables: &mut Tables) {
-    for line in text.lines() {
-        if let Some(decl) = line.strip_prefix(':') {
-            let name = decl.split_whitespace().next().unwrap_or_default();
-            if name.starts_with("cali-") {
-                tables.chains.entry(name.to_string()).or_default();
-            }
-            continue;
-        }
-        let Some(rest) = line
-            .strip_prefix("-A ")
-            .or_else(|| line.strip_prefix("-I "))
-        else {
-            continue;
-        };
-        let (chain, mut body) = rest.split_once(' ').unwrap_or((rest, ""));
-        if line.starts_with("-I ") {
-            body = body.split_once(' ').map_or("", |(_, b)| b);
-        }
-        if chain.starts_with("cali-") {
-            tables
-                .chains
-                .entry(chain.to_string())
-                .or_default()
-                .push(body.to_string());
-        } else if body.contains("--comment \"cali:") {
-            tables
-                .kernel
-                .entry(chain.to_string())
-                .or_default()
-                .push(body.to_string());
-        }
-    }
-}
-
-fn parse_sets(text: &str, family_prefix: &str, tables: &mut Tables) {
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match (words.next(), words.next(), words.next()) {
-            (Some("create"), Some(name), _) if name.starts_with(family_prefix) => {
-                tables.sets.entry(name.to_string()).or_default();
-            }
-            (Some("add"), Some(name), Some(member)) if name.starts_with(family_prefix) => {
-                tables
-                    .sets
-                    .entry(name.to_string())
-                    .or_default()
-                    .insert(member.to_string());
-            }
-            _ => {}
-        }
+fn family(ipv6: bool) -> IpFamily {
+    if ipv6 {
+        IpFamily::V6
+    } else {
+        IpFamily::V4
     }
 }
 
@@ -144,14 +92,10 @@ fn expected(dir: &Path, ipv6: bool) -> Tables {
     let status = cmd.stderr(Stdio::null()).status().unwrap();
     assert!(status.success());
     let mut t = Tables::default();
-    parse_rules(
-        &std::fs::read_to_string(out.path.join("t")).unwrap(),
-        &mut t,
-    );
-    parse_sets(
+    t.add_iptables(&std::fs::read_to_string(out.path.join("t")).unwrap());
+    t.add_ipsets(
         &std::fs::read_to_string(out.path.join("s")).unwrap(),
-        if ipv6 { "cali6" } else { "cali4" },
-        &mut t,
+        family(ipv6),
     );
     t
 }
@@ -162,12 +106,8 @@ fn observed(ns: &NetNs, backend: &str, ipv6: bool) -> Tables {
         if ipv6 { "ip6tables" } else { "iptables" }
     );
     let mut t = Tables::default();
-    parse_rules(&ns.exec_ok(&[&tool, "-t", "filter"]), &mut t);
-    parse_sets(
-        &ns.exec_ok(&["ipset", "save"]),
-        if ipv6 { "cali6" } else { "cali4" },
-        &mut t,
-    );
+    t.add_iptables(&ns.exec_ok(&[&tool, "-t", "filter"]));
+    t.add_ipsets(&ns.exec_ok(&["ipset", "save"]), family(ipv6));
     t
 }
 

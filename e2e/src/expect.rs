@@ -178,8 +178,8 @@ fn parse_key(key: &str) -> anyhow::Result<PortKey> {
     let (proto, port) = key
         .split_once('/')
         .ok_or_else(|| anyhow!("expectation key {key:?} is neither \"*\" nor \"PROTO/PORT\""))?;
-    let protocol =
-        Protocol::parse(proto).ok_or_else(|| anyhow!("expectation key {key:?}: unknown protocol"))?;
+    let protocol = Protocol::parse(proto)
+        .ok_or_else(|| anyhow!("expectation key {key:?}: unknown protocol"))?;
     let port = port
         .parse()
         .map_err(|_| anyhow!("expectation key {key:?}: bad port"))?;
@@ -320,7 +320,10 @@ mod tests {
     use super::*;
 
     fn pods() -> Vec<String> {
-        ["x/a", "x/b", "y/a"].iter().map(|s| s.to_string()).collect()
+        ["x/a", "x/b", "y/a"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     }
 
     #[test]

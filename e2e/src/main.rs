@@ -2,16 +2,33 @@
 //! wired like an L3 CNI, the real netpol-agent enforces inside each node, and real packets
 //! decide every cell of the upstream truth tables.
 
+mod cluster;
+mod cni;
 mod expect;
+mod netns;
+mod probe;
+mod runner;
 mod scenario;
+mod sctp;
+mod servers;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+
+use cluster::{Backend, ClusterConfig};
+use cni::Cni;
+use runner::RunConfig;
 
 #[derive(Parser)]
-#[command(name = "netpol-e2e", about = "NetworkPolicy end-to-end scenarios in network namespaces")]
+#[command(
+    name = "netpol-e2e",
+    about = "NetworkPolicy end-to-end scenarios in network namespaces, with real packets"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,6 +36,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Build a simulated cluster per scenario, run the agent in every node, probe every
+    /// pair after each step; ends with `N passed, M failed`.
+    Run(RunArgs),
     /// Parse and validate scenarios without running them.
     Check {
         /// Scenario files or directories.
@@ -27,30 +47,74 @@ enum Command {
     },
 }
 
+#[derive(Args)]
+struct RunArgs {
+    /// Which CNI the nodes simulate (how pod interfaces are named and wired).
+    #[arg(long, value_enum, default_value = "calico")]
+    cni: Cni,
+    /// Scenarios run at the same time.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+    /// The netpol-agent binary (default: next to this one).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// iptables backend of the simulated nodes (kube-proxy's DNAT, and what the agent's
+    /// auto-detection should find).
+    #[arg(long, value_enum, default_value = "nft")]
+    iptables_backend: Backend,
+    /// Timeout of one probe, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    probe_timeout_ms: u64,
+    /// Probes in flight per scenario.
+    #[arg(long, default_value_t = 32)]
+    probe_workers: usize,
+    /// How long a node may take to hold what `compile` renders after a step, in seconds.
+    #[arg(long, default_value_t = 20)]
+    converge_timeout_secs: u64,
+    /// Print every step's truth tables, not only failing ones.
+    #[arg(long, short)]
+    verbose: bool,
+    /// Scenario files or directories.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { paths } => check(&paths),
+        Command::Check { paths } => match load_all(&paths) {
+            Ok(scenarios) => {
+                println!("{} scenarios valid", scenarios.len());
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Command::Run(args) => run(args),
     }
 }
 
-fn check(paths: &[PathBuf]) -> ExitCode {
-    let files = match scenario::scenario_files(paths) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("netpol-e2e: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
+/// Loads every scenario; on any invalid file prints all problems and fails.
+fn load_all(paths: &[PathBuf]) -> Result<Vec<scenario::Scenario>, ExitCode> {
+    let files = scenario::scenario_files(paths).map_err(|e| {
+        eprintln!("netpol-e2e: {e:#}");
+        ExitCode::from(2)
+    })?;
     let mut names = std::collections::BTreeMap::new();
+    let mut scenarios = Vec::new();
     let mut bad = 0;
     for file in &files {
         match scenario::load(file) {
             Ok(s) => {
                 if let Some(other) = names.insert(s.name.clone(), file.clone()) {
-                    println!("{}: name {:?} is also used by {}", file.display(), s.name, other.display());
+                    println!(
+                        "{}: name {:?} is also used by {}",
+                        file.display(),
+                        s.name,
+                        other.display()
+                    );
                     bad += 1;
                 }
+                scenarios.push(s);
             }
             Err(e) => {
                 println!("{}: {e:#}", file.display());
@@ -58,6 +122,89 @@ fn check(paths: &[PathBuf]) -> ExitCode {
             }
         }
     }
-    println!("{} scenarios, {} valid, {} invalid", files.len(), files.len() - bad, bad);
-    if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if files.is_empty() {
+        eprintln!("netpol-e2e: no scenario files found");
+        return Err(ExitCode::from(2));
+    }
+    if bad > 0 {
+        println!("{} scenarios, {bad} invalid", files.len());
+        return Err(ExitCode::from(2));
+    }
+    Ok(scenarios)
+}
+
+fn default_agent() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("netpol-agent")))
+        .unwrap_or_else(|| PathBuf::from("netpol-agent"))
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let scenarios = match load_all(&args.paths) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("netpol-e2e: run needs root (it creates network namespaces)");
+        return ExitCode::from(2);
+    }
+    let agent = args.agent.unwrap_or_else(default_agent);
+    if !Path::new(&agent).exists() {
+        eprintln!(
+            "netpol-e2e: agent binary {} not found (build it, or pass --agent)",
+            agent.display()
+        );
+        return ExitCode::from(2);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(signal, stop.clone()) {
+            eprintln!("netpol-e2e: installing signal handlers: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let cfg = RunConfig {
+        cluster: ClusterConfig {
+            agent,
+            cni: args.cni,
+            backend: args.iptables_backend,
+            converge_timeout: Duration::from_secs(args.converge_timeout_secs),
+        },
+        jobs: args.jobs,
+        probe_workers: args.probe_workers,
+        probe_timeout: Duration::from_millis(args.probe_timeout_ms),
+        retry_wait: Duration::from_secs(1),
+        verbose: args.verbose,
+    };
+    let total = scenarios.len();
+    println!(
+        "running {total} scenarios, cni {}, {} at a time",
+        args.cni.name(),
+        cfg.jobs
+    );
+    let start = Instant::now();
+    let outcomes = runner::run_all(scenarios, &cfg, &stop);
+    let passed = outcomes.iter().filter(|o| o.passed).count();
+    let failed = outcomes.len() - passed;
+    let interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
+    if failed > 0 {
+        println!("failed:");
+        for o in outcomes.iter().filter(|o| !o.passed) {
+            println!("  {}", o.name);
+        }
+    }
+    if interrupted {
+        println!(
+            "interrupted: {} of {total} scenarios not run",
+            total - outcomes.len()
+        );
+    }
+    println!("wall time: {:.1} s", start.elapsed().as_secs_f64());
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 || interrupted {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }

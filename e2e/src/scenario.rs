@@ -205,12 +205,6 @@ impl Pod {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-
-    pub fn serves(&self, key: PortKey) -> bool {
-        self.ports
-            .iter()
-            .any(|p| p.port == key.port && p.protocol == key.protocol)
-    }
 }
 
 /// The cluster's objects at one point of a scenario.
@@ -236,7 +230,6 @@ pub struct Scenario {
     pub name: String,
     pub path: PathBuf,
     pub nodes: usize,
-    pub ports: Vec<PortKey>,
     pub target: Target,
     pub initial: World,
     pub steps: Vec<Step>,
@@ -371,7 +364,10 @@ fn resolve(decl: ScenarioDecl, path: &Path) -> anyhow::Result<Scenario> {
     let mut steps = Vec::new();
     let mut names = BTreeSet::new();
     for (i, step) in decl.steps.into_iter().enumerate() {
-        let label = step.name.clone().unwrap_or_else(|| format!("step {}", i + 1));
+        let label = step
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("step {}", i + 1));
         ensure!(names.insert(label.clone()), "two steps are named {label:?}");
         let step = apply_step(
             &mut world,
@@ -389,7 +385,6 @@ fn resolve(decl: ScenarioDecl, path: &Path) -> anyhow::Result<Scenario> {
         name: decl.name,
         path: path.to_path_buf(),
         nodes: decl.nodes,
-        ports,
         target: probe.target,
         initial,
         steps,
@@ -724,11 +719,14 @@ steps:
     fn the_issue_example_resolves() {
         let s = parse(EXAMPLE, Path::new("x.yaml")).unwrap();
         assert_eq!(s.nodes, 2);
-        assert_eq!(s.ports.len(), 4);
+        assert_eq!(s.steps[0].expect.len(), 4);
         let pods: Vec<_> = s.initial.pods.values().collect();
         assert_eq!(pods[0].node, 0);
         assert_eq!(pods[1].node, 1);
-        assert_eq!(pods[2].node, 1, "round robin skips pods with an explicit node");
+        assert_eq!(
+            pods[2].node, 1,
+            "round robin skips pods with an explicit node"
+        );
         assert_eq!(pods[0].ip, Ipv4Addr::new(10, 244, 0, 10));
         assert_eq!(pods[1].ip, Ipv4Addr::new(10, 244, 1, 10));
         assert_ne!(pods[0].cluster_ip, pods[1].cluster_ip);
@@ -750,8 +748,7 @@ steps:
         assert!(!tcp81.get("x/a", "y/a").unwrap());
         assert_eq!(s.steps[1].world.pods.len(), 2);
         assert_eq!(
-            s.steps[1].world.namespaces["x"][NAMESPACE_NAME_LABEL],
-            "x",
+            s.steps[1].world.namespaces["x"][NAMESPACE_NAME_LABEL], "x",
             "the default namespace label is always added"
         );
     }
@@ -764,18 +761,22 @@ steps:
     fn mistakes_are_reported_before_anything_runs() {
         let base = "name: t\nnamespaces: {x: {}}\npods: {x/a: {}, x/b: {}}\n";
         assert!(err(&format!("{base}steps: [{{name: s}}]")).contains("`expect` is missing"));
-        assert!(err(&format!("{base}steps: [{{expect: {{\"TCP/81\": {{}}}}}}]"))
-            .contains("TCP/81 is not probed"));
+        assert!(
+            err(&format!("{base}steps: [{{expect: {{\"TCP/81\": {{}}}}}}]"))
+                .contains("TCP/81 is not probed")
+        );
         assert!(err(&format!(
             "{base}probe: {{ports: [80, 81]}}\nsteps: [{{expect: {{\"TCP/81\": {{}}}}}}]"
         ))
         .contains("no expectation for TCP/80"));
-        assert!(
-            err(&format!("{base}steps: [{{expect: {{\"*\": {{deny: [x/c->x/a]}}}}}}]"))
-                .contains("matches no pair")
-        );
-        assert!(err(&format!("{base}steps: [{{delete_pods: [x/c], expect: {{\"*\": {{}}}}}}]"))
-            .contains("pod x/c does not exist"));
+        assert!(err(&format!(
+            "{base}steps: [{{expect: {{\"*\": {{deny: [x/c->x/a]}}}}}}]"
+        ))
+        .contains("matches no pair"));
+        assert!(err(&format!(
+            "{base}steps: [{{delete_pods: [x/c], expect: {{\"*\": {{}}}}}}]"
+        ))
+        .contains("pod x/c does not exist"));
         assert!(err(&format!("{base}stepz: []")).contains("unknown field"));
         assert!(err(
             "name: t\nnamespaces: {x: {}}\npods: {x/a: {node: 2}}\nsteps: [{expect: {'*': {}}}]"

@@ -1,0 +1,167 @@
+//! The prober: every ordered pair of distinct pods × probed port and protocol, in parallel
+//! on a pool of threads that enter the source pod's namespace, each probe with a short
+//! timeout. TCP connects and reads the server's identity; UDP sends a nonce and waits for it
+//! to come back with the identity; SCTP sends a crafted INIT and asks the target's observer.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
+
+use crate::expect::{Observed, Outcome};
+use crate::netns::enter;
+use crate::scenario::{PortKey, Protocol};
+use crate::servers::{SctpLog, SCTP_PROTOCOL};
+
+pub struct Job {
+    pub key: PortKey,
+    pub from: String,
+    pub from_netns: Arc<File>,
+    pub to: String,
+    pub to_uid: usize,
+    pub addr: Ipv4Addr,
+}
+
+static NONCE: AtomicU32 = AtomicU32::new(0);
+
+fn nonce() -> u32 {
+    // Unique within the process and never 0 (an SCTP initiate tag must not be 0).
+    let seed = std::process::id().wrapping_mul(2_654_435_761);
+    loop {
+        let n = seed.wrapping_add(NONCE.fetch_add(1, Ordering::Relaxed));
+        if n != 0 {
+            return n;
+        }
+    }
+}
+
+/// Runs every job on `workers` threads and returns what each pair saw per port key.
+pub fn run(
+    jobs: Vec<Job>,
+    workers: usize,
+    timeout: Duration,
+    sctp: &SctpLog,
+) -> BTreeMap<PortKey, Observed> {
+    let queue = Mutex::new(jobs);
+    let results: Mutex<BTreeMap<PortKey, Observed>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.max(1) {
+            scope.spawn(|| {
+                let mut inside: Option<Arc<File>> = None;
+                loop {
+                    let Some(job) = queue.lock().expect("not poisoned").pop() else {
+                        break;
+                    };
+                    let entered = inside
+                        .as_ref()
+                        .is_some_and(|f| Arc::ptr_eq(f, &job.from_netns));
+                    let outcome = if entered || enter(&job.from_netns).is_ok() {
+                        inside = Some(job.from_netns.clone());
+                        probe(&job, timeout, sctp)
+                    } else {
+                        Outcome::WrongPeer("cannot enter the source namespace".into())
+                    };
+                    results
+                        .lock()
+                        .expect("not poisoned")
+                        .entry(job.key)
+                        .or_default()
+                        .insert((job.from.clone(), job.to.clone()), outcome);
+                }
+            });
+        }
+    });
+    results.into_inner().expect("not poisoned")
+}
+
+fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> Outcome {
+    let addr: SocketAddr = SocketAddrV4::new(job.addr, job.key.port).into();
+    match job.key.protocol {
+        Protocol::Tcp => tcp(addr, &job.to, timeout),
+        Protocol::Udp => udp(addr, &job.to, timeout),
+        Protocol::Sctp => sctp_init(job, timeout, sctp),
+    }
+}
+
+fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
+    let start = Instant::now();
+    let Ok(socket) = Socket::new(Domain::IPV4, Type::STREAM, Some(SockProtocol::TCP)) else {
+        return Outcome::WrongPeer("cannot open a TCP socket".into());
+    };
+    if socket.connect_timeout(&addr.into(), timeout).is_err() {
+        return Outcome::Blocked;
+    }
+    let mut stream: std::net::TcpStream = socket.into();
+    let left = timeout
+        .saturating_sub(start.elapsed())
+        .max(Duration::from_millis(200));
+    let _ = stream.set_read_timeout(Some(left));
+    let mut answer = String::new();
+    match stream.read_to_string(&mut answer) {
+        Ok(_) if answer.trim() == to => Outcome::Connected,
+        Ok(_) => Outcome::WrongPeer(answer.trim().to_string()),
+        Err(e) => Outcome::WrongPeer(format!("connected, then no identity: {e}")),
+    }
+}
+
+fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
+    let Ok(socket) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+        return Outcome::WrongPeer("cannot open a UDP socket".into());
+    };
+    let n = nonce();
+    if socket.connect(addr).is_err() || socket.send(n.to_string().as_bytes()).is_err() {
+        return Outcome::Blocked;
+    }
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Outcome::Blocked;
+        }
+        let _ = socket.set_read_timeout(Some(left));
+        // A refused port (ICMP unreachable) ends the wait at once: nothing serves it.
+        let Ok(len) = socket.recv(&mut buf) else {
+            return Outcome::Blocked;
+        };
+        let answer = String::from_utf8_lossy(&buf[..len]);
+        let Some((who, echoed)) = answer.rsplit_once(' ') else {
+            continue;
+        };
+        if echoed != n.to_string() {
+            continue; // a late answer to an earlier probe
+        }
+        return if who == to {
+            Outcome::Connected
+        } else {
+            Outcome::WrongPeer(who.to_string())
+        };
+    }
+}
+
+fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> Outcome {
+    let Ok(socket) = Socket::new(
+        Domain::IPV4,
+        Type::RAW,
+        Some(SockProtocol::from(SCTP_PROTOCOL)),
+    ) else {
+        return Outcome::WrongPeer("cannot open a raw SCTP socket".into());
+    };
+    let tag = nonce();
+    let src_port = 20_000 + (tag % 40_000) as u16;
+    let packet = crate::sctp::init_packet(src_port, job.key.port, tag);
+    let dest: SocketAddr = SocketAddrV4::new(job.addr, 0).into();
+    if socket.send_to(&packet, &dest.into()).is_err() {
+        return Outcome::Blocked;
+    }
+    if log.wait_for((job.to_uid, job.key.port, tag), timeout) {
+        Outcome::Connected
+    } else {
+        Outcome::Blocked
+    }
+}

@@ -1,0 +1,191 @@
+//! Runs scenarios: builds the cluster, starts the agents, and for each step applies the
+//! changes, waits until every node's kernel holds what `compile` says it must, probes every
+//! pair, and compares with the expectation. Like upstream, a step that fails is probed once
+//! more after a short wait before it counts as failed; the first failed step ends the
+//! scenario. Scenarios run `--jobs` at a time; each one's report is printed in one piece.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::cluster::{Cluster, ClusterConfig};
+use crate::expect::{mismatches, render, Observed};
+use crate::probe::{self, Job};
+use crate::scenario::{PortKey, Scenario, Step, Target};
+
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub cluster: ClusterConfig,
+    pub jobs: usize,
+    pub probe_workers: usize,
+    pub probe_timeout: Duration,
+    pub retry_wait: Duration,
+    /// Print every step's tables, not only failing ones.
+    pub verbose: bool,
+}
+
+pub struct Outcome {
+    pub name: String,
+    pub passed: bool,
+    pub elapsed: Duration,
+    pub report: String,
+}
+
+static RUN_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs all scenarios and prints each report as it completes.
+pub fn run_all(scenarios: Vec<Scenario>, cfg: &RunConfig, stop: &AtomicBool) -> Vec<Outcome> {
+    let queue = Mutex::new(scenarios.into_iter().rev().collect::<Vec<_>>());
+    let outcomes = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..cfg.jobs.max(1) {
+            scope.spawn(|| loop {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Some(scenario) = queue.lock().expect("not poisoned").pop() else {
+                    break;
+                };
+                let outcome = run_one(&scenario, cfg, stop);
+                {
+                    let verdict = if outcome.passed { "PASS" } else { "FAIL" };
+                    let mut text = format!(
+                        "{verdict} {} ({:.1} s)\n",
+                        outcome.name,
+                        outcome.elapsed.as_secs_f64()
+                    );
+                    text.push_str(&outcome.report);
+                    print!("{text}");
+                }
+                outcomes.lock().expect("not poisoned").push(outcome);
+            });
+        }
+    });
+    outcomes.into_inner().expect("not poisoned")
+}
+
+pub fn run_one(scenario: &Scenario, cfg: &RunConfig, stop: &AtomicBool) -> Outcome {
+    let start = Instant::now();
+    let mut report = String::new();
+    let passed = match run_steps(scenario, cfg, stop, &mut report) {
+        Ok(passed) => passed,
+        Err(e) => {
+            let _ = writeln!(report, "  error: {e:#}");
+            false
+        }
+    };
+    if !passed {
+        let _ = writeln!(report, "  scenario file: {}", scenario.path.display());
+    }
+    Outcome {
+        name: scenario.name.clone(),
+        passed,
+        elapsed: start.elapsed(),
+        report,
+    }
+}
+
+fn run_steps(
+    scenario: &Scenario,
+    cfg: &RunConfig,
+    stop: &AtomicBool,
+    report: &mut String,
+) -> anyhow::Result<bool> {
+    let tag = format!(
+        "{}-{}",
+        std::process::id(),
+        RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut cluster = Cluster::new(cfg.cluster.clone(), scenario.nodes, &tag)?;
+    cluster.sync(&scenario.initial)?;
+    cluster.start_agents()?;
+    for (i, step) in scenario.steps.iter().enumerate() {
+        if stop.load(Ordering::Relaxed) {
+            anyhow::bail!("interrupted");
+        }
+        cluster.sync(&step.world)?;
+        let converged = cluster.wait_converged();
+        let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
+        let first = probe_step(&cluster, scenario.target, step, cfg);
+        let mut failing = failing_keys(step, &first);
+        let mut last = first;
+        let mut retried = false;
+        if !failing.is_empty() {
+            std::thread::sleep(cfg.retry_wait);
+            last = probe_step(&cluster, scenario.target, step, cfg);
+            failing = failing_keys(step, &last);
+            retried = true;
+        }
+        let conv_text = match &converged {
+            Ok(d) => format!("converged in {} ms", d.as_millis()),
+            Err(e) => format!("NOT CONVERGED: {e}"),
+        };
+        if failing.is_empty() && converged.is_ok() {
+            let _ = writeln!(
+                report,
+                "  ok   {label}: {conv_text}{}",
+                if retried { ", passed on retry" } else { "" }
+            );
+            if cfg.verbose {
+                for (key, table) in &step.expect {
+                    report.push_str(&indent(&render(*key, table, &last[key])));
+                }
+            }
+            continue;
+        }
+        let _ = writeln!(report, "  FAIL {label}: {conv_text}");
+        for key in &failing {
+            report.push_str(&indent(&render(*key, &step.expect[key], &last[key])));
+        }
+        if !failing.is_empty() {
+            report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
+        }
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+fn failing_keys(step: &Step, observed: &BTreeMap<PortKey, Observed>) -> Vec<PortKey> {
+    let empty = Observed::new();
+    step.expect
+        .iter()
+        .filter(|(key, table)| !mismatches(table, observed.get(key).unwrap_or(&empty)).is_empty())
+        .map(|(key, _)| *key)
+        .collect()
+}
+
+fn probe_step(
+    cluster: &Cluster,
+    target: Target,
+    step: &Step,
+    cfg: &RunConfig,
+) -> BTreeMap<PortKey, Observed> {
+    let mut jobs = Vec::new();
+    for key in step.expect.keys() {
+        for from in cluster.pods.values() {
+            for to in cluster.pods.values() {
+                if from.pod.uid == to.pod.uid {
+                    continue;
+                }
+                jobs.push(Job {
+                    key: *key,
+                    from: from.pod.key(),
+                    from_netns: from.handle.clone(),
+                    to: to.pod.key(),
+                    to_uid: to.pod.uid,
+                    addr: match target {
+                        Target::Service => to.pod.cluster_ip,
+                        Target::Pod => to.pod.ip,
+                    },
+                });
+            }
+        }
+    }
+    probe::run(jobs, cfg.probe_workers, cfg.probe_timeout, &cluster.sctp)
+}

@@ -1,0 +1,182 @@
+//! What each pod serves: a TCP listener that answers with the pod's identity, a UDP socket
+//! that echoes the probe's nonce with the identity, and for SCTP (no SCTP sockets in this
+//! kernel) a raw socket that records every INIT chunk reaching a port the pod declares.
+//! Answering with the identity catches a probe that reached the wrong pod (a DNAT fault)
+//! instead of counting it as connected.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
+
+use crate::scenario::{Pod, Protocol};
+
+/// How often blocked server threads look at their stop flag.
+const POLL: Duration = Duration::from_millis(100);
+pub const SCTP_PROTOCOL: i32 = 132;
+
+/// INIT chunks seen by the pods' SCTP observers: (pod uid, destination port, initiate tag).
+#[derive(Default)]
+pub struct SctpLog {
+    seen: Mutex<HashSet<(usize, u16, u32)>>,
+    changed: Condvar,
+}
+
+impl SctpLog {
+    fn record(&self, entry: (usize, u16, u32)) {
+        self.seen.lock().expect("not poisoned").insert(entry);
+        self.changed.notify_all();
+    }
+
+    /// Waits until `entry` was seen or `timeout` passes.
+    pub fn wait_for(&self, entry: (usize, u16, u32), timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut seen = self.seen.lock().expect("not poisoned");
+        loop {
+            if seen.remove(&entry) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            seen = self
+                .changed
+                .wait_timeout(seen, left)
+                .expect("not poisoned")
+                .0;
+        }
+    }
+}
+
+/// The serving threads of one pod; stopping them closes every socket, so the pod's
+/// namespace can go away.
+pub struct PodServers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl PodServers {
+    pub fn start(netns: &File, pod: &Pod, sctp: Arc<SctpLog>) -> anyhow::Result<PodServers> {
+        let identity = pod.key();
+        let sockets = crate::netns::in_netns(netns, || open_sockets(pod))??;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for socket in sockets {
+            let stop = stop.clone();
+            let identity = identity.clone();
+            let thread = match socket {
+                Served::Tcp(s) => std::thread::spawn(move || serve_tcp(s, &identity, &stop)),
+                Served::Udp(s) => std::thread::spawn(move || serve_udp(s, &identity, &stop)),
+                Served::Sctp(s, ports) => {
+                    let log = sctp.clone();
+                    let uid = pod.uid;
+                    std::thread::spawn(move || observe_sctp(s, uid, &ports, &log, &stop))
+                }
+            };
+            threads.push(thread);
+        }
+        Ok(PodServers { stop, threads })
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PodServers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+enum Served {
+    Tcp(Socket),
+    Udp(Socket),
+    Sctp(Socket, Vec<u16>),
+}
+
+fn open_sockets(pod: &Pod) -> anyhow::Result<Vec<Served>> {
+    let mut out = Vec::new();
+    let mut sctp_ports = Vec::new();
+    for p in &pod.ports {
+        let addr: SocketAddr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, p.port).into();
+        match p.protocol {
+            Protocol::Tcp => {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, Some(SockProtocol::TCP))?;
+                s.set_reuse_address(true)?;
+                s.bind(&addr.into())
+                    .with_context(|| format!("{}: bind TCP {}", pod.key(), p.port))?;
+                s.listen(128)?;
+                s.set_read_timeout(Some(POLL))?;
+                out.push(Served::Tcp(s));
+            }
+            Protocol::Udp => {
+                let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(SockProtocol::UDP))?;
+                s.bind(&addr.into())
+                    .with_context(|| format!("{}: bind UDP {}", pod.key(), p.port))?;
+                s.set_read_timeout(Some(POLL))?;
+                out.push(Served::Udp(s));
+            }
+            Protocol::Sctp => sctp_ports.push(p.port),
+        }
+    }
+    if !sctp_ports.is_empty() {
+        let s = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(SockProtocol::from(SCTP_PROTOCOL)),
+        )
+        .context("raw SCTP socket")?;
+        s.set_read_timeout(Some(POLL))?;
+        out.push(Served::Sctp(s, sctp_ports));
+    }
+    Ok(out)
+}
+
+fn serve_tcp(listener: Socket, identity: &str, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok((conn, _)) = listener.accept() {
+            let mut stream: std::net::TcpStream = conn.into();
+            let _ = stream.set_write_timeout(Some(POLL));
+            let _ = stream.write_all(format!("{identity}\n").as_bytes());
+        }
+    }
+}
+
+fn serve_udp(socket: Socket, identity: &str, stop: &AtomicBool) {
+    let socket: std::net::UdpSocket = socket.into();
+    let mut buf = [0u8; 512];
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((n, from)) = socket.recv_from(&mut buf) else {
+            continue;
+        };
+        let nonce = String::from_utf8_lossy(&buf[..n]);
+        let reply = format!("{identity} {}", nonce.trim());
+        let _ = socket.send_to(reply.as_bytes(), from);
+    }
+}
+
+fn observe_sctp(socket: Socket, uid: usize, ports: &[u16], log: &SctpLog, stop: &AtomicBool) {
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(n) = (&socket).read(&mut buf) else {
+            continue;
+        };
+        if let Some((port, tag)) = crate::sctp::parse_init(&buf[..n]) {
+            if ports.contains(&port) {
+                log.record((uid, port, tag));
+            }
+        }
+    }
+}
