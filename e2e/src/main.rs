@@ -4,6 +4,7 @@
 
 mod cluster;
 mod cni;
+mod demo;
 mod expect;
 mod netns;
 mod probe;
@@ -39,6 +40,9 @@ enum Command {
     /// Build a simulated cluster per scenario, run the agent in every node, probe every
     /// pair after each step; ends with `N passed, M failed`.
     Run(RunArgs),
+    /// The example cluster in namespaces: reachability before and after the example
+    /// policies, then everything removed.
+    Demo(DemoArgs),
     /// Parse and validate scenarios without running them.
     Check {
         /// Scenario files or directories.
@@ -79,6 +83,21 @@ struct RunArgs {
     paths: Vec<PathBuf>,
 }
 
+#[derive(Args)]
+struct DemoArgs {
+    /// Namespaces and pods of the example cluster.
+    #[arg(long, default_value = "examples/demo/cluster.yaml")]
+    cluster: PathBuf,
+    /// The NetworkPolicies to apply.
+    #[arg(long, default_value = "examples/demo/policies.yaml")]
+    policies: PathBuf,
+    /// The netpol-agent binary (default: next to this one).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "nft")]
+    iptables_backend: Backend,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -90,6 +109,7 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Run(args) => run(args),
+        Command::Demo(args) => demo(args),
     }
 }
 
@@ -206,5 +226,35 @@ fn run(args: RunArgs) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+fn demo(args: DemoArgs) -> ExitCode {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("netpol-e2e: demo needs root (it creates network namespaces)");
+        return ExitCode::from(2);
+    }
+    // Ctrl-C must still tear down: the flag makes the signal a no-op and the demo ends on
+    // its own within seconds, dropping the cluster.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, stop.clone());
+    }
+    let cfg = demo::DemoConfig {
+        cluster: ClusterConfig {
+            agent: args.agent.unwrap_or_else(default_agent),
+            cni: Cni::Calico,
+            backend: args.iptables_backend,
+            converge_timeout: Duration::from_secs(20),
+        },
+        manifests: args.cluster,
+        policies: args.policies,
+    };
+    match demo::run(cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("netpol-e2e demo: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }

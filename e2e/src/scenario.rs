@@ -310,6 +310,64 @@ impl Allocator {
     }
 }
 
+/// Builds a world outside a scenario file (the demo), with the same address plan.
+pub struct WorldBuilder {
+    pub world: World,
+    nodes: usize,
+    alloc: Allocator,
+    round_robin: usize,
+}
+
+impl WorldBuilder {
+    pub fn new(nodes: usize) -> WorldBuilder {
+        WorldBuilder {
+            world: World::default(),
+            nodes,
+            alloc: Allocator {
+                next_host: vec![10; nodes],
+                next_service: 10,
+                next_uid: 0,
+            },
+            round_robin: 0,
+        }
+    }
+
+    pub fn namespace(&mut self, name: &str, labels: Labels) -> anyhow::Result<()> {
+        add_namespace(&mut self.world, name, labels)
+    }
+
+    pub fn pod(
+        &mut self,
+        key: &str,
+        labels: Labels,
+        node: usize,
+        ports: Vec<PortDecl>,
+    ) -> anyhow::Result<()> {
+        let decl = PodDecl {
+            labels: Some(labels),
+            node: Some(node),
+            ports: Some(ports),
+        };
+        add_pod(
+            &mut self.world,
+            &mut self.alloc,
+            self.nodes,
+            &mut self.round_robin,
+            key,
+            decl,
+        )
+    }
+
+    /// Applies a multi-document YAML of NetworkPolicies (placeholders expanded).
+    pub fn apply(&mut self, text: &str) -> anyhow::Result<()> {
+        let expanded = expand(text, &self.world)?;
+        for (key, doc) in split_policies(&expanded)? {
+            self.world.policies.insert(key, doc);
+        }
+        Ok(())
+    }
+}
+
 /// The CIDR every pod of node `i` is in (routes between nodes point at it).
 pub fn node_pod_cidr(node: usize) -> Ipv4Net {
     Ipv4Net::new(Ipv4Addr::new(10, 244, node as u8, 0), 24).expect("valid prefix")
