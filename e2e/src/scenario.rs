@@ -464,12 +464,34 @@ fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Object names (pods, policies) are DNS subdomains: labels joined by dots, 253 at most.
+fn check_object_name(name: &str) -> anyhow::Result<()> {
+    ensure!(
+        name.len() <= 253,
+        "name {name:?} is longer than 253 characters"
+    );
+    // Kubernetes' subdomain rule has no per-label length limit, only the total.
+    for label in name.split('.') {
+        let ok = !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        ensure!(
+            ok,
+            "name {name:?} is not a DNS subdomain (lowercase letters, digits, '-', '.')"
+        );
+    }
+    Ok(())
+}
+
 pub fn split_key(key: &str) -> anyhow::Result<(&str, &str)> {
     let (ns, name) = key
         .split_once('/')
         .ok_or_else(|| anyhow!("{key:?} is not of the form \"namespace/name\""))?;
     check_name("namespace", ns)?;
-    check_name("name", name)?;
+    check_object_name(name)?;
     Ok((ns, name))
 }
 
