@@ -109,28 +109,46 @@ pub fn run(cfg: DemoConfig) -> anyhow::Result<()> {
     cluster.start_agents()?;
     converge(&mut cluster)?;
     let open = reach(&cluster);
-    println!("\n== reachability with no policy (cell: ports that answered, via each pod's ClusterIP)");
+    println!(
+        "\n== reachability with no policy (cell: ports that answered, via each pod's ClusterIP)"
+    );
     print!("{}", table(&cluster, &open, None));
 
     println!(
         "\n== applying {} ({} policies: {})",
         cfg.policies.display(),
         after.policies.len(),
-        after.policies.keys().cloned().collect::<Vec<_>>().join(", ")
+        after
+            .policies
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     cluster.sync(&after)?;
     let took = converge(&mut cluster)?;
-    println!("   every node's kernel matches the compiled rules after {} ms", took.as_millis());
+    println!(
+        "   every node's kernel matches the compiled rules after {} ms",
+        took.as_millis()
+    );
     let enforced = reach(&cluster);
     println!("\n== reachability with the policies (* = changed)");
     print!("{}", table(&cluster, &enforced, Some(&open)));
     let closed: usize = open
         .iter()
-        .map(|(pair, ports)| ports.difference(enforced.get(pair).unwrap_or(&BTreeSet::new())).count())
+        .map(|(pair, ports)| {
+            ports
+                .difference(enforced.get(pair).unwrap_or(&BTreeSet::new()))
+                .count()
+        })
         .sum();
     let opened: usize = enforced
         .iter()
-        .map(|(pair, ports)| ports.difference(open.get(pair).unwrap_or(&BTreeSet::new())).count())
+        .map(|(pair, ports)| {
+            ports
+                .difference(open.get(pair).unwrap_or(&BTreeSet::new()))
+                .count()
+        })
         .sum();
     println!("\n{closed} pod-to-port paths closed, {opened} opened; tearing down");
     drop(cluster);
@@ -205,7 +223,11 @@ fn table(cluster: &Cluster, reach: &Reach, before: Option<&Reach>) -> String {
     let width = pods
         .iter()
         .map(String::len)
-        .chain(pods.iter().flat_map(|f| pods.iter().map(move |t| (f, t))).map(|(f, t)| cell(f, t).len()))
+        .chain(
+            pods.iter()
+                .flat_map(|f| pods.iter().map(move |t| (f, t)))
+                .map(|(f, t)| cell(f, t).len()),
+        )
         .max()
         .unwrap_or(1);
     let mut s = format!("   {:width$}", "from \\ to");

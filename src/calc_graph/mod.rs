@@ -265,6 +265,21 @@ impl CalcGraph {
         self.dirty.insert(Owner::Policy(key.clone()));
     }
 
+    /// Resolves every local pod's interface again: what a resolver that learns names over
+    /// time (the container runtime, the routing table) calls after it learned something.
+    /// Only pods whose interface really changed (or became known, or was lost) are touched.
+    pub fn refresh_interfaces(&mut self) {
+        let local: Vec<PodInfo> = self
+            .sets
+            .pods()
+            .filter(|p| p.node.as_deref() == Some(self.cfg.node_name.as_str()))
+            .cloned()
+            .collect();
+        for info in local {
+            self.upsert_pod_info(info);
+        }
+    }
+
     // ---- model-level updates ----
 
     pub fn upsert_namespace_info(&mut self, info: NamespaceInfo) {

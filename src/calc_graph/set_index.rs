@@ -95,6 +95,10 @@ impl SetIndex {
             .map(|e| &e.info)
     }
 
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.iter().flatten().map(|e| &e.info)
+    }
+
     pub fn sets(&self) -> impl Iterator<Item = &SetEntry> {
         self.sets.iter().flatten()
     }

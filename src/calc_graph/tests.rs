@@ -633,3 +633,88 @@ fn colliding_interfaces_program_one_endpoint_until_the_winner_leaves() {
     acc.apply(&fresh.flush());
     assert_eq!(acc, g.snapshot());
 }
+
+/// A resolver whose answers change over time, as the container runtime's or the routing
+/// table's do.
+#[derive(Debug, Default, Clone)]
+struct LearningResolver(std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>);
+
+impl crate::iface_naming::InterfaceResolver for LearningResolver {
+    fn resolve(&self, pod: &PodInfo) -> Result<String, crate::iface_naming::NamingError> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&pod.key.to_string())
+            .cloned()
+            .ok_or(crate::iface_naming::NamingError::NotMapped {
+                pod: pod.key.clone(),
+            })
+    }
+    fn scheme(&self) -> &'static str {
+        "learning"
+    }
+}
+
+#[test]
+fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
+    let names = LearningResolver::default();
+    let mut g = CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4],
+        rules: RuleConfig::default(),
+        resolver: Box::new(names.clone()),
+    });
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("app", "a")]));
+    g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("app", "b")]));
+    g.flush();
+    assert_eq!(g.local_endpoint_count(), 0, "nothing is known yet");
+
+    names
+        .0
+        .lock()
+        .unwrap()
+        .insert("x/a".into(), "veth-aaaa".into());
+    g.refresh_interfaces();
+    let update = g.flush();
+    assert_eq!(g.local_endpoint_count(), 1);
+    let chains: Vec<&str> = update
+        .chains_upserted
+        .iter()
+        .map(|(_, c)| c.name.as_str())
+        .collect();
+    assert!(chains.contains(&"cali-tw-veth-aaaa"), "{chains:?}");
+    assert!(
+        update.members_added.is_empty(),
+        "no set changes: {update:?}"
+    );
+
+    g.refresh_interfaces();
+    assert!(
+        g.flush().is_empty(),
+        "a refresh that learned nothing writes nothing"
+    );
+
+    names
+        .0
+        .lock()
+        .unwrap()
+        .insert("x/a".into(), "veth-a2".into());
+    g.refresh_interfaces();
+    let update = g.flush();
+    let removed: Vec<&str> = update
+        .chains_removed
+        .iter()
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert!(removed.contains(&"cali-tw-veth-aaaa"), "{removed:?}");
+    assert_eq!(g.local_endpoint_count(), 1);
+
+    names.0.lock().unwrap().clear();
+    g.refresh_interfaces();
+    g.flush();
+    assert_eq!(
+        g.local_endpoint_count(),
+        0,
+        "a lost interface is no endpoint"
+    );
+}

@@ -23,6 +23,9 @@ pub enum DatastoreEvent {
     /// The first complete listing has been delivered: until then nothing may be removed
     /// from the kernel.
     InSync,
+    /// An interface resolver learned something (a sandbox, a route): local pods are
+    /// resolved again.
+    InterfacesChanged,
 }
 
 pub fn object_ref(o: &K8sObject) -> ObjectRef {
@@ -61,6 +64,7 @@ pub fn apply_event(graph: &mut CalcGraph, event: &DatastoreEvent) {
                 ObjectKind::NetworkPolicy => graph.remove_policy(&key()),
             }
         }
+        DatastoreEvent::InterfacesChanged => graph.refresh_interfaces(),
         DatastoreEvent::InSync => {}
     }
 }
