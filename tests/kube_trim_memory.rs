@@ -63,4 +63,14 @@ fn a_typical_pod_shrinks_several_fold_when_trimmed() {
         trimmed_bytes * 5 < full_bytes,
         "trimming should save most of the pod: {full_bytes} → {trimmed_bytes} bytes"
     );
+
+    // Without named ports no container is kept at all.
+    let mut portless = full.clone();
+    for c in &mut portless.spec.as_mut().unwrap().containers {
+        c.ports = None;
+    }
+    trim_pod(&mut portless);
+    let (_, portless_bytes) = held(|| Box::new(portless.clone()));
+    println!("the same pod without named ports: {portless_bytes} heap bytes trimmed");
+    assert!(portless_bytes < 4096, "{portless_bytes}");
 }

@@ -55,12 +55,16 @@
 //! Every object is trimmed as it comes off the watch (the stream's `modify` step, before
 //! comparison and before the store) to what the calc graph reads: see [`trim_pod`],
 //! [`trim_namespace`], [`trim_network_policy`]. The trimmed object validates exactly as the
-//! full one does. A typical pod of a Deployment (two containers with env, probes, resources
-//! and mounts, server-side-apply managed fields, owner reference, conditions and container
-//! statuses) takes about 21 KiB of heap as a `k8s_openapi` `Pod` and about 1.1 KiB trimmed
-//! (`tests/kube_trim_memory.rs` measures it with a counting allocator), so 150k pods are
-//! about 170 MB in the store instead of 3 GB. The delivered `Upsert` is a clone of the
-//! trimmed object that the receiver drops once the graph has read it.
+//! full one does (same result, same error field). A typical pod of a Deployment (two
+//! containers with env, probes, resources and mounts, managed fields, an owner reference,
+//! conditions and container statuses; 11 KB of JSON) holds about 53 KiB of heap as a
+//! `k8s_openapi` `Pod` and 8 KiB trimmed (`tests/kube_trim_memory.rs` measures it with a
+//! counting allocator). Most of what is left is the inline size of the `k8s_openapi` structs
+//! themselves (a `Pod` is 2.1 KiB, each `Container` 2.1 KiB), so the same pod without named
+//! ports is 3.6 KiB. 150k pods like the typical one take about 1.2 GB trimmed instead of 8 GB;
+//! going further would need a store of our own compact type instead of `Pod`. The `Upsert`
+//! sent to the receiver is one more clone of the trimmed object, dropped once the graph has
+//! read it.
 //!
 //! Pods are not filtered by node: the graph decides which pods are local from
 //! `spec.nodeName`, and every pod feeds the IP sets.
@@ -653,4 +657,176 @@ pub fn trim_network_policy(np: &mut NetworkPolicy) {
         namespace: meta.namespace,
         ..ObjectMeta::default()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calc_graph::validate;
+    use serde_json::json;
+
+    fn ns(name: &str, team: &str, rv: &str) -> Namespace {
+        let mut ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"team": team}, "resourceVersion": rv,
+                         "managedFields": [{"manager": "kubectl", "operation": "Update"}]}
+        }))
+        .unwrap();
+        ns.trim();
+        ns
+    }
+
+    fn summary(events: &[DatastoreEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                DatastoreEvent::Upsert(o) => format!("upsert {}", super::super::object_ref(o).key),
+                DatastoreEvent::Delete(r) => format!("delete {}", r.key),
+                DatastoreEvent::InSync => "in sync".into(),
+            })
+            .collect()
+    }
+
+    /// Feeds a sequence of watcher events; returns the delivered events and how many of the
+    /// steps completed a first listing.
+    fn run(
+        mirror: &mut Mirror<Namespace>,
+        events: Vec<watcher::Event<Namespace>>,
+    ) -> (Vec<String>, usize) {
+        let mut out = Vec::new();
+        let mut firsts = 0;
+        for e in events {
+            let (events, first) = mirror.apply(e);
+            out.extend(summary(&events));
+            firsts += usize::from(first);
+        }
+        (out, firsts)
+    }
+
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+
+    #[test]
+    fn relists_deliver_only_differences_upserts_first() {
+        let mut m = Mirror::<Namespace>::default();
+        let (out, firsts) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "1")),
+                InitApply(ns("b", "x", "2")),
+                InitDone,
+            ],
+        );
+        assert_eq!(out, ["upsert a", "upsert b"]);
+        assert_eq!(firsts, 1);
+
+        // The same objects (new resourceVersions): nothing, and no second first listing.
+        let (out, firsts) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("b", "x", "7")),
+                InitApply(ns("a", "x", "8")),
+                InitDone,
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(firsts, 0);
+
+        // b changed, a vanished, c is new: nothing until InitDone, then upserts, then deletes.
+        let mut m2 = m;
+        let (out, _) = run(
+            &mut m2,
+            vec![
+                Init,
+                InitApply(ns("b", "y", "9")),
+                InitApply(ns("c", "x", "9")),
+            ],
+        );
+        assert!(out.is_empty());
+        let (out, _) = run(&mut m2, vec![InitDone]);
+        assert_eq!(out, ["upsert b", "upsert c", "delete a"]);
+        assert_eq!(m2.store.state().len(), 2);
+    }
+
+    #[test]
+    fn an_interrupted_relist_starts_over() {
+        let mut m = Mirror::<Namespace>::default();
+        run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "1")),
+                InitApply(ns("b", "x", "1")),
+                InitDone,
+            ],
+        );
+        // A first attempt lists a changed `a` and then fails; the second lists the original.
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "changed", "2")),
+                Init,
+                InitApply(ns("a", "x", "3")),
+                InitApply(ns("b", "x", "3")),
+                InitDone,
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn watch_events_deliver_changes_only() {
+        let mut m = Mirror::<Namespace>::default();
+        run(&mut m, vec![Init, InitDone]);
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Apply(ns("a", "x", "1")),
+                Apply(ns("a", "x", "2")), // only the resourceVersion: no event
+                Apply(ns("a", "y", "3")),
+                Delete(ns("zz", "x", "4")), // never delivered: no event
+                Delete(ns("a", "y", "5")),
+            ],
+        );
+        assert_eq!(out, ["upsert a", "upsert a", "delete a"]);
+        assert!(m.store.state().is_empty());
+    }
+
+    #[test]
+    fn trimmed_pods_keep_the_indexes_validation_errors_name() {
+        let full: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "n", "annotations": {"a": "b"}},
+            "spec": {
+                "nodeName": "node-1",
+                "containers": [
+                    {"name": "c0", "image": "i"},
+                    {"name": "c1", "ports": [{"containerPort": 1}, {"containerPort": 2, "name": "Bad_Name"}, {"containerPort": 3}]},
+                    {"name": "c2", "ports": [{"containerPort": 4}]}
+                ],
+                "initContainers": [{"name": "i0", "ports": [{"containerPort": 5}]}]
+            },
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        let err = validate::pod(&full).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].ports[1].name");
+        assert_eq!(validate::pod(&trimmed), Err(err));
+        let spec = trimmed.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.containers.len(),
+            2,
+            "c2 has no named port and comes last"
+        );
+        assert_eq!(spec.containers[1].ports.as_ref().unwrap().len(), 2);
+        assert!(spec.init_containers.is_none());
+        assert!(trimmed.metadata.annotations.is_none());
+
+        // Trimming twice changes nothing.
+        let mut again = trimmed.clone();
+        trim_pod(&mut again);
+        assert_eq!(again, trimmed);
+    }
 }
