@@ -20,8 +20,9 @@
 //! `kube::Config::infer` (a kubeconfig from `KUBECONFIG` or `~/.kube/config`, else the pod's
 //! in-cluster service account), [`KubeConnect::Url`] an explicit API server URL without
 //! credentials (tests, `kubectl proxy`). Then a dedicated thread (`kube-datastore`) runs its
-//! own single-threaded tokio runtime with the three watchers until `stop` is set or the
-//! receiver is dropped; the thread then returns `Ok(())`. API errors (refused connections,
+//! own single-threaded tokio runtime with the three watchers until `stop` is set (looked at
+//! every 50 ms) or the receiver is dropped (noticed at the next event); the thread then
+//! returns `Ok(())`. API errors (refused connections,
 //! 5xx, 403 while RBAC is being fixed, expired resource versions) never end it: they are
 //! logged with `tracing` and retried with jittered exponential backoff (0.8 s doubling to
 //! 30 s, back to 0.8 s after two quiet minutes), and nothing already delivered is withdrawn
@@ -38,10 +39,10 @@
 //! - `InSync` exactly once, after the first complete listing of all three kinds has been
 //!   delivered. Every event before it belongs to that initial listing.
 //!
-//! Relists: the watcher relists on `410 Gone` (an `ERROR` event in the watch, an HTTP 410
-//! when a watch or a list page is started with a compacted resource version — the latter is
-//! a known trap of kube-runtime's watcher, which would retry the dead version forever, so
-//! this module starts a fresh watcher instead), and when it cannot resume. A relist never
+//! Relists: the watcher relists on `410 Gone`: an `ERROR` event in the watch, an expired
+//! `continue` token half way through a paginated list, and an HTTP 410 answering a watch
+//! resumed from a compacted resource version (kube-runtime's watcher would retry that dead
+//! version forever, so this module starts a fresh watcher instead). A relist never
 //! removes anything on the way: while it runs (`Init`, `InitApply`…) the listed keys are
 //! collected and only the objects whose trimmed form changed are buffered; at `InitDone`
 //! the changed objects are upserted first, and then the objects that were delivered but are
@@ -356,6 +357,7 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
         if !restart {
             // The watcher stream never ends by itself; if it ever does, start a new one.
             debug!(kind, "watch stream ended, restarting it");
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
 }
