@@ -1,7 +1,8 @@
 //! Where Kubernetes objects come from: manifests on disk (`manifests`), a watched directory
-//! of them (`dir`); the Kubernetes API source speaks the same events.
+//! of them (`dir`), the Kubernetes API (`kube`); both sources speak the same events.
 
 pub mod dir;
+pub mod kube;
 pub mod manifests;
 
 use crate::calc_graph::model::ObjectKey;

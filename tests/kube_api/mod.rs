@@ -1,0 +1,733 @@
+//! A fake Kubernetes API server for the datastore tests: plain HTTP on 127.0.0.1, speaking
+//! the list/watch protocol of the real one for Pods (`/api/v1/pods`), Namespaces
+//! (`/api/v1/namespaces`) and NetworkPolicies (`/apis/networking.k8s.io/v1/networkpolicies`):
+//! - lists (`PodList`…) with `metadata.resourceVersion`, paginated by `limit`/`continue` over
+//!   a snapshot, items without `kind`/`apiVersion` as the real server sends them;
+//! - `?watch=true&resourceVersion=N` streams newline-delimited `ADDED`/`MODIFIED`/`DELETED`
+//!   events after N (replayed from history, then live), `BOOKMARK`s when
+//!   `allowWatchBookmarks=true`, and ends at `timeoutSeconds`;
+//! - an expired resource version (older than the compaction point) is answered with HTTP 410
+//!   or with a watch `ERROR` event carrying a `Status` 410 `Expired` (the test chooses), and an
+//!   expired `continue` token with HTTP 410.
+//!
+//! The test drives it synchronously: create/update/delete objects (decorated as the API server
+//! does: uid, resourceVersion, creationTimestamp, managedFields, last-applied annotation),
+//! close watches (cleanly or by aborting the connection), expire them, compact history, hold
+//! or fail lists, hold watches, and read the log of requests with their query parameters.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+
+/// The three resources the datastore watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Res {
+    Pods,
+    Namespaces,
+    Policies,
+}
+
+pub const ALL: [Res; 3] = [Res::Pods, Res::Namespaces, Res::Policies];
+
+impl Res {
+    fn index(self) -> usize {
+        self as usize
+    }
+    pub fn path(self) -> &'static str {
+        match self {
+            Res::Pods => "/api/v1/pods",
+            Res::Namespaces => "/api/v1/namespaces",
+            Res::Policies => "/apis/networking.k8s.io/v1/networkpolicies",
+        }
+    }
+    fn kind(self) -> &'static str {
+        match self {
+            Res::Pods => "Pod",
+            Res::Namespaces => "Namespace",
+            Res::Policies => "NetworkPolicy",
+        }
+    }
+    fn api_version(self) -> &'static str {
+        match self {
+            Res::Policies => "networking.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+    fn of_kind(kind: &str) -> Res {
+        match kind {
+            "Pod" => Res::Pods,
+            "Namespace" => Res::Namespaces,
+            "NetworkPolicy" => Res::Policies,
+            other => panic!("the fake API server does not serve {other}"),
+        }
+    }
+    fn from_path(path: &str) -> Option<Res> {
+        ALL.into_iter().find(|r| r.path() == path)
+    }
+}
+
+/// `namespace/name`, or the name of a namespace.
+pub fn key_of(obj: &Value) -> String {
+    let meta = &obj["metadata"];
+    let name = meta["name"].as_str().expect("metadata.name");
+    match meta["namespace"].as_str() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// How a watch that starts from an expired resource version is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Gone {
+    /// HTTP 410 with a `Status` body.
+    #[default]
+    Http,
+    /// HTTP 200 and one `ERROR` watch event with a `Status` 410 `Expired`, as the watch cache
+    /// answers.
+    Event,
+}
+
+/// One request the server received.
+#[derive(Clone, Debug)]
+pub struct Req {
+    pub res: Res,
+    pub watch: bool,
+    pub query: BTreeMap<String, String>,
+}
+
+enum Msg {
+    Line(String),
+    /// Reset the connection mid-stream (no final chunk).
+    Abort,
+}
+
+struct OpenWatch {
+    tx: mpsc::UnboundedSender<Msg>,
+    bookmarks: bool,
+}
+
+struct Snapshot {
+    rv: u64,
+    items: Vec<Value>,
+}
+
+#[derive(Default)]
+struct Kind {
+    objects: BTreeMap<String, Value>,
+    /// (resourceVersion, type, object) of every change.
+    history: Vec<(u64, &'static str, Value)>,
+    /// Watches and continue tokens from before this resourceVersion are expired.
+    compacted: u64,
+    gone: Gone,
+    watches: Vec<OpenWatch>,
+    snapshots: HashMap<u64, Snapshot>,
+    fail_lists: u32,
+    fail_continues: u32,
+}
+
+struct State {
+    rv: u64,
+    kinds: [Kind; 3],
+    requests: Vec<Req>,
+    next_id: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    hold_lists: [watch::Sender<bool>; 3],
+    hold_watches: [watch::Sender<bool>; 3],
+}
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+pub struct FakeApi {
+    pub url: String,
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl FakeApi {
+    pub fn start() -> FakeApi {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("test server runtime");
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                rv: 100,
+                kinds: Default::default(),
+                requests: Vec::new(),
+                next_id: 1,
+            }),
+            hold_lists: std::array::from_fn(|_| watch::channel(false).0),
+            hold_watches: std::array::from_fn(|_| watch::channel(false).0),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr: SocketAddr = listener.local_addr().expect("local addr");
+        let server = shared.clone();
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let shared = server.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(handle(req, &shared).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FakeApi {
+            url: format!("http://{addr}"),
+            shared,
+            runtime: Some(runtime),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap()
+    }
+
+    /// Creates or updates an object (`kind` decides the resource) as the API server would,
+    /// and tells the open watches. Returns the new resourceVersion.
+    pub fn apply(&self, obj: Value) -> u64 {
+        let res = Res::of_kind(obj["kind"].as_str().expect("kind"));
+        let mut state = self.state();
+        state.rv += 1;
+        state.next_id += 1;
+        let rv = state.rv;
+        let id = state.next_id;
+        let key = key_of(&obj);
+        let kind = &mut state.kinds[res.index()];
+        let previous = kind.objects.get(&key).cloned();
+        let stored = decorate(res, obj, previous.as_ref(), rv, id);
+        kind.objects.insert(key, stored.clone());
+        let event = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        kind.history.push((rv, event, stored.clone()));
+        broadcast(kind, &watch_line(event, &stored));
+        rv
+    }
+
+    /// Applies every document of a YAML text (`kind: List` expanded).
+    pub fn apply_yaml(&self, text: &str) {
+        for obj in yaml_objects(text) {
+            self.apply(obj);
+        }
+    }
+
+    /// Deletes an object (`key` as `namespace/name`, or a namespace's name).
+    pub fn delete(&self, res: Res, key: &str) -> u64 {
+        let mut state = self.state();
+        state.rv += 1;
+        let rv = state.rv;
+        let kind = &mut state.kinds[res.index()];
+        let mut obj = kind
+            .objects
+            .remove(key)
+            .unwrap_or_else(|| panic!("no {res:?} {key} to delete"));
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        kind.history.push((rv, "DELETED", obj.clone()));
+        broadcast(kind, &watch_line("DELETED", &obj));
+        rv
+    }
+
+    /// The stored (decorated) object.
+    pub fn object(&self, res: Res, key: &str) -> Value {
+        self.state().kinds[res.index()].objects[key].clone()
+    }
+
+    pub fn objects(&self, res: Res) -> Vec<Value> {
+        self.state().kinds[res.index()]
+            .objects
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn resource_version(&self) -> u64 {
+        self.state().rv
+    }
+
+    /// Sends a BOOKMARK with the current resourceVersion to the watches that asked for them.
+    /// Returns that resourceVersion.
+    pub fn bookmark(&self, res: Res) -> u64 {
+        let mut state = self.state();
+        state.rv += 1; // other kinds moved on meanwhile
+        let rv = state.rv;
+        let line = format!(
+            "{}\n",
+            json!({"type": "BOOKMARK", "object": {
+                "kind": res.kind(), "apiVersion": res.api_version(),
+                "metadata": {"resourceVersion": rv.to_string()}}})
+        );
+        let kind = &mut state.kinds[res.index()];
+        kind.watches
+            .retain(|w| !w.bookmarks || w.tx.send(Msg::Line(line.clone())).is_ok());
+        rv
+    }
+
+    /// Ends the open watches: cleanly (final chunk), or by resetting the connection.
+    pub fn close_watches(&self, res: Res, abort: bool) {
+        let watches = std::mem::take(&mut self.state().kinds[res.index()].watches);
+        for w in watches {
+            if abort {
+                let _ = w.tx.send(Msg::Abort);
+            }
+        }
+    }
+
+    /// Forgets history up to now: a watch or a continue token from an older resourceVersion
+    /// is refused with 410.
+    pub fn compact(&self, res: Res) {
+        let mut state = self.state();
+        // Other resources were written meanwhile: every resourceVersion a client holds is old.
+        state.rv += 1;
+        let rv = state.rv;
+        let kind = &mut state.kinds[res.index()];
+        kind.compacted = rv + 1;
+        kind.history.clear();
+    }
+
+    /// Sends every open watch an `ERROR` 410 `Expired` event and ends it (the watch cache
+    /// dropped the client), after compacting history.
+    pub fn expire_watches(&self, res: Res) {
+        self.compact(res);
+        let watches = std::mem::take(&mut self.state().kinds[res.index()].watches);
+        let line = format!("{}\n", json!({"type": "ERROR", "object": expired_status()}));
+        for w in watches {
+            let _ = w.tx.send(Msg::Line(line.clone()));
+        }
+    }
+
+    pub fn set_gone(&self, res: Res, gone: Gone) {
+        self.state().kinds[res.index()].gone = gone;
+    }
+
+    /// The next `n` list requests of `res` get HTTP 500.
+    pub fn fail_lists(&self, res: Res, n: u32) {
+        self.state().kinds[res.index()].fail_lists = n;
+    }
+
+    /// The next `n` list requests of `res` with a `continue` token get HTTP 410.
+    pub fn fail_continues(&self, res: Res, n: u32) {
+        self.state().kinds[res.index()].fail_continues = n;
+    }
+
+    /// List requests of `res` wait until released.
+    pub fn hold_lists(&self, res: Res, hold: bool) {
+        self.shared.hold_lists[res.index()].send_replace(hold);
+    }
+
+    /// Watch requests of `res` wait until released (they are logged when they arrive).
+    pub fn hold_watches(&self, res: Res, hold: bool) {
+        self.shared.hold_watches[res.index()].send_replace(hold);
+    }
+
+    pub fn requests(&self) -> Vec<Req> {
+        self.state().requests.clone()
+    }
+
+    pub fn open_watches(&self, res: Res) -> usize {
+        let mut state = self.state();
+        let kind = &mut state.kinds[res.index()];
+        kind.watches.retain(|w| !w.tx.is_closed());
+        kind.watches.len()
+    }
+
+    /// Waits (up to 10 s) until `cond` holds.
+    pub fn wait_for(&self, what: &str, mut cond: impl FnMut(&FakeApi) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Waits until requests after the first `since` include a watch of `res` that is open.
+    pub fn wait_watching(&self, res: Res, since: usize) {
+        self.wait_for(&format!("a new watch of {res:?}"), |api| {
+            api.requests()[since..]
+                .iter()
+                .any(|r| r.res == res && r.watch)
+                && api.open_watches(res) > 0
+        });
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Parses multi-document YAML into JSON objects, expanding `kind: List`.
+pub fn yaml_objects(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).expect("test YAML");
+        if value.is_null() {
+            continue;
+        }
+        match value["kind"].as_str() {
+            Some("List") => out.extend(value["items"].as_array().cloned().unwrap_or_default()),
+            _ => out.push(value),
+        }
+    }
+    out
+}
+
+/// What the API server adds to an object it stores.
+fn decorate(res: Res, mut obj: Value, previous: Option<&Value>, rv: u64, id: u64) -> Value {
+    let applied = obj.to_string();
+    let meta = obj["metadata"].as_object_mut().expect("metadata");
+    let uid = previous
+        .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("0000{id:04x}-7b4d-4c5e-8f6a-9b0c1d2e3f4a"));
+    meta.insert("uid".into(), json!(uid));
+    meta.insert("resourceVersion".into(), json!(rv.to_string()));
+    meta.insert("creationTimestamp".into(), json!("2025-05-14T09:12:47Z"));
+    let label_fields: serde_json::Map<String, Value> = meta
+        .get("labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .keys()
+                .map(|k| (format!("f:{k}"), json!({})))
+                .collect()
+        })
+        .unwrap_or_default();
+    meta.insert(
+        "managedFields".into(),
+        json!([{
+            "apiVersion": res.api_version(), "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:labels": label_fields}, "f:spec": {}},
+            "manager": "kubectl-client-side-apply", "operation": "Update",
+            "time": "2025-05-14T09:12:47Z"
+        }]),
+    );
+    let annotations = meta
+        .entry("annotations")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .expect("annotations");
+    annotations.insert(
+        "kubectl.kubernetes.io/last-applied-configuration".into(),
+        json!(applied),
+    );
+    match res {
+        Res::Namespaces => {
+            let name = meta["name"].clone();
+            meta.entry("labels")
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .expect("labels")
+                .insert("kubernetes.io/metadata.name".into(), name);
+            obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            obj["status"] = json!({"phase": "Active"});
+        }
+        Res::Pods => {
+            meta.entry("ownerReferences").or_insert_with(|| {
+                json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                        "uid": "5b1f6a7e-3c2d-4e8f-9a0b-1c2d3e4f5a6b", "controller": true}])
+            });
+            if let Some(status) = obj.get_mut("status").and_then(Value::as_object_mut) {
+                status.entry("conditions").or_insert_with(|| {
+                    json!([{"type": "Ready", "status": "True",
+                            "lastTransitionTime": "2025-05-14T09:12:52Z"}])
+                });
+                status
+                    .entry("qosClass")
+                    .or_insert_with(|| json!("BestEffort"));
+            }
+        }
+        Res::Policies => {
+            meta.insert("generation".into(), json!(1));
+        }
+    }
+    obj
+}
+
+fn expired_status() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": "too old resource version", "reason": "Expired", "code": 410})
+}
+
+fn watch_line(event: &str, obj: &Value) -> String {
+    format!("{}\n", json!({"type": event, "object": obj}))
+}
+
+fn broadcast(kind: &mut Kind, line: &str) {
+    kind.watches
+        .retain(|w| w.tx.send(Msg::Line(line.to_string())).is_ok());
+}
+
+fn full(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .expect("response")
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    full(
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+/// A list item as the real server sends it: without `kind` and `apiVersion`.
+fn list_item(obj: &Value) -> Value {
+    let mut item = obj.clone();
+    if let Some(map) = item.as_object_mut() {
+        map.remove("kind");
+        map.remove("apiVersion");
+    }
+    item
+}
+
+async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
+    let Some(res) = Res::from_path(req.uri().path()) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    };
+    if req.method() != hyper::Method::GET {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "read-only fake",
+        );
+    }
+    let query: BTreeMap<String, String> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    shared.state.lock().unwrap().requests.push(Req {
+        res,
+        watch: watching,
+        query: query.clone(),
+    });
+    // The datastore selects everything and lists/watches the classic way.
+    for unexpected in ["labelSelector", "fieldSelector", "sendInitialEvents"] {
+        if query.get(unexpected).is_some_and(|v| !v.is_empty()) {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &format!("the fake does not serve {unexpected}"),
+            );
+        }
+    }
+    if watching {
+        let mut held = shared.hold_watches[res.index()].subscribe();
+        let _ = held.wait_for(|hold| !*hold).await;
+        watch_response(res, &query, shared)
+    } else {
+        let mut held = shared.hold_lists[res.index()].subscribe();
+        let _ = held.wait_for(|hold| !*hold).await;
+        list_response(res, &query, shared)
+    }
+}
+
+fn list_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -> Response<Body> {
+    let mut state = shared.state.lock().unwrap();
+    let rv_now = state.rv;
+    let next_id = state.next_id;
+    let kind = &mut state.kinds[res.index()];
+    if kind.fail_lists > 0 {
+        kind.fail_lists -= 1;
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "etcdserver: request timed out",
+        );
+    }
+    let limit: Option<usize> = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0);
+    let (id, offset) = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let parsed = token
+                .split_once('-')
+                .and_then(|(id, off)| Some((id.parse::<u64>().ok()?, off.parse::<usize>().ok()?)));
+            let expired = || {
+                status(StatusCode::GONE, "Expired",
+                       "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+            };
+            if kind.fail_continues > 0 {
+                kind.fail_continues -= 1;
+                return expired();
+            }
+            match parsed {
+                Some((id, off))
+                    if kind
+                        .snapshots
+                        .get(&id)
+                        .is_some_and(|s| s.rv + 1 >= kind.compacted) =>
+                {
+                    (id, off)
+                }
+                _ => return expired(),
+            }
+        }
+        None => {
+            let items = kind.objects.values().map(list_item).collect();
+            kind.snapshots
+                .insert(next_id, Snapshot { rv: rv_now, items });
+            (next_id, 0)
+        }
+    };
+    state.next_id += 1;
+    let kind = &mut state.kinds[res.index()];
+    let snapshot = &kind.snapshots[&id];
+    let end = limit.map_or(snapshot.items.len(), |l| {
+        (offset + l).min(snapshot.items.len())
+    });
+    let items: Vec<Value> = snapshot.items[offset..end].to_vec();
+    let mut metadata = json!({"resourceVersion": snapshot.rv.to_string()});
+    if end < snapshot.items.len() {
+        metadata["continue"] = json!(format!("{id}-{end}"));
+        metadata["remainingItemCount"] = json!(snapshot.items.len() - end);
+    } else {
+        kind.snapshots.remove(&id);
+    }
+    full(
+        StatusCode::OK,
+        json!({"kind": format!("{}List", res.kind()), "apiVersion": res.api_version(),
+               "metadata": metadata, "items": items}),
+    )
+}
+
+fn watch_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -> Response<Body> {
+    let mut state = shared.state.lock().unwrap();
+    let kind = &mut state.kinds[res.index()];
+    let (tx, rx) = mpsc::unbounded_channel();
+    match query.get("resourceVersion").map(String::as_str) {
+        // "Any"/"most recent": synthetic ADDED events for the current objects, then live.
+        None | Some("" | "0") => {
+            for obj in kind.objects.values() {
+                let _ = tx.send(Msg::Line(watch_line("ADDED", obj)));
+            }
+        }
+        Some(rv) => {
+            let Ok(rv) = rv.parse::<u64>() else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "invalid resourceVersion",
+                );
+            };
+            if rv + 1 < kind.compacted {
+                match kind.gone {
+                    Gone::Http => {
+                        return status(StatusCode::GONE, "Expired", "too old resource version");
+                    }
+                    Gone::Event => {
+                        let line =
+                            format!("{}\n", json!({"type": "ERROR", "object": expired_status()}));
+                        return stream_response(Some(line), mpsc::unbounded_channel().1, None);
+                    }
+                }
+            }
+            for (event_rv, event, obj) in &kind.history {
+                if *event_rv > rv {
+                    let _ = tx.send(Msg::Line(watch_line(event, obj)));
+                }
+            }
+        }
+    }
+    kind.watches.push(OpenWatch {
+        tx,
+        bookmarks: query
+            .get("allowWatchBookmarks")
+            .is_some_and(|v| v == "true"),
+    });
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    stream_response(None, rx, timeout)
+}
+
+fn stream_response(
+    first: Option<String>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    timeout: Option<Duration>,
+) -> Response<Body> {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let stream = futures::stream::unfold(
+        (first, rx, deadline, false),
+        |(mut first, mut rx, deadline, done)| async move {
+            if done {
+                return None;
+            }
+            if let Some(line) = first.take() {
+                return Some((
+                    Ok(Frame::data(Bytes::from(line))),
+                    (None, rx, deadline, true),
+                ));
+            }
+            let msg = match deadline {
+                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok().flatten(),
+                None => rx.recv().await,
+            };
+            match msg {
+                Some(Msg::Line(line)) => Some((
+                    Ok(Frame::data(Bytes::from(line))),
+                    (None, rx, deadline, false),
+                )),
+                Some(Msg::Abort) => Some((
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "reset by the test",
+                    )),
+                    (None, rx, deadline, true),
+                )),
+                None => None,
+            }
+        },
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("response")
+}

@@ -1,0 +1,1000 @@
+//! The Kubernetes datastore against a fake API server (`kube_api`) that speaks the real
+//! list/watch protocol, through the public API (`datastore::kube::spawn_with`) and the real
+//! `kube::Client`: the graph it feeds equals `compile` of the same manifests, relists never
+//! remove anything on the way, `InSync` comes once after all three listings, non-workload pods
+//! get no endpoints, and what is delivered is trimmed yet validates as the original.
+
+mod kube_api;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, ALL};
+use netpol_agent::calc_graph::model::IpFamily;
+use netpol_agent::calc_graph::state::DesiredState;
+use netpol_agent::calc_graph::{validate, CalcGraph, GraphConfig, ObjectKind};
+use netpol_agent::datastore::kube::{spawn_with, KubeConnect, KubeOptions};
+use netpol_agent::datastore::manifests::{parse_manifests, K8sObject};
+use netpol_agent::datastore::{apply_event, feed, DatastoreEvent, ObjectRef};
+use netpol_agent::iface_naming::CalicoResolver;
+use netpol_agent::ipsets::{self, Member};
+use netpol_agent::rules::chains::kernel_chain_rules;
+use netpol_agent::rules::{render, RuleConfig};
+use serde_json::{json, Value};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const NODE: &str = "node-1";
+/// Small pages, so that every listing is paginated (`limit`/`continue`).
+const PAGE: u32 = 2;
+
+// ---- the cluster ----
+
+const NAMESPACES: &str = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {team: shop}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: monitoring, labels: {team: ops}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: data, labels: {team: data, tier: storage}}
+";
+
+const PODS: &str = "
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-1
+  containers: [{name: web, image: nginx, ports: [{name: http, containerPort: 80}]}]
+status: {phase: Running, podIP: 10.244.1.10, podIPs: [{ip: 10.244.1.10}, {ip: 'fd00:244:1::10'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: api, namespace: shop, labels: {app: api}}
+spec:
+  nodeName: node-1
+  initContainers: [{name: proxy, image: envoy, restartPolicy: Always, ports: [{name: admin, containerPort: 15000}]}]
+  containers:
+  - {name: api, image: api, ports: [{containerPort: 7000}, {name: api, containerPort: 8080}, {name: metrics, containerPort: 9090}]}
+status: {phase: Running, podIPs: [{ip: 10.244.1.11}, {ip: 'fd00:244:1::11'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: api-2, namespace: shop, labels: {app: api}}
+spec:
+  nodeName: node-2
+  containers: [{name: api, image: api, ports: [{name: api, containerPort: 8080}, {name: metrics, containerPort: 9090}]}]
+status: {phase: Running, podIPs: [{ip: 10.244.2.11}, {ip: 'fd00:244:2::11'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db, namespace: data, labels: {app: db}}
+spec:
+  nodeName: node-2
+  containers: [{name: db, image: postgres, ports: [{name: postgres, containerPort: 5432}]}]
+status: {phase: Running, podIP: 10.244.2.20}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cache, namespace: data, labels: {app: cache}}
+spec:
+  nodeName: node-1
+  containers: [{name: redis, image: redis, ports: [{name: redis, containerPort: 6379}]}]
+status: {phase: Running, podIPs: [{ip: 10.244.1.30}, {ip: 'fd00:244:1::30'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: prometheus, namespace: monitoring, labels: {app: prometheus}}
+spec:
+  nodeName: node-3
+  containers: [{name: prometheus, image: prometheus}]
+status: {phase: Running, podIPs: [{ip: 10.244.3.30}, {ip: 'fd00:244:3::30'}]}
+";
+
+const POLICIES: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: default-deny, namespace: shop}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-ingress, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress: [{ports: [{port: http}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: api-ingress, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {app: web}}
+    - namespaceSelector: {matchLabels: {team: ops}}
+      podSelector: {matchLabels: {app: prometheus}}
+    ports: [{port: api}, {port: metrics}]
+  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
+    ports: [{port: 8080, endPort: 8090, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: api-egress, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - namespaceSelector: {matchExpressions: [{key: tier, operator: In, values: [storage]}]}
+      podSelector: {matchLabels: {app: db}}
+    ports: [{port: postgres}]
+  - to: [{ipBlock: {cidr: 0.0.0.0/0, except: [169.254.169.254/32]}}, {ipBlock: {cidr: '::/0'}}]
+    ports: [{port: 53, protocol: UDP}, {port: 53, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: cache-ingress, namespace: data}
+spec:
+  podSelector: {matchLabels: {app: cache}}
+  ingress:
+  - from: [{namespaceSelector: {}}]
+    ports: [{port: redis}]
+  - from: [{ipBlock: {cidr: 'fd00::/8'}}]
+";
+
+fn cluster() -> String {
+    format!("{NAMESPACES}---{PODS}---{POLICIES}")
+}
+
+// ---- helpers ----
+
+fn options() -> KubeOptions {
+    KubeOptions {
+        page_size: Some(PAGE),
+        watch_timeout: None,
+        backoff_min: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(50),
+        backoff_reset: Duration::from_secs(120),
+    }
+}
+
+/// The datastore under test, started through its public API against the fake server.
+struct Source {
+    rx: Receiver<DatastoreEvent>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Source {
+    fn start(api: &FakeApi) -> Source {
+        let (tx, rx) = channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = spawn_with(
+            KubeConnect::Url(api.url.clone()),
+            options(),
+            tx,
+            stop.clone(),
+        )
+        .expect("the datastore starts");
+        Source {
+            rx,
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    fn recv(&self) -> DatastoreEvent {
+        self.rx
+            .recv_timeout(TIMEOUT)
+            .expect("an event from the datastore")
+    }
+
+    /// Every event up to and including `InSync`.
+    fn until_in_sync(&self) -> Vec<DatastoreEvent> {
+        let mut events = Vec::new();
+        loop {
+            let event = self.recv();
+            let done = matches!(event, DatastoreEvent::InSync);
+            events.push(event);
+            if done {
+                return events;
+            }
+        }
+    }
+
+    /// What has been delivered and not read yet.
+    fn pending(&self) -> Vec<DatastoreEvent> {
+        self.rx.try_iter().collect()
+    }
+
+    fn shutdown(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle
+            .take()
+            .expect("running")
+            .join()
+            .expect("no panic")
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn graph() -> CalcGraph {
+    CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4, IpFamily::V6],
+        rules: RuleConfig::default(),
+        resolver: Box::new(CalicoResolver::default()),
+    })
+}
+
+/// What `netpol-agent compile` computes from manifests.
+fn compiled(yaml: &str) -> CalcGraph {
+    let (objects, errors) = parse_manifests(yaml, "test");
+    assert!(errors.is_empty(), "{errors:?}");
+    compiled_objects(&objects)
+}
+
+fn compiled_objects(objects: &[K8sObject]) -> CalcGraph {
+    let mut g = graph();
+    feed(&mut g, objects);
+    g.flush();
+    g
+}
+
+/// The server's current objects, as the manifests they are.
+fn server_objects(api: &FakeApi) -> Vec<K8sObject> {
+    let mut out = Vec::new();
+    for res in ALL {
+        for obj in api.objects(res) {
+            out.push(match res {
+                Res::Pods => K8sObject::Pod(serde_json::from_value(obj).unwrap()),
+                Res::Namespaces => K8sObject::Namespace(serde_json::from_value(obj).unwrap()),
+                Res::Policies => K8sObject::NetworkPolicy(serde_json::from_value(obj).unwrap()),
+            });
+        }
+    }
+    out
+}
+
+/// The ipset and iptables restore scripts of both families, as `compile` renders them.
+fn scripts(state: &DesiredState) -> String {
+    let cfg = RuleConfig::default();
+    let mut out = String::new();
+    for (family, fam) in &state.families {
+        out.push_str(&ipsets::restore_script(&fam.sets, 1_048_576));
+        out.push_str(&render::restore_script(
+            &fam.chains,
+            &kernel_chain_rules(&cfg, *family),
+            cfg.insert_mode,
+        ));
+    }
+    out
+}
+
+fn assert_same_graph(got: &CalcGraph, want: &CalcGraph) {
+    assert_eq!(
+        scripts(&got.snapshot()),
+        scripts(&want.snapshot()),
+        "rendered scripts differ"
+    );
+    assert_eq!(got.snapshot(), want.snapshot());
+    assert_eq!(got.local_endpoint_count(), want.local_endpoint_count());
+    assert_eq!(got.active_policy_count(), want.active_policy_count());
+    assert_eq!(got.rejections(), want.rejections());
+}
+
+/// Every address that is a member of some set.
+fn member_ips(state: &DesiredState) -> BTreeSet<IpAddr> {
+    state
+        .families
+        .values()
+        .flat_map(|f| f.sets.values())
+        .flat_map(|s| s.members.iter())
+        .map(|m| match m {
+            Member::Addr(ip) | Member::AddrPort(ip, _, _) => *ip,
+        })
+        .collect()
+}
+
+fn ips(list: &[&str]) -> BTreeSet<IpAddr> {
+    list.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+/// What `after` lacks of `before`: sets, members, chains, rules.
+fn losses(before: &DesiredState, after: &DesiredState) -> Vec<String> {
+    let mut lost = Vec::new();
+    for (family, fam) in &before.families {
+        let next = after.families.get(family).cloned().unwrap_or_default();
+        for (name, set) in &fam.sets {
+            match next.sets.get(name) {
+                None => lost.push(format!("set {name}")),
+                Some(now) => lost.extend(
+                    set.members
+                        .difference(&now.members)
+                        .map(|m| format!("member {m:?} of {name}")),
+                ),
+            }
+        }
+        for (name, chain) in &fam.chains {
+            match next.chains.get(name) {
+                None => lost.push(format!("chain {name}")),
+                Some(now) => lost.extend(
+                    chain
+                        .rules
+                        .iter()
+                        .filter(|r| !now.rules.contains(r))
+                        .map(|r| format!("rule {r:?} of {name}")),
+                ),
+            }
+        }
+    }
+    lost
+}
+
+/// A graph fed one event at a time and flushed after each (the finest the agent could
+/// apply), with the state its updates build.
+struct Tracker {
+    graph: CalcGraph,
+    state: DesiredState,
+}
+
+impl Tracker {
+    fn new() -> Tracker {
+        Tracker {
+            graph: graph(),
+            state: DesiredState::default(),
+        }
+    }
+
+    /// Applies one event and returns what the state lost through it.
+    fn apply(&mut self, event: &DatastoreEvent) -> Vec<String> {
+        apply_event(&mut self.graph, event);
+        let update = self.graph.flush();
+        let before = self.state.clone();
+        self.state.apply(&update);
+        losses(&before, &self.state)
+    }
+
+    fn apply_without_loss(&mut self, event: &DatastoreEvent) {
+        let lost = self.apply(event);
+        assert!(lost.is_empty(), "{event:?} removed {lost:#?}");
+    }
+}
+
+fn key_set(events: &[DatastoreEvent]) -> BTreeSet<(ObjectKind, String, &'static str)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            DatastoreEvent::Upsert(o) => {
+                let r = netpol_agent::datastore::object_ref(o);
+                Some((r.kind, r.key, "upsert"))
+            }
+            DatastoreEvent::Delete(r) => Some((r.kind, r.key.clone(), "delete")),
+            DatastoreEvent::InSync | DatastoreEvent::InterfacesChanged => None,
+        })
+        .collect()
+}
+
+fn upserts_of(api: &FakeApi, kinds: &[Res]) -> BTreeSet<(ObjectKind, String, &'static str)> {
+    kinds
+        .iter()
+        .flat_map(|res| {
+            let kind = match res {
+                Res::Pods => ObjectKind::Pod,
+                Res::Namespaces => ObjectKind::Namespace,
+                Res::Policies => ObjectKind::NetworkPolicy,
+            };
+            api.objects(*res)
+                .into_iter()
+                .map(move |o| (kind, key_of(&o), "upsert"))
+        })
+        .collect()
+}
+
+/// Waits until, after request `since`, `res` was listed again and is being watched.
+fn wait_relisted(api: &FakeApi, res: Res, since: usize) {
+    api.wait_for(&format!("a relist and a new watch of {res:?}"), |api| {
+        let requests = api.requests();
+        let after = &requests[since..];
+        let Some(list) = after.iter().position(|r| r.res == res && !r.watch) else {
+            return false;
+        };
+        after[list..].iter().any(|r| r.res == res && r.watch) && api.open_watches(res) > 0
+    });
+}
+
+/// Applies the difference between two versions of the manifests to the server.
+fn sync_server(api: &FakeApi, old: &str, new: &str) {
+    let index = |text: &str| -> BTreeMap<(String, String), Value> {
+        yaml_objects(text)
+            .into_iter()
+            .map(|o| ((o["kind"].as_str().unwrap().to_string(), key_of(&o)), o))
+            .collect()
+    };
+    let (old, new) = (index(old), index(new));
+    for ((kind, key), obj) in &new {
+        if old.get(&(kind.clone(), key.clone())) != Some(obj) {
+            api.apply(obj.clone());
+        }
+    }
+    for (kind, key) in old.keys() {
+        if !new.contains_key(&(kind.clone(), key.clone())) {
+            let res = match kind.as_str() {
+                "Pod" => Res::Pods,
+                "Namespace" => Res::Namespaces,
+                _ => Res::Policies,
+            };
+            api.delete(res, key);
+        }
+    }
+}
+
+/// Feeds events to `graph` until it equals `want` (or times out).
+fn converge(source: &Source, graph: &mut CalcGraph, want: &CalcGraph) {
+    let deadline = Instant::now() + TIMEOUT;
+    while graph.snapshot() != want.snapshot() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let event = source
+            .rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("the graph did not converge; last state differs"));
+        apply_event(graph, &event);
+        graph.flush();
+    }
+    assert_same_graph(graph, want);
+}
+
+// ---- tests ----
+
+#[test]
+fn graph_fed_from_the_api_equals_compile_of_the_same_manifests() {
+    let api = FakeApi::start();
+    let manifests = cluster();
+    api.apply_yaml(&manifests);
+    let source = Source::start(&api);
+
+    let mut from_api = graph();
+    for event in source.until_in_sync() {
+        apply_event(&mut from_api, &event);
+    }
+    from_api.flush();
+    let want = compiled(&manifests);
+    assert_same_graph(&from_api, &want);
+    // Not vacuous: local endpoints, active policies, named-port and selector sets.
+    assert_eq!(from_api.local_endpoint_count(), 3);
+    assert_eq!(from_api.active_policy_count(), 5);
+    assert!(from_api.rejections().is_empty());
+    let members = member_ips(&from_api.snapshot());
+    assert!(members.is_superset(&ips(&[
+        "10.244.1.10",
+        "fd00:244:1::10",
+        "10.244.2.20",
+        "10.244.3.30"
+    ])));
+
+    // Later changes follow the compile of the changed manifests: a remote pod relabelled, a
+    // policy deleted, a pod added, a namespace relabelled, a named port renamed.
+    let changed = format!(
+        "{NAMESPACES}---{PODS}---{POLICIES}---{}",
+        "
+apiVersion: v1
+kind: Pod
+metadata: {name: web-2, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-2
+  containers: [{name: web, image: nginx, ports: [{name: http, containerPort: 8000}]}]
+status: {phase: Running, podIPs: [{ip: 10.244.2.12}, {ip: 'fd00:244:2::12'}]}
+"
+    )
+    .replace(
+        "{name: api-2, namespace: shop, labels: {app: api}}",
+        "{name: api-2, namespace: shop, labels: {app: api, canary: 'true'}}",
+    )
+    .replace("labels: {team: ops}", "labels: {team: sre}")
+    .replace(
+        "{name: postgres, containerPort: 5432}",
+        "{name: postgres, containerPort: 5433}",
+    )
+    .replace(
+        "metadata: {name: web-ingress, namespace: shop}",
+        "metadata: {name: web-ingress-v2, namespace: shop}",
+    );
+    sync_server(&api, &manifests, &changed);
+    converge(&source, &mut from_api, &compiled(&changed));
+    assert!(source.shutdown().is_ok());
+}
+
+#[test]
+fn relists_never_remove_anything_and_real_deletions_propagate() {
+    let api = FakeApi::start();
+    api.apply_yaml(&cluster());
+    let source = Source::start(&api);
+    let mut t = Tracker::new();
+    // (The initial listing may rearrange the dispatch chains as endpoints arrive.)
+    for event in source.until_in_sync() {
+        t.apply(&event);
+    }
+    for res in ALL {
+        api.wait_watching(res, 0);
+    }
+    assert!(source.pending().is_empty());
+    let initial = t.state.clone();
+    assert_eq!(initial, t.graph.snapshot());
+
+    // Watches that end, cleanly or by a reset connection, resume where they were: no list.
+    let mark = api.requests().len();
+    for res in ALL {
+        api.close_watches(res, res != Res::Namespaces);
+    }
+    for res in ALL {
+        api.wait_watching(res, mark);
+    }
+    assert!(
+        api.requests()[mark..].iter().all(|r| r.watch),
+        "resumed without a list"
+    );
+    assert!(source.pending().is_empty());
+
+    // A bookmark moves the resume point.
+    let bookmark = api.bookmark(Res::Pods);
+    let mark = api.requests().len();
+    api.close_watches(Res::Pods, false);
+    api.wait_watching(Res::Pods, mark);
+    let resumed = api.requests()[mark..]
+        .iter()
+        .find(|r| r.watch)
+        .cloned()
+        .unwrap();
+    assert_eq!(resumed.query["resourceVersion"], bookmark.to_string());
+
+    // 410 in every form: an ERROR event in the open watch (pods), HTTP 410 for the resumed
+    // watch (namespaces), an ERROR event answering the resumed watch (policies). Each relists;
+    // relists that find the same objects deliver nothing at all.
+    let mark = api.requests().len();
+    api.expire_watches(Res::Pods);
+    api.set_gone(Res::Namespaces, Gone::Http);
+    api.compact(Res::Namespaces);
+    api.close_watches(Res::Namespaces, false);
+    api.set_gone(Res::Policies, Gone::Event);
+    api.compact(Res::Policies);
+    api.close_watches(Res::Policies, true);
+    for res in ALL {
+        wait_relisted(&api, res, mark);
+    }
+    let events = source.pending();
+    assert!(events.is_empty(), "unchanged relists delivered {events:?}");
+
+    // Changes missed while disconnected, found by a relist that is itself interrupted half
+    // way (its continue token expires): only the changes are delivered, and at no moment is
+    // anything removed.
+    api.hold_watches(Res::Pods, true);
+    let mark = api.requests().len();
+    api.close_watches(Res::Pods, false);
+    api.wait_for("the held resume", |api| {
+        api.requests()[mark..]
+            .iter()
+            .any(|r| r.res == Res::Pods && r.watch)
+    });
+    api.apply_yaml(
+        "
+apiVersion: v1
+kind: Pod
+metadata: {name: web-3, namespace: shop, labels: {app: web}}
+spec: {nodeName: node-3, containers: [{name: web, ports: [{name: http, containerPort: 80}]}]}
+status: {phase: Running, podIPs: [{ip: 10.244.3.12}, {ip: 'fd00:244:3::12'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: api-3, namespace: shop, labels: {app: api}}
+spec: {nodeName: node-3, containers: [{name: api, ports: [{name: api, containerPort: 8080}]}]}
+status: {phase: Running, podIPs: [{ip: 10.244.3.11}]}
+",
+    );
+    let mut db = api.object(Res::Pods, "data/db");
+    db["metadata"]["labels"]["backup"] = json!("daily");
+    api.apply(db);
+    api.compact(Res::Pods);
+    api.set_gone(Res::Pods, Gone::Http);
+    api.fail_continues(Res::Pods, 1);
+    api.hold_watches(Res::Pods, false);
+    wait_relisted(&api, Res::Pods, mark);
+    let fresh_lists = api.requests()[mark..]
+        .iter()
+        .filter(|r| r.res == Res::Pods && !r.watch && !r.query.contains_key("continue"))
+        .count();
+    assert!(fresh_lists >= 2, "the interrupted relist started over");
+    let events = source.pending();
+    let want: BTreeSet<_> = ["shop/web-3", "shop/api-3", "data/db"]
+        .into_iter()
+        .map(|k| (ObjectKind::Pod, k.to_string(), "upsert"))
+        .collect();
+    assert_eq!(key_set(&events), want);
+    assert_eq!(events.len(), 3);
+    for event in &events {
+        t.apply_without_loss(event);
+    }
+    assert!(member_ips(&t.state).is_superset(&ips(&[
+        "10.244.3.12",
+        "fd00:244:3::12",
+        "10.244.3.11"
+    ])));
+
+    // A real deletion propagates: live (a DELETED event) ...
+    api.delete(Res::Pods, "shop/web-3");
+    let event = source.recv();
+    assert!(
+        matches!(&event, DatastoreEvent::Delete(ObjectRef { kind: ObjectKind::Pod, key }) if key == "shop/web-3"),
+        "{event:?}"
+    );
+    let lost = t.apply(&event);
+    assert!(
+        !lost.is_empty()
+            && lost
+                .iter()
+                .all(|l| l.contains("10.244.3.12") || l.contains("fd00:244:3::12")),
+        "{lost:#?}"
+    );
+
+    // ... and missed during an outage, at the end of the relist (after any upsert).
+    api.hold_watches(Res::Pods, true);
+    let mark = api.requests().len();
+    api.close_watches(Res::Pods, true);
+    api.wait_for("the held resume", |api| {
+        api.requests()[mark..]
+            .iter()
+            .any(|r| r.res == Res::Pods && r.watch)
+    });
+    api.delete(Res::Pods, "shop/api-3");
+    let mut web = api.object(Res::Pods, "shop/web");
+    web["metadata"]["labels"]["version"] = json!("2");
+    api.apply(web);
+    api.compact(Res::Pods);
+    api.hold_watches(Res::Pods, false);
+    wait_relisted(&api, Res::Pods, mark);
+    let events = source.pending();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        matches!(&events[0], DatastoreEvent::Upsert(o) if matches!(o.as_ref(), K8sObject::Pod(p) if p.metadata.name.as_deref() == Some("web")))
+    );
+    assert!(matches!(&events[1], DatastoreEvent::Delete(r) if r.key == "shop/api-3"));
+    t.apply_without_loss(&events[0]);
+    let lost = t.apply(&events[1]);
+    assert!(lost.iter().any(|l| l.contains("10.244.3.11")), "{lost:#?}");
+    assert!(lost.iter().all(|l| l.contains("10.244.3.11")), "{lost:#?}");
+
+    // The end state is the compile of what the server holds.
+    assert_eq!(t.state, t.graph.snapshot());
+    assert_same_graph(&t.graph, &compiled_objects(&server_objects(&api)));
+}
+
+#[test]
+fn in_sync_comes_once_after_all_three_listings() {
+    let api = FakeApi::start();
+    api.apply_yaml(&cluster());
+    let rv_at_start = api.resource_version();
+    api.hold_lists(Res::Policies, true);
+    // API errors are retried (with backoff), never fatal.
+    api.fail_lists(Res::Namespaces, 2);
+    let source = Source::start(&api);
+
+    let expected_first = upserts_of(&api, &[Res::Pods, Res::Namespaces]);
+    let mut first = Vec::new();
+    while first.len() < expected_first.len() {
+        first.push(source.recv());
+    }
+    assert_eq!(key_set(&first), expected_first);
+    api.wait_for("the policy list", |api| {
+        api.requests()
+            .iter()
+            .any(|r| r.res == Res::Policies && !r.watch)
+    });
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(
+        source.pending().is_empty(),
+        "no InSync before the policies are listed"
+    );
+    let namespace_lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.res == Res::Namespaces && !r.watch && !r.query.contains_key("continue"))
+        .count();
+    assert_eq!(namespace_lists, 3, "two failed lists, then one that worked");
+
+    api.hold_lists(Res::Policies, false);
+    let rest = source.until_in_sync();
+    assert!(matches!(rest.last(), Some(DatastoreEvent::InSync)));
+    assert_eq!(key_set(&rest), upserts_of(&api, &[Res::Policies]));
+    assert_eq!(rest.len(), api.objects(Res::Policies).len() + 1);
+
+    // Relists of everything: no second InSync.
+    for res in ALL {
+        api.wait_watching(res, 0);
+    }
+    let mark = api.requests().len();
+    for res in ALL {
+        api.expire_watches(res);
+    }
+    for res in ALL {
+        wait_relisted(&api, res, mark);
+    }
+    assert!(source.pending().is_empty());
+
+    // The parameters kube sends, as the fake understood them.
+    let requests = api.requests();
+    for r in &requests {
+        let q = &r.query;
+        assert!(
+            !q.contains_key("labelSelector") && !q.contains_key("fieldSelector"),
+            "{r:?}"
+        );
+        if r.watch {
+            assert_eq!(q["watch"], "true", "{r:?}");
+            assert_eq!(q["allowWatchBookmarks"], "true", "{r:?}");
+            assert_eq!(q["timeoutSeconds"], "290", "{r:?}");
+            assert!(!q["resourceVersion"].is_empty(), "{r:?}");
+        } else {
+            assert_eq!(q["limit"], PAGE.to_string(), "{r:?}");
+            // A consistent (most recent) read, not resourceVersion=0 from a cache.
+            assert!(
+                q.get("resourceVersion").is_none_or(|v| v.is_empty()),
+                "{r:?}"
+            );
+        }
+    }
+    for res in ALL {
+        let first_watch = requests.iter().find(|r| r.res == res && r.watch).unwrap();
+        assert_eq!(
+            first_watch.query["resourceVersion"],
+            rv_at_start.to_string()
+        );
+    }
+
+    // Stopping ends the thread with Ok.
+    let started = Instant::now();
+    assert!(source.shutdown().is_ok());
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn finished_ipless_and_host_network_pods_get_no_endpoints_and_dual_stack_ips_are_used() {
+    let manifests = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: jobs}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: peers, namespace: jobs}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {}}]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: running, namespace: jobs}
+spec: {nodeName: node-1, containers: [{name: c}]}
+status: {phase: Running, podIP: 10.1.0.1, podIPs: [{ip: 10.1.0.1}, {ip: 'fd00:1::1'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: remote, namespace: jobs}
+spec: {nodeName: node-2, containers: [{name: c}]}
+status: {phase: Running, podIPs: [{ip: 'fd00:2::7'}, {ip: 10.2.0.7}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: succeeded, namespace: jobs}
+spec: {nodeName: node-1, containers: [{name: c}]}
+status: {phase: Succeeded, podIPs: [{ip: 10.1.0.2}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: failed, namespace: jobs}
+spec: {nodeName: node-2, containers: [{name: c}]}
+status: {phase: Failed, podIPs: [{ip: 10.2.0.3}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: pending, namespace: jobs}
+spec: {nodeName: node-1, containers: [{name: c}]}
+status: {phase: Pending}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hostnet, namespace: jobs}
+spec: {nodeName: node-1, hostNetwork: true, containers: [{name: c}]}
+status: {phase: Running, podIP: 192.168.10.11, podIPs: [{ip: 192.168.10.11}]}
+";
+    let api = FakeApi::start();
+    api.apply_yaml(manifests);
+    let source = Source::start(&api);
+    let mut g = graph();
+    for event in source.until_in_sync() {
+        apply_event(&mut g, &event);
+    }
+    g.flush();
+    assert_same_graph(&g, &compiled(manifests));
+    assert_eq!(g.local_endpoint_count(), 1, "only the running local pod");
+    assert_eq!(
+        member_ips(&g.snapshot()),
+        ips(&["10.1.0.1", "fd00:1::1", "10.2.0.7", "fd00:2::7"])
+    );
+
+    // The running pod finishes; the pending one gets its (dual-stack) addresses.
+    let mut running = api.object(Res::Pods, "jobs/running");
+    running["status"]["phase"] = json!("Succeeded");
+    api.apply(running);
+    let mut pending = api.object(Res::Pods, "jobs/pending");
+    pending["status"] = json!({"phase": "Running", "podIP": "10.1.0.9",
+                               "podIPs": [{"ip": "10.1.0.9"}, {"ip": "fd00:1::9"}]});
+    api.apply(pending);
+    let want = compiled_objects(&server_objects(&api));
+    converge(&source, &mut g, &want);
+    assert_eq!(g.local_endpoint_count(), 1);
+    assert_eq!(
+        member_ips(&g.snapshot()),
+        ips(&["10.1.0.9", "fd00:1::9", "10.2.0.7", "fd00:2::7"])
+    );
+}
+
+/// Keys of a JSON object (empty for anything else).
+fn keys(v: &Value) -> BTreeSet<&str> {
+    v.as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn subset(v: &Value, allowed: &[&str], what: &str) {
+    let extra: Vec<_> = keys(v)
+        .into_iter()
+        .filter(|k| !allowed.contains(k))
+        .collect();
+    assert!(extra.is_empty(), "{what} kept {extra:?}");
+}
+
+#[test]
+fn delivered_objects_are_trimmed_and_validate_as_the_originals() {
+    let api = FakeApi::start();
+    api.apply_yaml(
+        "
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {team: shop}, annotations: {owner: someone}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: checkout, namespace: shop, labels: {a: b}, annotations: {note: hello}}
+spec:
+  podSelector: {matchLabels: {app.kubernetes.io/name: checkout}}
+  ingress: [{ports: [{port: http}, {port: 9090}]}]
+",
+    );
+    let typical: Value = serde_json::from_str(include_str!("kube_api/typical_pod.json")).unwrap();
+    api.apply(typical);
+    let mut broken = api.object(Res::Pods, "shop/checkout-7d9f6c5b8d-x2k4q");
+    broken["metadata"]["name"] = json!("broken");
+    broken["spec"]["containers"][1]["ports"][0]["name"] = json!("Not_A_Port_Name");
+    api.apply(broken);
+
+    let source = Source::start(&api);
+    let events = source.until_in_sync();
+    assert_eq!(events.len(), 5);
+    for event in &events {
+        let DatastoreEvent::Upsert(object) = event else {
+            continue;
+        };
+        match object.as_ref() {
+            K8sObject::Pod(pod) => {
+                let key = format!("shop/{}", pod.metadata.name.as_deref().unwrap());
+                let original: Pod = serde_json::from_value(api.object(Res::Pods, &key)).unwrap();
+                assert!(original.metadata.managed_fields.is_some());
+                assert_eq!(validate::pod(pod), validate::pod(&original), "{key}");
+                let v = serde_json::to_value(pod).unwrap();
+                subset(
+                    &v,
+                    &["apiVersion", "kind", "metadata", "spec", "status"],
+                    "pod",
+                );
+                subset(
+                    &v["metadata"],
+                    &["name", "namespace", "uid", "labels", "annotations"],
+                    "metadata",
+                );
+                assert_eq!(
+                    keys(&v["metadata"]["annotations"]),
+                    BTreeSet::from(["netpol-agent.io/sandbox-id"])
+                );
+                subset(
+                    &v["spec"],
+                    &["nodeName", "hostNetwork", "containers", "initContainers"],
+                    "spec",
+                );
+                for c in v["spec"]["containers"].as_array().unwrap() {
+                    subset(c, &["name", "ports"], "container");
+                    for p in c["ports"].as_array().unwrap() {
+                        subset(p, &["containerPort", "name", "protocol"], "port");
+                    }
+                }
+                subset(&v["status"], &["phase", "podIP", "podIPs"], "status");
+                assert_eq!(v["status"]["podIPs"].as_array().unwrap().len(), 2);
+            }
+            K8sObject::Namespace(ns) => {
+                let original: Namespace =
+                    serde_json::from_value(api.object(Res::Namespaces, "shop")).unwrap();
+                assert_eq!(validate::namespace(ns), validate::namespace(&original));
+                let v = serde_json::to_value(ns).unwrap();
+                subset(&v, &["apiVersion", "kind", "metadata"], "namespace");
+                subset(&v["metadata"], &["name", "labels"], "namespace metadata");
+            }
+            K8sObject::NetworkPolicy(np) => {
+                let original: NetworkPolicy =
+                    serde_json::from_value(api.object(Res::Policies, "shop/checkout")).unwrap();
+                assert_eq!(
+                    validate::network_policy(np),
+                    validate::network_policy(&original)
+                );
+                assert_eq!(np.spec, original.spec);
+                let v = serde_json::to_value(np).unwrap();
+                subset(&v["metadata"], &["name", "namespace"], "policy metadata");
+            }
+        }
+    }
+    let mut g = graph();
+    for event in &events {
+        apply_event(&mut g, event);
+    }
+    assert!(g.rejections().keys().any(|(_, key)| key == "shop/broken"));
+
+    // Changes to what was trimmed away deliver nothing; the next real change is the next event.
+    let key = "shop/checkout-7d9f6c5b8d-x2k4q";
+    let mut pod = api.object(Res::Pods, key);
+    pod["status"]["containerStatuses"][0]["restartCount"] = json!(1);
+    pod["status"]["conditions"][2]["status"] = json!("False");
+    pod["metadata"]["annotations"]["prometheus.io/port"] = json!("9191");
+    api.apply(pod);
+    let mut ns = api.object(Res::Namespaces, "shop");
+    ns["metadata"]["annotations"]["owner"] = json!("someone else");
+    api.apply(ns);
+    let mut pod = api.object(Res::Pods, key);
+    pod["metadata"]["labels"]["tier"] = json!("frontend");
+    api.apply(pod);
+    let mut ns = api.object(Res::Namespaces, "shop");
+    ns["metadata"]["labels"]["team"] = json!("checkout");
+    api.apply(ns);
+    let mut next = [source.recv(), source.recv()];
+    next.sort_by_key(
+        |e| matches!(e, DatastoreEvent::Upsert(o) if matches!(o.as_ref(), K8sObject::Namespace(_))),
+    );
+    assert!(
+        matches!(&next[0], DatastoreEvent::Upsert(o) if matches!(o.as_ref(), K8sObject::Pod(p)
+            if p.metadata.labels.as_ref().unwrap()["tier"] == "frontend")),
+        "{:?}",
+        next[0]
+    );
+    assert!(
+        matches!(&next[1], DatastoreEvent::Upsert(o) if matches!(o.as_ref(), K8sObject::Namespace(n)
+            if n.metadata.labels.as_ref().unwrap()["team"] == "checkout")),
+        "{:?}",
+        next[1]
+    );
+}
