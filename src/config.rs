@@ -119,6 +119,28 @@ pub fn parse_interface_prefix(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// A bind address: an IP address or a host name (checked for form only; it is resolved
+/// when the server binds). Empty is allowed (the metrics host: every address).
+pub fn parse_host(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    let is_ip = t.parse::<std::net::IpAddr>().is_ok();
+    let is_name = t.len() <= 253
+        && t.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if t.is_empty() || is_ip || is_name {
+        Ok(t.to_string())
+    } else {
+        Err("accepted values: an IP address or host name, e.g. localhost or 0.0.0.0".into())
+    }
+}
+
 /// Where objects come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Datastore {
@@ -334,7 +356,7 @@ pub struct AgentOptions {
     #[arg(long, env = "FELIX_PROMETHEUSMETRICSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub prometheus_metrics_enabled: bool,
     /// Address the metrics server binds (empty: every IPv4 address).
-    #[arg(long, env = "FELIX_PROMETHEUSMETRICSHOST", default_value = "")]
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSHOST", default_value = "", value_parser = parse_host)]
     pub prometheus_metrics_host: String,
     /// Port of the metrics server.
     #[arg(long, env = "FELIX_PROMETHEUSMETRICSPORT", default_value = "9091", value_parser = parse_port)]
@@ -343,7 +365,7 @@ pub struct AgentOptions {
     #[arg(long, env = "FELIX_HEALTHENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub health_enabled: bool,
     /// Address the health server binds.
-    #[arg(long, env = "FELIX_HEALTHHOST", default_value = "localhost")]
+    #[arg(long, env = "FELIX_HEALTHHOST", default_value = "localhost", value_parser = parse_host)]
     pub health_host: String,
     /// Port of the health server.
     #[arg(long, env = "FELIX_HEALTHPORT", default_value = "9099", value_parser = parse_port)]
@@ -508,7 +530,7 @@ impl RuleOptions {
         };
         build_resolver(&cfg).map_err(|e| {
             ConfigError(format!(
-                "interface naming (FELIX_INTERFACENAMESCHEME, FELIX_INTERFACEPREFIX, FELIX_INTERFACEMAPFILE): {e:#}"
+                "interface naming (FELIX_INTERFACENAMESCHEME --interface-name-scheme, FELIX_INTERFACEPREFIX --interface-prefix, FELIX_INTERFACEMAPFILE --interface-map-file): {e:#}"
             ))
             .into()
         })
