@@ -724,3 +724,32 @@ fn refresh_intervals_repair_tampering_and_zero_disables_them() {
         "iptables refresh off, ipset refresh on"
     );
 }
+
+#[test]
+fn readme_documents_every_variable_and_metric() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let mut help = String::new();
+    for sub in ["run", "cleanup", "compile"] {
+        let out = bin().args([sub, "--help"]).output().unwrap();
+        help.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let vars: Vec<&str> = help
+        .split("[env: ")
+        .skip(1)
+        .filter_map(|rest| rest.split('=').next())
+        .collect();
+    assert!(vars.len() >= 25, "{vars:?}");
+    for var in vars {
+        assert!(
+            readme.contains(&format!("| `{var}` |")),
+            "{var} is not in the README's configuration table"
+        );
+    }
+    for name in netpol_agent::metrics::NAMES {
+        assert!(
+            readme.contains(&format!("| `{name}")),
+            "{name} is not in the README's metrics table"
+        );
+    }
+}
