@@ -1,16 +1,179 @@
-//! Command-line and environment configuration shared by the subcommands. Every option has
-//! a felix-style environment variable (`FELIX_<KEY>`) with felix's meaning; options felix
-//! does not have (the interface-naming scheme) use the same form.
+//! Command-line and environment configuration. Every option is a flag and an environment
+//! variable `FELIX_<KEY>` with felix's meaning (our defaults may differ; the README's table
+//! says where); options felix does not have (the interface-naming scheme, the log format, the
+//! directory datastore) use the same form.
+//!
+//! Value forms follow felix's config parser:
+//! - booleans: `true`/`false`, and like felix also `1`/`0`, `yes`/`no`, `y`/`n`, `t`/`f`, in
+//!   any case; a boolean flag given without a value means `true`;
+//! - durations: seconds as a decimal number (`10`, `0.5`);
+//! - numbers: decimal, or hex with `0x` (the mark mask);
+//! - enumerations: case-insensitive.
+//!
+//! An invalid value, from a flag or from the environment, stops the program before it does
+//! anything, with exit status 2 and a message naming the environment variable, the flag and
+//! the accepted values (`explain_invalid_value`: clap's own message for a bad environment
+//! value names only the flag).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, ValueEnum};
 
+use crate::calc_graph::model::IpFamily;
 use crate::iface_naming::{build_resolver, parse_prefix_list, InterfaceResolver, ResolverConfig};
+use crate::iptables_writer::BackendMode;
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
 };
+
+/// A configuration problem found after parsing (the program exits with status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+// ---------------------------------------------------------------- value parsers
+
+/// The accepted boolean spellings, for messages and the README.
+pub const BOOL_FORMS: &str = "true or false (also 1/0, yes/no, y/n, t/f; any case)";
+
+/// felix's boolean: `true|1|yes|y|t` and `false|0|no|n|f`, case-insensitive.
+pub fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "y" | "t" => Ok(true),
+        "false" | "0" | "no" | "n" | "f" => Ok(false),
+        _ => Err(format!("not a boolean; accepted values: {BOOL_FORMS}")),
+    }
+}
+
+fn parse_secs(text: &str, min: f64, what: &str) -> Result<Duration, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number of seconds; accepted values: {what}"))?;
+    if !value.is_finite() || value < min || value > 1e9 {
+        return Err(format!("out of range; accepted values: {what}"));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+/// Seconds ≥ 0, where 0 disables the timer (felix's refresh intervals).
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    parse_secs(
+        text,
+        0.0,
+        "a number of seconds ≥ 0, e.g. 10 or 2.5; 0 disables the timer",
+    )
+}
+
+/// felix's post-write check: at least 50 ms.
+pub fn parse_post_write_check(text: &str) -> Result<Duration, String> {
+    parse_secs(text, 0.05, "a number of seconds ≥ 0.05, e.g. 1 or 0.2")
+}
+
+/// A positive number of seconds.
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    parse_secs(text, 0.001, "a number of seconds > 0, e.g. 90")
+}
+
+pub fn parse_port(text: &str) -> Result<u16, String> {
+    text.trim()
+        .parse::<u16>()
+        .map_err(|_| "not a port; accepted values: a whole number from 0 to 65535".to_string())
+}
+
+fn parse_u32_from(text: &str, base: u32) -> Result<u32, std::num::ParseIntError> {
+    let t = text.trim();
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => u32::from_str_radix(t, base),
+    }
+}
+
+/// maxelem of a set: 1 ..= 2^32-1.
+pub fn parse_max_ipset_size(text: &str) -> Result<u32, String> {
+    match parse_u32_from(text, 10) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("accepted values: a whole number from 1 to 4294967295".into()),
+    }
+}
+
+/// A 32-bit mask with at least the 4 mark bits we need.
+pub fn parse_mark_mask(text: &str) -> Result<u32, String> {
+    let value = parse_u32_from(text, 10).map_err(|_| {
+        "not a 32-bit number; accepted values: a 32-bit mask with at least 4 bits set, decimal or 0x-hex, e.g. 0xffff0000".to_string()
+    })?;
+    MarkBits::from_mask(value).map_err(|e| {
+        format!("{e}; accepted values: a 32-bit mask with at least 4 bits set, e.g. 0xffff0000")
+    })?;
+    Ok(value)
+}
+
+/// A comma-separated list of interface prefixes, each a valid start of an interface name.
+pub fn parse_interface_prefix(text: &str) -> Result<String, String> {
+    parse_prefix_list(text).map_err(|e| {
+        format!("{e}; accepted values: a comma-separated list of interface-name prefixes, e.g. cali or cali,veth")
+    })?;
+    Ok(text.to_string())
+}
+
+/// A bind address: an IP address or a host name (checked for form only; it is resolved
+/// when the server binds). Empty is allowed (the metrics host: every address).
+pub fn parse_host(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    let is_ip = t.parse::<std::net::IpAddr>().is_ok();
+    let is_name = t.len() <= 253
+        && t.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if t.is_empty() || is_ip || is_name {
+        Ok(t.to_string())
+    } else {
+        Err("accepted values: an IP address or host name, e.g. localhost or 0.0.0.0".into())
+    }
+}
+
+/// Where objects come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Datastore {
+    /// The Kubernetes API (watchers of pods, namespaces and NetworkPolicies).
+    Kubernetes,
+    /// A watched directory of manifests.
+    Dir(PathBuf),
+}
+
+pub const DATASTORE_FORMS: &str = "kubernetes, or dir:PATH (a directory of manifests)";
+
+pub fn parse_datastore(text: &str) -> Result<Datastore, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("kubernetes") {
+        return Ok(Datastore::Kubernetes);
+    }
+    if let Some(path) = t.strip_prefix("dir:") {
+        if path.is_empty() {
+            return Err(format!(
+                "dir: needs a path; accepted values: {DATASTORE_FORMS}"
+            ));
+        }
+        return Ok(Datastore::Dir(PathBuf::from(path)));
+    }
+    if t.eq_ignore_ascii_case("etcdv3") {
+        return Err(format!(
+            "etcdv3 is felix's Calico datastore, not applicable to Kubernetes NetworkPolicy; accepted values: {DATASTORE_FORMS}"
+        ));
+    }
+    Err(format!("accepted values: {DATASTORE_FORMS}"))
+}
+
+// ---------------------------------------------------------------- enumerations
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum NamingScheme {
@@ -56,12 +219,194 @@ pub enum InsertMode {
     Append,
 }
 
-/// How pods map to interfaces and how rules are rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Legacy,
+    Nft,
+    Auto,
+}
+
+/// felix's log severities (LogSeverityScreen). Fatal and Panic log errors only, like Error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogSeverity {
+    Trace,
+    Debug,
+    Info,
+    Warning,
+    Error,
+    Fatal,
+    Panic,
+}
+
+impl LogSeverity {
+    /// The `tracing` level filter.
+    pub fn filter(self) -> &'static str {
+        match self {
+            LogSeverity::Trace => "trace",
+            LogSeverity::Debug => "debug",
+            LogSeverity::Info => "info",
+            LogSeverity::Warning => "warn",
+            LogSeverity::Error | LogSeverity::Fatal | LogSeverity::Panic => "error",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+// ---------------------------------------------------------------- option groups
+
+/// Logging, for every subcommand.
+#[derive(Args, Clone, Debug)]
+pub struct LogOptions {
+    /// Log level: Trace, Debug, Info, Warning, Error, Fatal, Panic (felix's names; Fatal and
+    /// Panic log errors only).
+    #[arg(
+        long,
+        global = true,
+        env = "FELIX_LOGSEVERITYSCREEN",
+        value_enum,
+        ignore_case = true,
+        default_value = "Info",
+        hide_possible_values = true
+    )]
+    pub log_severity_screen: LogSeverity,
+    /// Log format: text (human-readable) or json (one object per line).
+    #[arg(
+        long,
+        global = true,
+        env = "FELIX_LOGFORMAT",
+        value_enum,
+        ignore_case = true,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// Which iptables and which IP families (run and cleanup).
+#[derive(Args, Clone, Debug)]
+pub struct DataplaneOptions {
+    /// iptables backend: legacy, nft, or auto (kubelet's hint chains decide, else the
+    /// backend holding more rules).
+    #[arg(
+        long,
+        env = "FELIX_IPTABLESBACKEND",
+        value_enum,
+        ignore_case = true,
+        default_value = "auto"
+    )]
+    pub iptables_backend: BackendArg,
+    /// Program IPv6 (ip6tables, inet6 sets) as well as IPv4.
+    #[arg(long, env = "FELIX_IPV6SUPPORT", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub ipv6_support: bool,
+}
+
+impl DataplaneOptions {
+    pub fn families(&self) -> Vec<IpFamily> {
+        if self.ipv6_support {
+            vec![IpFamily::V4, IpFamily::V6]
+        } else {
+            vec![IpFamily::V4]
+        }
+    }
+
+    pub fn backend_mode(&self) -> BackendMode {
+        match self.iptables_backend {
+            BackendArg::Legacy => BackendMode::Legacy,
+            BackendArg::Nft => BackendMode::Nft,
+            BackendArg::Auto => BackendMode::Auto,
+        }
+    }
+}
+
+/// The agent's own options (run).
+#[derive(Args, Clone, Debug)]
+pub struct AgentOptions {
+    /// Where objects come from: kubernetes (the API server, in-cluster or kubeconfig), or
+    /// dir:PATH (a watched directory of manifests).
+    #[arg(long, env = "FELIX_DATASTORETYPE", default_value = "kubernetes", value_parser = parse_datastore)]
+    pub datastore: Datastore,
+    /// This node's name (pods with this spec.nodeName are local). Falls back to
+    /// FELIX_FELIXHOSTNAME, then the hostname. In the DaemonSet, NODENAME comes from
+    /// spec.nodeName.
+    #[arg(long, env = "NODENAME")]
+    pub node: Option<String>,
+    /// felix's node name, used when neither --node nor NODENAME is set.
+    #[arg(long, env = "FELIX_FELIXHOSTNAME")]
+    pub felix_hostname: Option<String>,
+    /// Seconds between full re-reads of iptables that repair what others changed (0: never).
+    #[arg(long, env = "FELIX_IPTABLESREFRESHINTERVAL", default_value = "10", value_parser = parse_interval)]
+    pub iptables_refresh_interval: Duration,
+    /// Seconds after a write before iptables is read back once to verify it (≥ 0.05).
+    #[arg(long, env = "FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", default_value = "1", value_parser = parse_post_write_check)]
+    pub iptables_post_write_check_interval_secs: Duration,
+    /// Seconds between full re-reads of our IP sets that repair what others changed (0:
+    /// never).
+    #[arg(long, env = "FELIX_IPSETSREFRESHINTERVAL", default_value = "10", value_parser = parse_interval)]
+    pub ipsets_refresh_interval: Duration,
+    /// Seconds an agent loop may go without turning before /liveness fails.
+    #[arg(long, env = "FELIX_DATAPLANEWATCHDOGTIMEOUT", default_value = "90", value_parser = parse_timeout)]
+    pub dataplane_watchdog_timeout: Duration,
+    /// Serve Prometheus metrics on /metrics.
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub prometheus_metrics_enabled: bool,
+    /// Address the metrics server binds (empty: every IPv4 address).
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSHOST", default_value = "", value_parser = parse_host)]
+    pub prometheus_metrics_host: String,
+    /// Port of the metrics server.
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSPORT", default_value = "9091", value_parser = parse_port)]
+    pub prometheus_metrics_port: u16,
+    /// Serve /liveness and /readiness.
+    #[arg(long, env = "FELIX_HEALTHENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub health_enabled: bool,
+    /// Address the health server binds.
+    #[arg(long, env = "FELIX_HEALTHHOST", default_value = "localhost", value_parser = parse_host)]
+    pub health_host: String,
+    /// Port of the health server.
+    #[arg(long, env = "FELIX_HEALTHPORT", default_value = "9099", value_parser = parse_port)]
+    pub health_port: u16,
+}
+
+impl AgentOptions {
+    /// `--node`, else NODENAME (both the same option), else FELIX_FELIXHOSTNAME, else the
+    /// hostname.
+    pub fn node_name(&self) -> anyhow::Result<String> {
+        for name in [&self.node, &self.felix_hostname].into_iter().flatten() {
+            if !name.trim().is_empty() {
+                return Ok(name.trim().to_string());
+            }
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").context(
+            "no --node, NODENAME or FELIX_FELIXHOSTNAME, and the hostname is unreadable",
+        )?;
+        Ok(host.trim().to_string())
+    }
+
+    /// The metrics bind address (felix's empty host: all interfaces).
+    pub fn metrics_host(&self) -> &str {
+        match self.prometheus_metrics_host.trim() {
+            "" => "0.0.0.0",
+            h => h,
+        }
+    }
+
+    /// A timer value where zero means "never".
+    pub fn timer(d: Duration) -> Option<Duration> {
+        (!d.is_zero()).then_some(d)
+    }
+}
+
+/// How pods map to interfaces and how rules are rendered (run and compile).
 #[derive(Args, Clone, Debug)]
 pub struct RuleOptions {
     /// Host-side interface prefixes of pod veths, comma-separated; the first one names new
     /// interfaces in the calico and sandbox schemes.
-    #[arg(long, env = "FELIX_INTERFACEPREFIX", default_value = "cali")]
+    #[arg(long, env = "FELIX_INTERFACEPREFIX", default_value = "cali", value_parser = parse_interface_prefix)]
     pub interface_prefix: String,
     /// How a pod's host interface is named.
     #[arg(
@@ -79,7 +424,8 @@ pub struct RuleOptions {
     /// lowest set bits).
     #[arg(long, env = "FELIX_IPTABLESMARKMASK", default_value = "0xffff0000", value_parser = parse_mark_mask)]
     pub iptables_mark_mask: u32,
-    /// What happens to pod-to-host traffic after the pod's egress policy allowed it.
+    /// What happens to pod-to-host traffic after the pod's egress policy allowed it
+    /// (felix's default is DROP; ours is ACCEPT, as in policy-only deployments).
     #[arg(
         long,
         env = "FELIX_DEFAULTENDPOINTTOHOSTACTION",
@@ -116,26 +462,23 @@ pub struct RuleOptions {
     )]
     pub chain_insert_mode: InsertMode,
     /// maxelem of every IP set.
-    #[arg(long, env = "FELIX_MAXIPSETSIZE", default_value_t = crate::ipsets::DEFAULT_MAX_SET_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "FELIX_MAXIPSETSIZE", default_value = "1048576", value_parser = parse_max_ipset_size)]
     pub max_ipset_size: u32,
-}
-
-fn parse_mark_mask(text: &str) -> Result<u32, String> {
-    let t = text.trim();
-    let value = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => t.parse(),
-    }
-    .map_err(|e| format!("not a 32-bit number ({e}); e.g. 0xffff0000"))?;
-    MarkBits::from_mask(value)?;
-    Ok(value)
 }
 
 impl RuleOptions {
     pub fn rule_config(&self) -> anyhow::Result<RuleConfig> {
-        let prefixes = parse_prefix_list(&self.interface_prefix)
-            .with_context(|| format!("FELIX_INTERFACEPREFIX={:?}", self.interface_prefix))?;
-        let marks = MarkBits::from_mask(self.iptables_mark_mask).map_err(anyhow::Error::msg)?;
+        let prefixes = parse_prefix_list(&self.interface_prefix).map_err(|e| {
+            ConfigError(format!(
+                "FELIX_INTERFACEPREFIX (--interface-prefix) {:?}: {e}",
+                self.interface_prefix
+            ))
+        })?;
+        let marks = MarkBits::from_mask(self.iptables_mark_mask).map_err(|e| {
+            ConfigError(format!(
+                "FELIX_IPTABLESMARKMASK (--iptables-mark-mask): {e}"
+            ))
+        })?;
         Ok(RuleConfig {
             interface_prefixes: prefixes,
             marks,
@@ -177,9 +520,152 @@ impl RuleOptions {
                 Some(path) => ResolverConfig::Static {
                     map_file: path.clone(),
                 },
-                None => bail!("FELIX_INTERFACENAMESCHEME=static needs FELIX_INTERFACEMAPFILE"),
+                None => {
+                    return Err(ConfigError(
+                        "FELIX_INTERFACENAMESCHEME=static (--interface-name-scheme static) needs FELIX_INTERFACEMAPFILE (--interface-map-file)".into(),
+                    )
+                    .into())
+                }
             },
         };
-        build_resolver(&cfg)
+        build_resolver(&cfg).map_err(|e| {
+            ConfigError(format!(
+                "interface naming (FELIX_INTERFACENAMESCHEME --interface-name-scheme, FELIX_INTERFACEPREFIX --interface-prefix, FELIX_INTERFACEMAPFILE --interface-map-file): {e:#}"
+            ))
+            .into()
+        })
+    }
+}
+
+// ---------------------------------------------------------------- error messages
+
+/// For a clap error about an invalid value, a message that names the environment variable
+/// and the flag and says which values are accepted, and whether the value came from the
+/// command line or the environment. `None` for other errors (help, missing arguments, ...),
+/// which clap reports well itself.
+pub fn explain_invalid_value(
+    cmd: &clap::Command,
+    err: &clap::Error,
+    argv: &[String],
+) -> Option<String> {
+    if !matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let arg_text = match err.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => return None,
+    };
+    let long = arg_text
+        .strip_prefix("--")?
+        .split([' ', '='])
+        .next()?
+        .to_string();
+    let env = find_env(cmd, &long);
+    let value = match err.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let accepted = match err.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(v)) if !v.is_empty() => {
+            format!("accepted values: {} (any case)", v.join(", "))
+        }
+        _ => match std::error::Error::source(err) {
+            Some(src) => src.to_string(),
+            None => err.to_string().trim().to_string(),
+        },
+    };
+    let flag = format!("--{long}");
+    let on_command_line = argv
+        .iter()
+        .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+    let source = match (&env, on_command_line) {
+        (Some(env), false) => format!("environment variable {env} (flag {flag})"),
+        (Some(env), true) => format!("flag {flag} (environment variable {env})"),
+        (None, _) => format!("flag {flag}"),
+    };
+    Some(format!("invalid value {value:?} for {source}: {accepted}"))
+}
+
+/// The environment variable of the argument with this long name, in `cmd` or any
+/// subcommand.
+fn find_env(cmd: &clap::Command, long: &str) -> Option<String> {
+    for arg in cmd.get_arguments() {
+        if arg.get_long() == Some(long) {
+            return arg.get_env().map(|e| e.to_string_lossy().into_owned());
+        }
+    }
+    cmd.get_subcommands().find_map(|sub| find_env(sub, long))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn felix_booleans() {
+        for t in ["true", "TRUE", "1", "yes", "Y", "t"] {
+            assert_eq!(parse_bool(t), Ok(true), "{t}");
+        }
+        for f in ["false", "False", "0", "no", "N", "f"] {
+            assert_eq!(parse_bool(f), Ok(false), "{f}");
+        }
+        assert!(parse_bool("on").unwrap_err().contains("true or false"));
+    }
+
+    #[test]
+    fn durations_are_seconds() {
+        assert_eq!(parse_interval("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_interval("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("0.5"), Ok(Duration::from_millis(500)));
+        assert!(parse_interval("-1").is_err());
+        assert!(parse_interval("10s").is_err());
+        assert!(parse_post_write_check("0.01").is_err());
+        assert!(parse_timeout("0").is_err());
+    }
+
+    #[test]
+    fn datastores() {
+        assert_eq!(parse_datastore("kubernetes"), Ok(Datastore::Kubernetes));
+        assert_eq!(parse_datastore("Kubernetes"), Ok(Datastore::Kubernetes));
+        assert_eq!(
+            parse_datastore("dir:/etc/x"),
+            Ok(Datastore::Dir(PathBuf::from("/etc/x")))
+        );
+        assert!(parse_datastore("dir:").is_err());
+        assert!(parse_datastore("etcdv3")
+            .unwrap_err()
+            .contains("kubernetes"));
+    }
+
+    #[test]
+    fn mark_masks() {
+        assert_eq!(parse_mark_mask("0xffff0000"), Ok(0xffff0000));
+        assert_eq!(parse_mark_mask("983040"), Ok(0xf0000));
+        assert!(parse_mark_mask("0x70000")
+            .unwrap_err()
+            .contains("at least 4"));
+        assert!(parse_mark_mask("zz").is_err());
+    }
+
+    #[test]
+    fn log_severities_are_felix_names() {
+        for (name, filter) in [
+            ("Debug", "debug"),
+            ("INFO", "info"),
+            ("warning", "warn"),
+            ("Error", "error"),
+            ("Fatal", "error"),
+            ("Panic", "error"),
+        ] {
+            assert_eq!(
+                LogSeverity::from_str(name, true).unwrap().filter(),
+                filter,
+                "{name}"
+            );
+        }
+        assert!(LogSeverity::from_str("verbose", true).is_err());
     }
 }

@@ -144,10 +144,17 @@ impl Dataplane {
 
     /// Re-reads the kernel on the next apply and checks everything (refresh timer).
     pub fn resync(&mut self) -> anyhow::Result<()> {
+        self.resync_ipsets()?;
+        self.invalidate_iptables();
+        Ok(())
+    }
+
+    /// Re-reads the IP sets now and checks every set on the next apply (felix's
+    /// IpsetsRefreshInterval).
+    pub fn resync_ipsets(&mut self) -> anyhow::Result<()> {
         self.ipsets.resync()?;
         self.dirty_sets.extend(self.sets.keys().cloned());
         self.dirty_sets.extend(self.ipsets.cached_names());
-        self.invalidate_iptables();
         Ok(())
     }
 

@@ -1,29 +1,36 @@
 //! The netpol-agent command line: `run` (the agent), `cleanup` (remove everything we
 //! programmed), `compile` (render what a node must hold, offline).
+//!
+//! Exit status: 0 success; 1 a failure while running (or `compile --strict` with rejected
+//! objects); 2 invalid configuration (a bad flag or `FELIX_*` value, found before anything
+//! is done).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing::{info, warn};
-
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::Duration;
 
 use netpol_agent::agent::{self, Timers};
 use netpol_agent::calc_graph::model::IpFamily;
 use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
-use netpol_agent::config::RuleOptions;
+use netpol_agent::config::{
+    explain_invalid_value, AgentOptions, ConfigError, DataplaneOptions, Datastore, LogFormat,
+    LogOptions, RuleOptions,
+};
 use netpol_agent::dataplane::{self, DataplaneConfig};
 use netpol_agent::datastore::dir::DirSource;
-use netpol_agent::datastore::{feed, manifests};
+use netpol_agent::datastore::{feed, manifests, DatastoreEvent};
 use netpol_agent::exec::Exec;
-use netpol_agent::ipsets;
-use netpol_agent::iptables_writer::{detect_backend, Backend, BackendMode};
+use netpol_agent::health::Health;
+use netpol_agent::iptables_writer::{detect_backend, Backend};
 use netpol_agent::rules::{chains::kernel_chain_rules, render};
+use netpol_agent::{http, ipsets};
 
 #[derive(Parser)]
 #[command(
@@ -32,14 +39,8 @@ use netpol_agent::rules::{chains::kernel_chain_rules, render};
     about = "Kubernetes NetworkPolicy enforcement with iptables and ipset, felix style"
 )]
 struct Cli {
-    /// Log level (TRACE, DEBUG, INFO, WARNING, ERROR), as felix's LogSeverityScreen.
-    #[arg(
-        long,
-        global = true,
-        env = "FELIX_LOGSEVERITYSCREEN",
-        default_value = "INFO"
-    )]
-    log_severity_screen: String,
+    #[command(flatten)]
+    log: LogOptions,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,47 +56,9 @@ enum Command {
 }
 
 #[derive(Args)]
-struct DataplaneOptions {
-    /// iptables backend: legacy, nft, or auto (kube-proxy's hint chains decide, else the
-    /// backend holding more rules).
-    #[arg(
-        long,
-        env = "FELIX_IPTABLESBACKEND",
-        value_enum,
-        ignore_case = true,
-        default_value = "auto"
-    )]
-    iptables_backend: BackendArg,
-    /// Program IPv6 (ip6tables, inet6 sets) as well as IPv4.
-    #[arg(long, env = "FELIX_IPV6SUPPORT", default_value_t = true, action = clap::ArgAction::Set)]
-    ipv6_support: bool,
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum BackendArg {
-    Legacy,
-    Nft,
-    Auto,
-}
-
-#[derive(Args)]
 struct RunArgs {
-    /// Where objects come from: `dir:PATH` (a watched directory of manifests).
-    #[arg(long, env = "NETPOL_DATASTORE")]
-    datastore: String,
-    /// This node's name (pods with this `spec.nodeName` are local); defaults to the hostname.
-    #[arg(long, env = "FELIX_FELIXHOSTNAME")]
-    node: Option<String>,
-    /// Seconds between full re-reads of iptables and ipsets that repair what others changed.
-    #[arg(long, env = "FELIX_IPTABLESREFRESHINTERVAL", default_value_t = 10.0)]
-    iptables_refresh_interval: f64,
-    /// Seconds after a write before iptables is read back once to verify it.
-    #[arg(
-        long,
-        env = "FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS",
-        default_value_t = 1.0
-    )]
-    iptables_post_write_check_interval_secs: f64,
+    #[command(flatten)]
+    agent: AgentOptions,
     #[command(flatten)]
     dataplane: DataplaneOptions,
     #[command(flatten)]
@@ -132,9 +95,30 @@ struct CompileArgs {
     rules: RuleOptions,
 }
 
+/// Parses the command line and the environment; an invalid value ends the program with
+/// status 2 and a message naming the environment variable, the flag and the accepted values.
+fn parse_cli() -> Cli {
+    let argv: Vec<String> = std::env::args().collect();
+    let cmd = Cli::command();
+    let parsed = cmd
+        .clone()
+        .try_get_matches_from(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e) => match explain_invalid_value(&cmd, &e, &argv) {
+            Some(message) => {
+                eprintln!("netpol-agent: {message}");
+                std::process::exit(2);
+            }
+            None => e.exit(),
+        },
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(&cli.log_severity_screen);
+    let cli = parse_cli();
+    init_logging(&cli.log);
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Cleanup(args) => cleanup(args),
@@ -143,79 +127,90 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("netpol-agent: {e:#}");
-            ExitCode::from(2)
+            let config = e.downcast_ref::<ConfigError>().is_some();
+            if config {
+                eprintln!("netpol-agent: invalid configuration: {e:#}");
+                ExitCode::from(2)
+            } else {
+                tracing::error!("{e:#}");
+                eprintln!("netpol-agent: {e:#}");
+                ExitCode::from(1)
+            }
         }
     }
 }
 
-fn init_logging(severity: &str) {
-    let level = match severity.to_ascii_uppercase().as_str() {
-        "TRACE" => "trace",
-        "DEBUG" => "debug",
-        "WARNING" | "WARN" => "warn",
-        "ERROR" | "FATAL" | "PANIC" => "error",
-        _ => "info",
-    };
-    tracing_subscriber::fmt()
+fn init_logging(opts: &LogOptions) {
+    let filter = tracing_subscriber::EnvFilter::new(opts.log_severity_screen.filter());
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-        .init();
-}
-
-impl DataplaneOptions {
-    fn families(&self) -> Vec<IpFamily> {
-        if self.ipv6_support {
-            vec![IpFamily::V4, IpFamily::V6]
-        } else {
-            vec![IpFamily::V4]
-        }
-    }
-
-    fn backend(&self, exec: &Exec) -> Backend {
-        let mode = match self.iptables_backend {
-            BackendArg::Legacy => BackendMode::Legacy,
-            BackendArg::Nft => BackendMode::Nft,
-            BackendArg::Auto => BackendMode::Auto,
-        };
-        let backend = detect_backend(exec, mode);
-        info!(?backend, "iptables backend");
-        backend
+        .with_env_filter(filter);
+    match opts.log_format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
     }
 }
 
-fn seconds(name: &str, value: f64) -> anyhow::Result<Duration> {
-    if !(value.is_finite() && value > 0.0) {
-        anyhow::bail!("{name} must be a positive number of seconds, got {value}");
-    }
-    Ok(Duration::from_secs_f64(value))
+fn detect(dataplane: &DataplaneOptions, exec: &Exec) -> Backend {
+    let backend = detect_backend(exec, dataplane.backend_mode());
+    info!(?backend, "iptables backend");
+    backend
+}
+
+/// The Kubernetes datastore: kube-rs watchers on their own thread (in-cluster config, else
+/// KUBECONFIG). A configuration that cannot be built ends the agent before anything is
+/// programmed; API errors later are retried inside the source.
+fn start_kubernetes_source(
+    tx: Sender<DatastoreEvent>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    netpol_agent::datastore::kube::spawn(
+        netpol_agent::datastore::kube::KubeConnect::Infer,
+        tx,
+        stop,
+    )?;
+    Ok(())
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let Some(dir) = args.datastore.strip_prefix("dir:") else {
-        anyhow::bail!(
-            "--datastore {:?}: only dir:PATH is supported so far",
-            args.datastore
-        );
-    };
-    let node = match args.node {
-        Some(n) => n,
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .context("no --node given and the hostname is unreadable")?
-            .trim()
-            .to_string(),
-    };
+    let opts = &args.agent;
+    let node = opts.node_name()?;
     let rules = args.rules.rule_config()?;
+    let resolver = args.rules.resolver()?;
     let timers = Timers {
-        refresh: seconds(
-            "FELIX_IPTABLESREFRESHINTERVAL",
-            args.iptables_refresh_interval,
-        )?,
-        post_write_check: seconds(
-            "FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS",
-            args.iptables_post_write_check_interval_secs,
-        )?,
+        refresh: AgentOptions::timer(opts.iptables_refresh_interval),
+        ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),
+        post_write_check: opts.iptables_post_write_check_interval_secs,
+    };
+    let health = Arc::new(Health::new(opts.dataplane_watchdog_timeout));
+    // Bind the servers first: a port in use stops the agent before it touches the kernel.
+    if opts.prometheus_metrics_enabled {
+        http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
+    }
+    if opts.health_enabled {
+        http::serve_health(&opts.health_host, opts.health_port, health.clone())?;
+    }
+
+    // The datastore starts before anything reads the kernel: a source that cannot start
+    // stops the agent having touched nothing.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let datastore = match &opts.datastore {
+        Datastore::Dir(dir) => {
+            DirSource::new(dir).spawn(tx)?;
+            format!("dir:{}", dir.display())
+        }
+        Datastore::Kubernetes => {
+            start_kubernetes_source(tx, stop.clone())?;
+            "kubernetes".to_string()
+        }
     };
     let exec = Exec::default();
     let families = args.dataplane.families();
@@ -223,24 +218,18 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         node_name: node.clone(),
         families: families.clone(),
         rules: rules.clone(),
-        resolver: args.rules.resolver()?,
+        resolver,
     });
     let dataplane_cfg = DataplaneConfig {
         families,
         rules,
-        backend: args.dataplane.backend(&exec),
+        backend: detect(&args.dataplane, &exec),
         max_set_size: args.rules.max_ipset_size,
         exec,
     };
 
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
-    }
-    let (tx, rx) = std::sync::mpsc::channel();
-    DirSource::new(dir).spawn(tx)?;
-    info!(node, datastore = %args.datastore, "netpol-agent running");
-    agent::run(graph, dataplane_cfg, timers, rx, stop)?;
+    info!(node, datastore, "netpol-agent running");
+    agent::run(graph, dataplane_cfg, timers, rx, stop, health)?;
     info!("stopping; the rules stay in place");
     Ok(ExitCode::SUCCESS)
 }
@@ -249,7 +238,7 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
     let exec = Exec::default();
     dataplane::cleanup(
         &exec,
-        args.dataplane.backend(&exec),
+        detect(&args.dataplane, &exec),
         &args.dataplane.families(),
     )?;
     info!("removed every chain, rule and set netpol-agent owned");

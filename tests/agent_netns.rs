@@ -42,6 +42,7 @@ impl Agent {
             .arg(format!("dir:{}", dir.display()))
             .args(["--iptables-backend", backend])
             .args(["--iptables-refresh-interval", "1"])
+            .args(["--ipsets-refresh-interval", "1"])
             .args(["--iptables-post-write-check-interval-secs", "0.2"])
             .args(["--log-severity-screen", "DEBUG"])
             .stdin(Stdio::null())

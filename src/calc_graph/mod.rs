@@ -19,6 +19,7 @@ mod tests;
 pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -93,6 +94,32 @@ struct PolicyEntry {
     selects: BTreeSet<ObjectKey>,
 }
 
+/// What the next flush re-renders.
+#[derive(Default)]
+struct Dirty {
+    owners: BTreeSet<Owner>,
+    /// When the event that first made each dirty owner dirty entered the graph (only while
+    /// the caller stamps events, see `CalcGraph::set_event_time`).
+    since: HashMap<Owner, Instant>,
+    event_time: Option<Instant>,
+}
+
+impl Dirty {
+    fn mark(&mut self, owner: Owner) {
+        match self.event_time {
+            Some(at) => {
+                if !self.owners.contains(&owner) {
+                    self.since.insert(owner.clone(), at);
+                    self.owners.insert(owner);
+                }
+            }
+            None => {
+                self.owners.insert(owner);
+            }
+        }
+    }
+}
+
 pub struct CalcGraph {
     cfg: GraphConfig,
     sets: SetIndex,
@@ -103,8 +130,13 @@ pub struct CalcGraph {
     /// Pods claiming each interface name; the first (by key) gets the chains.
     iface_claims: HashMap<String, BTreeSet<ObjectKey>>,
     rejected: BTreeMap<(ObjectKind, String), (RejectKind, String)>,
+    /// Rejections so far (each rejected upsert counts), for the metrics.
+    rejection_counts: BTreeMap<(ObjectKind, RejectKind), u64>,
 
-    dirty: BTreeSet<Owner>,
+    dirty: Dirty,
+    /// Per local endpoint whose rules the last flushes changed: when the earliest event
+    /// behind the change entered the graph. Taken by `take_programming_starts`.
+    programming_starts: Vec<Instant>,
     owned: HashMap<Owner, Vec<(IpFamily, String)>>,
     emitted_chains: BTreeMap<(IpFamily, String), Chain>,
     emitted_sets: BTreeMap<String, SetDef>,
@@ -121,13 +153,15 @@ impl CalcGraph {
             endpoints_by_ns: HashMap::new(),
             iface_claims: HashMap::new(),
             rejected: BTreeMap::new(),
-            dirty: BTreeSet::new(),
+            rejection_counts: BTreeMap::new(),
+            dirty: Dirty::default(),
+            programming_starts: Vec::new(),
             owned: HashMap::new(),
             emitted_chains: BTreeMap::new(),
             emitted_sets: BTreeMap::new(),
         };
-        graph.dirty.insert(Owner::Static);
-        graph.dirty.insert(Owner::Dispatch);
+        graph.dirty.mark(Owner::Static);
+        graph.dirty.mark(Owner::Dispatch);
         graph
     }
 
@@ -138,6 +172,27 @@ impl CalcGraph {
     /// Objects (or local pods' interfaces) currently not enforced as written, with the reason.
     pub fn rejections(&self) -> &BTreeMap<(ObjectKind, String), (RejectKind, String)> {
         &self.rejected
+    }
+
+    /// How many times objects were rejected, by kind and reason, since the graph started.
+    pub fn rejection_counts(&self) -> &BTreeMap<(ObjectKind, RejectKind), u64> {
+        &self.rejection_counts
+    }
+
+    /// Stamps the events that follow with the time they entered the graph (`None`: stop
+    /// stamping). A flush then reports, for each local endpoint whose rules it changed
+    /// because of a stamped event (its first sighting, a policy selecting it that was added,
+    /// changed or removed), when the earliest such event came in; see
+    /// `take_programming_starts`. The graph never reads a clock itself.
+    pub fn set_event_time(&mut self, at: Option<Instant>) {
+        self.dirty.event_time = at;
+    }
+
+    /// The start times gathered by the flushes since the last call, one per local endpoint
+    /// and flush whose rules changed (for the programming-latency metric: the caller observes
+    /// them once the apply carrying those flushes has completed).
+    pub fn take_programming_starts(&mut self) -> Vec<Instant> {
+        std::mem::take(&mut self.programming_starts)
     }
 
     pub fn local_endpoint_count(&self) -> usize {
@@ -164,6 +219,10 @@ impl CalcGraph {
                 warn!(kind = kind.as_str(), object = %key, "no interface: {message}")
             }
         }
+        *self
+            .rejection_counts
+            .entry((kind, why.clone()))
+            .or_default() += 1;
         self.rejected.insert((kind, key), (why, message));
     }
 
@@ -255,14 +314,14 @@ impl CalcGraph {
             if let Some(e) = self.endpoints.get_mut(ep) {
                 e.policies.remove(key);
             }
-            self.dirty.insert(Owner::Endpoint(ep.clone()));
+            self.dirty.mark(Owner::Endpoint(ep.clone()));
         }
         if !entry.selects.is_empty() {
             for def in entry.plan.set_defs() {
                 self.sets.release(&def);
             }
         }
-        self.dirty.insert(Owner::Policy(key.clone()));
+        self.dirty.mark(Owner::Policy(key.clone()));
     }
 
     /// Resolves every local pod's interface again: what a resolver that learns names over
@@ -328,8 +387,8 @@ impl CalcGraph {
                 let old = std::mem::replace(&mut ep.iface, iface.clone());
                 self.release_iface(&old, &key);
                 self.claim_iface(&iface, &key);
-                self.dirty.insert(Owner::Endpoint(key.clone()));
-                self.dirty.insert(Owner::Dispatch);
+                self.dirty.mark(Owner::Endpoint(key.clone()));
+                self.dirty.mark(Owner::Dispatch);
                 if labels_changed {
                     self.reselect_policies(&key);
                 }
@@ -348,11 +407,11 @@ impl CalcGraph {
                     .or_default();
                 in_ns.insert(key.clone());
                 if in_ns.len() == 1 {
-                    self.dirty.insert(Owner::Profile(key.namespace.clone()));
+                    self.dirty.mark(Owner::Profile(key.namespace.clone()));
                 }
                 self.claim_iface(&iface, &key);
-                self.dirty.insert(Owner::Endpoint(key.clone()));
-                self.dirty.insert(Owner::Dispatch);
+                self.dirty.mark(Owner::Endpoint(key.clone()));
+                self.dirty.mark(Owner::Dispatch);
                 self.reselect_policies(&key);
             }
         }
@@ -369,7 +428,7 @@ impl CalcGraph {
             );
             // The winner may have changed.
             for k in claims.iter() {
-                self.dirty.insert(Owner::Endpoint(k.clone()));
+                self.dirty.mark(Owner::Endpoint(k.clone()));
             }
         }
     }
@@ -378,7 +437,7 @@ impl CalcGraph {
         if let Some(claims) = self.iface_claims.get_mut(iface) {
             claims.remove(key);
             for k in claims.iter() {
-                self.dirty.insert(Owner::Endpoint(k.clone()));
+                self.dirty.mark(Owner::Endpoint(k.clone()));
             }
             if claims.is_empty() {
                 self.iface_claims.remove(iface);
@@ -395,14 +454,14 @@ impl CalcGraph {
             in_ns.remove(key);
             if in_ns.is_empty() {
                 self.endpoints_by_ns.remove(&key.namespace);
-                self.dirty.insert(Owner::Profile(key.namespace.clone()));
+                self.dirty.mark(Owner::Profile(key.namespace.clone()));
             }
         }
         for policy in ep.policies {
             self.set_selection(&policy, key, false);
         }
-        self.dirty.insert(Owner::Endpoint(key.clone()));
-        self.dirty.insert(Owner::Dispatch);
+        self.dirty.mark(Owner::Endpoint(key.clone()));
+        self.dirty.mark(Owner::Dispatch);
     }
 
     /// Re-evaluates which policies of its namespace select a local endpoint.
@@ -447,7 +506,7 @@ impl CalcGraph {
                 e.policies.remove(policy);
             }
         }
-        self.dirty.insert(Owner::Endpoint(ep.clone()));
+        self.dirty.mark(Owner::Endpoint(ep.clone()));
         if was_active != is_active {
             let defs = entry.plan.set_defs();
             for def in &defs {
@@ -457,7 +516,7 @@ impl CalcGraph {
                     self.sets.release(def);
                 }
             }
-            self.dirty.insert(Owner::Policy(policy.clone()));
+            self.dirty.mark(Owner::Policy(policy.clone()));
         }
     }
 
@@ -506,13 +565,13 @@ impl CalcGraph {
                 }
             }
             // Re-rendered even when still selected: the directions it governs may differ.
-            self.dirty.insert(Owner::Endpoint(ep.clone()));
+            self.dirty.mark(Owner::Endpoint(ep.clone()));
         }
         self.policies_by_ns
             .entry(key.namespace.clone())
             .or_default()
             .insert(key.clone());
-        self.dirty.insert(Owner::Policy(key.clone()));
+        self.dirty.mark(Owner::Policy(key.clone()));
         self.policies.insert(
             key,
             PolicyEntry {
@@ -529,9 +588,13 @@ impl CalcGraph {
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
         self.flush_sets(&mut update);
-        let dirty = std::mem::take(&mut self.dirty);
+        let dirty = std::mem::take(&mut self.dirty.owners);
+        let mut since = std::mem::take(&mut self.dirty.since);
+        // Local endpoint → earliest start behind a change of its rules in this flush.
+        let mut starts: BTreeMap<ObjectKey, Instant> = BTreeMap::new();
         for owner in dirty {
             let chains = self.render_owner(&owner);
+            let upserts_before = update.chains_upserted.len();
             let names: Vec<(IpFamily, String)> =
                 chains.iter().map(|(f, c)| (*f, c.name.clone())).collect();
             let wanted: BTreeSet<&(IpFamily, String)> = names.iter().collect();
@@ -547,10 +610,27 @@ impl CalcGraph {
                     update.chains_upserted.push((family, chain));
                 }
             }
+            let changed = update.chains_upserted.len() > upserts_before;
+            if let (true, Some(at)) = (changed, since.remove(&owner)) {
+                let touched: Vec<&ObjectKey> = match &owner {
+                    Owner::Endpoint(key) => vec![key],
+                    Owner::Policy(key) => self
+                        .policies
+                        .get(key)
+                        .map(|p| p.selects.iter().collect())
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                for ep in touched {
+                    let t = starts.entry(ep.clone()).or_insert(at);
+                    *t = (*t).min(at);
+                }
+            }
             if !names.is_empty() {
                 self.owned.insert(owner, names);
             }
         }
+        self.programming_starts.extend(starts.into_values());
         // A chain handed from one owner to another in the same flush is upserted, not removed.
         let upserted: BTreeSet<(IpFamily, String)> = update
             .chains_upserted

@@ -718,3 +718,58 @@ fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
         "a lost interface is no endpoint"
     );
 }
+
+#[test]
+fn programming_starts_follow_local_rule_changes_only() {
+    use std::time::{Duration, Instant};
+    let mut g = graph();
+    let t0 = Instant::now();
+    let t1 = t0 + Duration::from_millis(5);
+    let t2 = t0 + Duration::from_millis(9);
+
+    // Unstamped events report nothing.
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("role", "server")]));
+    g.flush();
+    assert!(g.take_programming_starts().is_empty());
+
+    // A new local pod: one start, its sighting.
+    g.set_event_time(Some(t0));
+    g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("role", "server")]));
+    g.flush();
+    assert_eq!(g.take_programming_starts(), vec![t0]);
+
+    // The same pod again: no rule changes, no start.
+    g.set_event_time(Some(t1));
+    g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("role", "server")]));
+    g.flush();
+    assert!(g.take_programming_starts().is_empty());
+
+    // A remote pod: sets only, no start.
+    let mut remote = local_pod("x", "r", "10.0.0.9", &[("app", "c")]);
+    remote.node = Some("node-2".into());
+    g.upsert_pod_info(remote);
+    g.flush();
+    assert!(g.take_programming_starts().is_empty());
+
+    // A policy selecting both local pods: one start each, from the policy's event.
+    g.set_event_time(Some(t1));
+    g.upsert_policy_info(allow_from(
+        "x",
+        "p",
+        &[("role", "server")],
+        vec![eq("app", "c")],
+    ));
+    g.set_event_time(Some(t2));
+    g.flush();
+    assert_eq!(g.take_programming_starts(), vec![t1, t1]);
+
+    // Editing it (only the policy chain changes) still touches both.
+    g.upsert_policy_info(allow_from(
+        "x",
+        "p",
+        &[("role", "server")],
+        vec![eq("app", "d")],
+    ));
+    g.flush();
+    assert_eq!(g.take_programming_starts(), vec![t2, t2]);
+}

@@ -50,6 +50,12 @@ impl DirSource {
                         warn!("{e}");
                     }
                     if !errors.is_empty() {
+                        crate::metrics::global()
+                            .rejections
+                            .with_label_values(&["Manifest", "parse"])
+                            .inc_by(errors.len() as u64);
+                    }
+                    if !errors.is_empty() {
                         unreadable.insert(file.clone());
                     }
                     for o in objects {

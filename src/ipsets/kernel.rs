@@ -265,6 +265,33 @@ impl IpsetManager {
     /// Reads every set that exists (`ipset save`), keeps ours (`is_owned_set`) in the cache.
     /// Called at start and on the refresh timer. On error the cache is left as it was.
     pub fn resync(&mut self) -> anyhow::Result<()> {
+        let metrics = crate::metrics::global();
+        metrics.ipset_calls.inc();
+        let result = self.read_kernel();
+        if result.is_err() {
+            metrics.ipset_errors.inc();
+        }
+        self.export_gauges();
+        result
+    }
+
+    /// Our sets and their members per IP family, as the cache says, to the metrics.
+    fn export_gauges(&self) {
+        let metrics = crate::metrics::global();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let sets = self.cache.values().filter(|k| k.family == Some(family));
+            let (count, members) =
+                sets.fold((0usize, 0usize), |(c, m), k| (c + 1, m + k.members.len()));
+            let v = [crate::metrics::ip_version(family)];
+            metrics.ipsets.with_label_values(&v).set(count as i64);
+            metrics
+                .ipset_members
+                .with_label_values(&v)
+                .set(members as i64);
+        }
+    }
+
+    fn read_kernel(&mut self) -> anyhow::Result<()> {
         let mut child = self
             .exec
             .command("ipset")
@@ -563,6 +590,7 @@ impl IpsetManager {
                 }
             }
             let Some(failure) = failure else {
+                self.export_gauges();
                 return Ok(in_use);
             };
             let delay = RETRY_DELAYS_MS.get(attempt).copied();
@@ -609,6 +637,9 @@ impl IpsetManager {
             }
             self.stats.restore_calls += 1;
             self.stats.lines += lines;
+            let metrics = crate::metrics::global();
+            metrics.ipset_calls.inc();
+            metrics.ipset_lines_executed.inc_by(lines);
             debug!(lines, ops = rest.len(), "ipset restore");
             let Err(fail) = self.restore(&script) else {
                 for op in rest {
@@ -617,6 +648,7 @@ impl IpsetManager {
                 break;
             };
             self.stats.errors += 1;
+            metrics.ipset_errors.inc();
             let located = fail.line.and_then(|n| locate(&ends, n));
             let Some((idx, line_in_op)) = located else {
                 return Err(RestoreFailure {

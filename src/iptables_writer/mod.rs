@@ -23,6 +23,7 @@ use anyhow::anyhow;
 
 use crate::calc_graph::model::IpFamily;
 use crate::exec::Exec;
+use crate::metrics::IptablesMetrics;
 use crate::rules::chains::KernelChainRules;
 use crate::rules::{Chain, ChainInsertMode, CHAIN_PREFIX, MAX_CHAIN_NAME_LEN};
 
@@ -120,6 +121,7 @@ pub struct TableWriter {
     /// `--wait` flags the restore tool accepts (probed on first use).
     restore_flags: Option<Vec<String>>,
     stats: WriterStats,
+    metrics: IptablesMetrics,
 }
 
 impl TableWriter {
@@ -132,6 +134,7 @@ impl TableWriter {
             cache: None,
             restore_flags: None,
             stats: WriterStats::default(),
+            metrics: crate::metrics::global().iptables(family, TABLE),
         }
     }
 
@@ -230,6 +233,7 @@ impl TableWriter {
             }
         }
         if trusted {
+            self.export_gauges(&state);
             self.cache = Some(state);
         }
         Ok(())
@@ -260,8 +264,25 @@ impl TableWriter {
 
     fn read_kernel(&mut self) -> anyhow::Result<TableState> {
         self.stats.save_calls += 1;
-        let text = backend::run_save(&self.exec, &self.save_tool(), Some(TABLE))?;
+        self.metrics.save_calls.inc();
+        let text = backend::run_save(&self.exec, &self.save_tool(), Some(TABLE))
+            .inspect_err(|_| self.metrics.save_errors.inc())?;
         parse::parse_save(&text, TABLE)
+    }
+
+    /// Our chains and rules in the table as the writer now knows it.
+    fn export_gauges(&self, state: &TableState) {
+        let (mut chains, mut rules) = (0, 0);
+        for (name, chain) in &state.chains {
+            if parse::is_our_chain(name) {
+                chains += 1;
+                rules += chain.len();
+            } else {
+                rules += chain.iter().filter(|r| r.hash.is_some()).count();
+            }
+        }
+        self.metrics.chains.set(chains as i64);
+        self.metrics.rules.set(rules as i64);
     }
 
     fn restore(&mut self, ops: &[Op]) -> anyhow::Result<()> {
@@ -275,15 +296,18 @@ impl TableWriter {
             }
         };
         self.stats.restore_calls += 1;
+        self.metrics.restore_calls.inc();
         tracing::debug!(lines = ops.len(), "{tool}");
         tracing::trace!(script = %Plan::script(ops, TABLE), "restore input");
         match backend::run_restore(&self.exec, &tool, &flags, TABLE, ops.iter().map(Op::line)) {
             Ok(()) => {
                 self.stats.lines_written += ops.len() as u64;
+                self.metrics.lines.inc_by(ops.len() as u64);
                 Ok(())
             }
             Err(e) => {
                 self.stats.restore_errors += 1;
+                self.metrics.restore_errors.inc();
                 Err(e)
             }
         }

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Runs Kubernetes' own NetworkPolicy conformance tests (through sonobuoy) against
+# netpol-agent on a real cluster whose CNI does not enforce policy itself. See README.md
+# beside this file for the prerequisites. It has not been run from this repository's CI,
+# which has no cluster.
+#
+#   NETPOL_AGENT_IMAGE=registry.example/netpol-agent:dev e2e/sonobuoy/run.sh
+#
+# Settings (environment):
+#   NETPOL_AGENT_IMAGE      image built from deploy/Dockerfile and pushed (required)
+#   FELIX_INTERFACEPREFIX   host veth prefix of the cluster's CNI (default cali; eni on EKS)
+#   FELIX_INTERFACENAMESCHEME  calico (default) | sandbox | static
+#   FELIX_IPTABLESBACKEND   auto (default) | legacy | nft
+#   FELIX_IPV6SUPPORT       false (default) | true
+#   FOCI                    space-separated e2e focus expressions, one sonobuoy run each
+#                           (default: '\[Feature:NetworkPolicy\]' and 'Netpol')
+#   E2E_SKIP                skip expression (default: '\[Disruptive\]|\[Flaky\]')
+#   WAIT_MINUTES            per sonobuoy run (default 180)
+#   OUT_DIR                 where results go (default ./sonobuoy-results-<time>)
+#   KEEP_AGENT=1            leave netpol-agent installed afterwards (default: remove it and
+#                           its rules from every node)
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+: "${NETPOL_AGENT_IMAGE:?set NETPOL_AGENT_IMAGE to the netpol-agent image (deploy/Dockerfile) pushed to a registry the nodes can pull from}"
+prefix="${FELIX_INTERFACEPREFIX:-cali}"
+scheme="${FELIX_INTERFACENAMESCHEME:-calico}"
+backend="${FELIX_IPTABLESBACKEND:-auto}"
+ipv6="${FELIX_IPV6SUPPORT:-false}"
+skip="${E2E_SKIP:-\[Disruptive\]|\[Flaky\]}"
+wait_minutes="${WAIT_MINUTES:-180}"
+out="${OUT_DIR:-$PWD/sonobuoy-results-$(date +%Y%m%d-%H%M%S)}"
+if [[ -n "${FOCI:-}" ]]; then
+    read -r -a foci <<<"$FOCI"
+else
+    foci=('\[Feature:NetworkPolicy\]' 'Netpol')
+fi
+ns=kube-system
+ds=netpol-agent
+
+log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---- preflight
+for tool in kubectl sonobuoy; do
+    command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+kubectl version >/dev/null || die "kubectl cannot reach the cluster (KUBECONFIG?)"
+mkdir -p "$out"
+log "results go to $out"
+
+# Other NetworkPolicy enforcers would make the results say nothing about netpol-agent.
+enforcers=$(kubectl get daemonsets -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}' |
+    grep -E '/(calico-node|cilium|antrea-agent|kube-network-policies|kube-router|weave-net|canal)$' || true)
+if [[ -n "$enforcers" ]]; then
+    log "warning: these DaemonSets may enforce NetworkPolicy themselves; make sure their policy enforcement is off:"
+    printf '  %s\n' $enforcers >&2
+fi
+if kubectl -n kube-system get daemonset aws-node -o yaml 2>/dev/null | grep -q 'aws-eks-nodeagent'; then
+    log "warning: the VPC CNI's network policy agent container is present; make sure it is disabled"
+fi
+
+# ---- cleanup, also on failure
+cleanup_nodes() {
+    # SIGTERM leaves the rules in place by design; remove them from every node with a
+    # one-off DaemonSet running `netpol-agent cleanup`.
+    log "removing netpol-agent's rules and sets from every node"
+    kubectl apply -f - <<YAML
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: netpol-agent-cleanup, namespace: $ns}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/name: netpol-agent-cleanup}}
+  template:
+    metadata: {labels: {app.kubernetes.io/name: netpol-agent-cleanup}}
+    spec:
+      hostNetwork: true
+      priorityClassName: system-node-critical
+      tolerations: [{operator: Exists}]
+      containers:
+        - name: cleanup
+          image: $NETPOL_AGENT_IMAGE
+          command: [sh, -c, 'netpol-agent cleanup && echo NETPOL-CLEANUP-DONE; sleep 86400']
+          env:
+            - {name: FELIX_IPTABLESBACKEND, value: "$backend"}
+            - {name: FELIX_IPV6SUPPORT, value: "$ipv6"}
+          securityContext:
+            capabilities: {drop: [ALL], add: [NET_ADMIN, NET_RAW]}
+          volumeMounts: [{name: xtables-lock, mountPath: /run/xtables.lock}]
+      volumes:
+        - {name: xtables-lock, hostPath: {path: /run/xtables.lock, type: FileOrCreate}}
+YAML
+    kubectl -n "$ns" rollout status ds/netpol-agent-cleanup --timeout=5m || true
+    local pods done_count total
+    for _ in $(seq 60); do
+        pods=$(kubectl -n "$ns" get pods -l app.kubernetes.io/name=netpol-agent-cleanup -o name)
+        total=$(wc -w <<<"$pods")
+        done_count=0
+        for p in $pods; do
+            if kubectl -n "$ns" logs "$p" 2>/dev/null | grep -q NETPOL-CLEANUP-DONE; then
+                done_count=$((done_count + 1))
+            fi
+        done
+        [[ "$total" -gt 0 && "$done_count" -eq "$total" ]] && break
+        sleep 5
+    done
+    log "cleanup done on $done_count of $total nodes"
+    kubectl -n "$ns" logs -l app.kubernetes.io/name=netpol-agent-cleanup --tail=-1 >"$out/cleanup.log" 2>&1 || true
+    kubectl -n "$ns" delete ds/netpol-agent-cleanup --wait=true || true
+}
+
+finish() {
+    local status=$?
+    log "deleting sonobuoy's namespace and cluster objects"
+    sonobuoy delete --all --wait >/dev/null 2>&1 || true
+    if [[ "${KEEP_AGENT:-0}" != 1 ]]; then
+        log "removing netpol-agent"
+        kubectl delete -k "$repo/deploy" --wait=true --ignore-not-found || true
+        cleanup_nodes
+    fi
+    exit "$status"
+}
+trap finish EXIT
+
+# ---- deploy netpol-agent
+log "deploying netpol-agent ($NETPOL_AGENT_IMAGE, prefix $prefix, scheme $scheme, backend $backend)"
+kubectl apply -k "$repo/deploy"
+kubectl -n "$ns" set image "ds/$ds" "netpol-agent=$NETPOL_AGENT_IMAGE"
+kubectl -n "$ns" set env "ds/$ds" \
+    "FELIX_INTERFACEPREFIX=$prefix" "FELIX_INTERFACENAMESCHEME=$scheme" \
+    "FELIX_IPTABLESBACKEND=$backend" "FELIX_IPV6SUPPORT=$ipv6"
+kubectl -n "$ns" rollout status "ds/$ds" --timeout=10m
+# Ready means: datastore in sync and the first full apply done, on every node.
+kubectl -n "$ns" wait pod -l app.kubernetes.io/name=netpol-agent --for=condition=Ready --timeout=5m
+kubectl -n "$ns" get pods -l app.kubernetes.io/name=netpol-agent -o wide | tee "$out/agent-pods.txt"
+
+# ---- the conformance runs
+summary="$out/summary.txt"
+: >"$summary"
+run=0
+for focus in "${foci[@]}"; do
+    run=$((run + 1))
+    log "sonobuoy run $run: focus $focus"
+    sonobuoy delete --all --wait >/dev/null 2>&1 || true
+    sonobuoy run --plugin e2e --e2e-focus="$focus" --e2e-skip="$skip" --wait="$wait_minutes"
+    sonobuoy status || true
+    tarball=$(sonobuoy retrieve "$out")
+    mv "$tarball" "$out/run-$run.tar.gz"
+    tarball="$out/run-$run.tar.gz"
+    {
+        echo "== run $run: --e2e-focus='$focus' --e2e-skip='$skip'"
+        sonobuoy results "$tarball"
+        echo "-- failed tests:"
+        sonobuoy results "$tarball" --plugin e2e --mode detailed |
+            grep '"status":"failed"' | sed -E 's/.*"name":"([^"]*)".*/  \1/' || echo "  none"
+        echo
+    } | tee -a "$summary"
+done
+
+# ---- what the agents saw
+kubectl -n "$ns" logs -l app.kubernetes.io/name=netpol-agent --tail=-1 --prefix >"$out/agent.log" 2>&1 || true
+for p in $(kubectl -n "$ns" get pods -l app.kubernetes.io/name=netpol-agent -o name); do
+    # The metrics port is on the node (host network); ask it through the API server proxy.
+    kubectl get --raw "/api/v1/namespaces/$ns/pods/${p#pod/}:9091/proxy/metrics" \
+        >"$out/metrics-${p#pod/}.txt" 2>/dev/null || true
+done
+grep -h -E '^netpol_(rejections_total|dataplane_apply_failures_total|programming_latency_seconds_(count|sum))' \
+    "$out"/metrics-*.txt 2>/dev/null | tee -a "$summary" || true
+
+log "summary: $summary"

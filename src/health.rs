@@ -1,0 +1,141 @@
+//! Liveness and readiness, as felix reports them on `/liveness` and `/readiness`.
+//!
+//! - live: both agent loops (the calculation loop and the dataplane loop) have turned within
+//!   the watchdog timeout (felix's `DataplaneWatchdogTimeout`). Both loops wake at least every
+//!   200 ms when idle, so only a loop stuck in one step (a hung `iptables-restore`, a
+//!   deadlock) goes stale.
+//! - ready: the datastore delivered its first complete listing AND the first full apply
+//!   after it has completed; before that the node's pods are not yet protected as the
+//!   policies say.
+//!
+//! The loops write atomics only; the HTTP server reads them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Which agent loop reports a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loop {
+    /// Datastore events into the calculation graph.
+    Calc,
+    /// Applying updates to the kernel.
+    Dataplane,
+}
+
+pub struct Health {
+    start: Instant,
+    watchdog: Duration,
+    /// Milliseconds since `start` of each loop's last turn.
+    calc_turn_ms: AtomicU64,
+    dataplane_turn_ms: AtomicU64,
+    in_sync: AtomicBool,
+    applied: AtomicBool,
+}
+
+impl Health {
+    /// `watchdog`: how long a loop may go without turning before the agent is not live.
+    pub fn new(watchdog: Duration) -> Health {
+        Health {
+            start: Instant::now(),
+            watchdog,
+            calc_turn_ms: AtomicU64::new(0),
+            dataplane_turn_ms: AtomicU64::new(0),
+            in_sync: AtomicBool::new(false),
+            applied: AtomicBool::new(false),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// A loop has turned (call at the top of each iteration).
+    pub fn turn(&self, which: Loop) {
+        let slot = match which {
+            Loop::Calc => &self.calc_turn_ms,
+            Loop::Dataplane => &self.dataplane_turn_ms,
+        };
+        slot.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    pub fn set_in_sync(&self) {
+        self.in_sync.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_applied(&self) {
+        self.applied.store(true, Ordering::Relaxed);
+    }
+
+    /// `(live, why)`.
+    pub fn liveness(&self) -> (bool, String) {
+        let now = self.now_ms();
+        let limit = self.watchdog.as_millis() as u64;
+        let mut stale = Vec::new();
+        for (name, slot) in [
+            ("calculation", &self.calc_turn_ms),
+            ("dataplane", &self.dataplane_turn_ms),
+        ] {
+            let age = now.saturating_sub(slot.load(Ordering::Relaxed));
+            if age > limit {
+                stale.push(format!(
+                    "the {name} loop has not turned for {:.1} s (limit {:.1} s)",
+                    age as f64 / 1e3,
+                    limit as f64 / 1e3
+                ));
+            }
+        }
+        if stale.is_empty() {
+            (true, "live: both agent loops are turning".into())
+        } else {
+            (false, format!("not live: {}", stale.join("; ")))
+        }
+    }
+
+    /// `(ready, why)`.
+    pub fn readiness(&self) -> (bool, String) {
+        let in_sync = self.in_sync.load(Ordering::Relaxed);
+        let applied = self.applied.load(Ordering::Relaxed);
+        match (in_sync, applied) {
+            (true, true) => (
+                true,
+                "ready: datastore in sync and the first full apply done".into(),
+            ),
+            (false, _) => (
+                false,
+                "not ready: waiting for the datastore's first complete listing".into(),
+            ),
+            (true, false) => (
+                false,
+                "not ready: datastore in sync, first full apply not done yet".into(),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_after_sync_and_apply() {
+        let h = Health::new(Duration::from_secs(90));
+        assert!(!h.readiness().0);
+        h.set_in_sync();
+        let (ready, why) = h.readiness();
+        assert!(!ready && why.contains("first full apply"), "{why}");
+        h.set_applied();
+        assert!(h.readiness().0);
+    }
+
+    #[test]
+    fn a_stuck_loop_is_not_live() {
+        let h = Health::new(Duration::from_millis(50));
+        h.turn(Loop::Calc);
+        h.turn(Loop::Dataplane);
+        assert!(h.liveness().0);
+        std::thread::sleep(Duration::from_millis(120));
+        h.turn(Loop::Calc);
+        let (live, why) = h.liveness();
+        assert!(!live && why.contains("dataplane"), "{why}");
+    }
+}

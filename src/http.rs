@@ -1,0 +1,100 @@
+//! The small HTTP servers: Prometheus metrics on `/metrics`, liveness and readiness on
+//! `/liveness` and `/readiness`; each binds its own address and port, as felix's do.
+//!
+//! Built on `tiny_http`, a synchronous server: the agent is threads and channels with no
+//! async runtime, and these endpoints answer a scrape or a kubelet probe every few seconds,
+//! so one thread per server that answers requests in turn is all that is needed. hyper would
+//! bring a tokio runtime and more code for no gain here; a hand-written HTTP parser would be
+//! code of our own to get right. Only GET and HEAD are served.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context};
+use tiny_http::{Header, Method, Response, Server};
+
+use crate::health::Health;
+
+/// What a route answers.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    fn text(status: u16, body: impl Into<String>) -> Reply {
+        let mut body = body.into();
+        body.push('\n');
+        Reply {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body,
+        }
+    }
+}
+
+/// Binds `host:port` and answers requests from a background thread with `route(path)`
+/// (`None`: 404). Returns the bound address (port 0 picks a free one).
+pub fn serve<F>(name: &str, host: &str, port: u16, route: F) -> anyhow::Result<SocketAddr>
+where
+    F: Fn(&str) -> Option<Reply> + Send + 'static,
+{
+    let addr = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("{name} server: cannot resolve {host}:{port}"))?
+        .next()
+        .ok_or_else(|| anyhow!("{name} server: {host}:{port} resolves to no address"))?;
+    let server =
+        Server::http(addr).map_err(|e| anyhow!("{name} server: cannot listen on {addr}: {e}"))?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .ok_or_else(|| anyhow!("{name} server: not an IP listener"))?;
+    std::thread::Builder::new()
+        .name(format!("http-{name}"))
+        .spawn(move || {
+            for request in server.incoming_requests() {
+                let reply = match request.method() {
+                    Method::Get | Method::Head => {
+                        let path = request.url().split('?').next().unwrap_or_default();
+                        route(path).unwrap_or_else(|| Reply::text(404, "not found"))
+                    }
+                    _ => Reply::text(405, "only GET and HEAD"),
+                };
+                let mut response = Response::from_string(reply.body).with_status_code(reply.status);
+                if let Ok(h) = Header::from_bytes("Content-Type", reply.content_type) {
+                    response.add_header(h);
+                }
+                if let Err(e) = request.respond(response) {
+                    tracing::debug!("http: cannot answer: {e}");
+                }
+            }
+        })
+        .context("cannot start the http thread")?;
+    tracing::info!(%bound, "{name} server listening");
+    Ok(bound)
+}
+
+/// `/metrics` in Prometheus' text format.
+pub fn serve_metrics(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    serve("metrics", host, port, |path| {
+        (path == "/metrics").then(|| Reply {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: crate::metrics::global().encode(),
+        })
+    })
+}
+
+/// `/liveness` and `/readiness`: 200 or 503 with a line saying why.
+pub fn serve_health(host: &str, port: u16, health: Arc<Health>) -> anyhow::Result<SocketAddr> {
+    serve("health", host, port, move |path| {
+        let (ok, why) = match path {
+            "/liveness" => health.liveness(),
+            "/readiness" => health.readiness(),
+            _ => return None,
+        };
+        Some(Reply::text(if ok { 200 } else { 503 }, why))
+    })
+}

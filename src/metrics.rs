@@ -1,0 +1,332 @@
+//! Prometheus metrics: felix's concepts under our own prefix (`netpol_`), plus the one felix
+//! lacks, the time from a local pod's first sighting (or a policy change touching it) to its
+//! rules being live in the kernel.
+//!
+//! One process-wide registry (`global()`), created on first use whether or not it is served,
+//! so the writer, the ipset manager, the dataplane and the agent instrument themselves
+//! without plumbing. Hot paths touch only prometheus' atomic types: labelled series are
+//! resolved once (a writer keeps the handles of its own IP family) rather than looked up
+//! per call. Served as text on `/metrics` by `crate::http` when
+//! `FELIX_PROMETHEUSMETRICSENABLED` is true.
+
+use std::sync::OnceLock;
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::calc_graph::model::IpFamily;
+
+/// Every metric, by field. The README's metrics table lists the same names.
+pub struct Metrics {
+    registry: Registry,
+    // iptables writer (labels: ip_version, table)
+    pub iptables_restore_calls: IntCounterVec,
+    pub iptables_restore_errors: IntCounterVec,
+    pub iptables_save_calls: IntCounterVec,
+    pub iptables_save_errors: IntCounterVec,
+    pub iptables_lines_executed: IntCounterVec,
+    pub iptables_chains: IntGaugeVec,
+    pub iptables_rules: IntGaugeVec,
+    // ipset manager
+    pub ipset_calls: IntCounter,
+    pub ipset_errors: IntCounter,
+    pub ipset_lines_executed: IntCounter,
+    pub ipsets: IntGaugeVec,
+    pub ipset_members: IntGaugeVec,
+    // dataplane
+    pub apply_seconds: Histogram,
+    pub apply_failures: IntCounter,
+    pub dataplane_resyncs: IntCounter,
+    pub dataplane_in_sync: IntGauge,
+    pub programming_latency_seconds: Histogram,
+    // calc graph and datastore
+    pub calc_graph_update_seconds: Histogram,
+    pub calc_graph_events: IntCounter,
+    pub active_local_endpoints: IntGauge,
+    pub active_local_policies: IntGauge,
+    pub datastore_in_sync: IntGauge,
+    pub rejections: IntCounterVec,
+    pub rejected_objects: IntGaugeVec,
+}
+
+/// The names of every metric, for documentation checks and tests.
+pub const NAMES: &[&str] = &[
+    "netpol_iptables_restore_calls_total",
+    "netpol_iptables_restore_errors_total",
+    "netpol_iptables_save_calls_total",
+    "netpol_iptables_save_errors_total",
+    "netpol_iptables_lines_executed_total",
+    "netpol_iptables_chains",
+    "netpol_iptables_rules",
+    "netpol_ipset_calls_total",
+    "netpol_ipset_errors_total",
+    "netpol_ipset_lines_executed_total",
+    "netpol_ipsets",
+    "netpol_ipset_members",
+    "netpol_dataplane_apply_seconds",
+    "netpol_dataplane_apply_failures_total",
+    "netpol_dataplane_resyncs_total",
+    "netpol_dataplane_in_sync",
+    "netpol_programming_latency_seconds",
+    "netpol_calc_graph_update_seconds",
+    "netpol_calc_graph_events_total",
+    "netpol_active_local_endpoints",
+    "netpol_active_local_policies",
+    "netpol_datastore_in_sync",
+    "netpol_rejections_total",
+    "netpol_rejected_objects",
+];
+
+fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    reg.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    reg.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    reg.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    reg.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn histogram(reg: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        .expect("valid metric");
+    reg.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+/// Buckets from `start` seconds doubling `count` times.
+fn doubling(start: f64, count: usize) -> Vec<f64> {
+    exponential_buckets(start, 2.0, count).expect("valid buckets")
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let r = Registry::new();
+        let fam = &["ip_version", "table"];
+        let m = Metrics {
+            iptables_restore_calls: counter_vec(
+                &r,
+                "netpol_iptables_restore_calls_total",
+                "iptables-restore runs (successful or not)",
+                fam,
+            ),
+            iptables_restore_errors: counter_vec(
+                &r,
+                "netpol_iptables_restore_errors_total",
+                "iptables-restore runs that failed",
+                fam,
+            ),
+            iptables_save_calls: counter_vec(
+                &r,
+                "netpol_iptables_save_calls_total",
+                "iptables-save runs (reads of the kernel table)",
+                fam,
+            ),
+            iptables_save_errors: counter_vec(
+                &r,
+                "netpol_iptables_save_errors_total",
+                "iptables-save runs that failed",
+                fam,
+            ),
+            iptables_lines_executed: counter_vec(
+                &r,
+                "netpol_iptables_lines_executed_total",
+                "iptables-restore lines committed",
+                fam,
+            ),
+            iptables_chains: gauge_vec(
+                &r,
+                "netpol_iptables_chains",
+                "our chains in the kernel table, as last read or written",
+                fam,
+            ),
+            iptables_rules: gauge_vec(
+                &r,
+                "netpol_iptables_rules",
+                "our rules in the kernel table (in our chains and in kernel chains), as last read or written",
+                fam,
+            ),
+            ipset_calls: counter(
+                &r,
+                "netpol_ipset_calls_total",
+                "ipset runs (restore and save)",
+            ),
+            ipset_errors: counter(&r, "netpol_ipset_errors_total", "ipset runs that failed"),
+            ipset_lines_executed: counter(
+                &r,
+                "netpol_ipset_lines_executed_total",
+                "command lines written to ipset restore",
+            ),
+            ipsets: gauge_vec(
+                &r,
+                "netpol_ipsets",
+                "our IP sets in the kernel",
+                &["ip_version"],
+            ),
+            ipset_members: gauge_vec(
+                &r,
+                "netpol_ipset_members",
+                "members of our IP sets in the kernel",
+                &["ip_version"],
+            ),
+            apply_seconds: histogram(
+                &r,
+                "netpol_dataplane_apply_seconds",
+                "time of one dataplane apply (ipsets, iptables, ipset removals)",
+                doubling(0.001, 16),
+            ),
+            apply_failures: counter(
+                &r,
+                "netpol_dataplane_apply_failures_total",
+                "dataplane applies that failed (retried with backoff)",
+            ),
+            dataplane_resyncs: counter(
+                &r,
+                "netpol_dataplane_resyncs_total",
+                "full re-reads of the kernel (refresh timers and post-write checks)",
+            ),
+            dataplane_in_sync: gauge(
+                &r,
+                "netpol_dataplane_in_sync",
+                "1 when the last apply succeeded and the first full apply is done",
+            ),
+            programming_latency_seconds: histogram(
+                &r,
+                "netpol_programming_latency_seconds",
+                "from a local pod's first sighting, or a change of a policy selecting it, entering the calculation graph to the apply carrying the result completing",
+                doubling(0.001, 17),
+            ),
+            calc_graph_update_seconds: histogram(
+                &r,
+                "netpol_calc_graph_update_seconds",
+                "calculation-graph time of one batch of datastore events (events and flush)",
+                exponential_buckets(0.00001, 3.0, 13).expect("valid buckets"),
+            ),
+            calc_graph_events: counter(
+                &r,
+                "netpol_calc_graph_events_total",
+                "datastore events processed by the calculation graph",
+            ),
+            active_local_endpoints: gauge(
+                &r,
+                "netpol_active_local_endpoints",
+                "pods on this node with a named host interface",
+            ),
+            active_local_policies: gauge(
+                &r,
+                "netpol_active_local_policies",
+                "NetworkPolicies selecting at least one local endpoint",
+            ),
+            datastore_in_sync: gauge(
+                &r,
+                "netpol_datastore_in_sync",
+                "1 once the datastore delivered its first complete listing",
+            ),
+            rejections: counter_vec(
+                &r,
+                "netpol_rejections_total",
+                "objects rejected (kind: Pod, Namespace, NetworkPolicy, Manifest; reason: invalid, interface, parse)",
+                &["kind", "reason"],
+            ),
+            rejected_objects: gauge_vec(
+                &r,
+                "netpol_rejected_objects",
+                "objects currently not enforced as written, by kind",
+                &["kind"],
+            ),
+            registry: r,
+        };
+        // Series that exist from the start, so a scrape shows them at zero.
+        for kind in ["Pod", "Namespace", "NetworkPolicy"] {
+            m.rejected_objects.with_label_values(&[kind]).set(0);
+        }
+        m
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// The handles of one (IP family, table), resolved once.
+    pub fn iptables(&self, family: IpFamily, table: &str) -> IptablesMetrics {
+        let l = [ip_version(family), table];
+        IptablesMetrics {
+            restore_calls: self.iptables_restore_calls.with_label_values(&l),
+            restore_errors: self.iptables_restore_errors.with_label_values(&l),
+            save_calls: self.iptables_save_calls.with_label_values(&l),
+            save_errors: self.iptables_save_errors.with_label_values(&l),
+            lines: self.iptables_lines_executed.with_label_values(&l),
+            chains: self.iptables_chains.with_label_values(&l),
+            rules: self.iptables_rules.with_label_values(&l),
+        }
+    }
+}
+
+/// One writer's series.
+#[derive(Clone)]
+pub struct IptablesMetrics {
+    pub restore_calls: IntCounter,
+    pub restore_errors: IntCounter,
+    pub save_calls: IntCounter,
+    pub save_errors: IntCounter,
+    pub lines: IntCounter,
+    pub chains: IntGauge,
+    pub rules: IntGauge,
+}
+
+pub fn ip_version(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "4",
+        IpFamily::V6 => "6",
+    }
+}
+
+static GLOBAL: OnceLock<Metrics> = OnceLock::new();
+
+/// The process-wide metrics.
+pub fn global() -> &'static Metrics {
+    GLOBAL.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_exported() {
+        let m = global();
+        // Vec series appear once they have a label set.
+        m.iptables(IpFamily::V4, "filter");
+        m.ipsets.with_label_values(&["4"]);
+        m.ipset_members.with_label_values(&["4"]);
+        m.rejections.with_label_values(&["Pod", "invalid"]);
+        let text = m.encode();
+        for name in NAMES {
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} missing from\n{text}"
+            );
+        }
+    }
+}
