@@ -202,6 +202,17 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
     let (tx, rx) = std::sync::mpsc::channel();
+    // Resolvers that learn interface names over time (the container runtime, the routing
+    // table) tell the graph to resolve local pods again through the datastore's channel.
+    let resolver_tx = std::sync::Mutex::new(tx.clone());
+    resolver.start(
+        Box::new(move || {
+            let _ = resolver_tx
+                .lock()
+                .map(|tx| tx.send(DatastoreEvent::InterfacesChanged));
+        }),
+        stop.clone(),
+    )?;
     let datastore = match &opts.datastore {
         Datastore::Dir(dir) => {
             DirSource::new(dir).spawn(tx)?;

@@ -11,6 +11,8 @@ mod static_map;
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::Context;
 
@@ -147,7 +149,19 @@ pub trait InterfaceResolver: Send + Sync + fmt::Debug {
     fn resolve(&self, pod: &PodInfo) -> Result<String, NamingError>;
     /// Short scheme name for logs ("calico", "sandbox", "static").
     fn scheme(&self) -> &'static str;
+    /// Starts watching whatever the resolver learns names from (the container runtime,
+    /// the routing table), on its own thread, until `stop` is set. `changed` is called
+    /// whenever something was learned that may change a resolution; the agent then
+    /// resolves every local pod again. Schemes that derive names from the pod alone have
+    /// nothing to watch.
+    fn start(&self, changed: ChangeNotifier, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+        let _ = (changed, stop);
+        Ok(())
+    }
 }
+
+/// Called by a resolver when it learned something; cheap and callable from any thread.
+pub type ChangeNotifier = Box<dyn Fn() + Send + Sync>;
 
 /// Checks `name` against the kernel's rules (`dev_valid_name`). Never shortens it.
 pub fn validate_interface_name(name: &str) -> Result<(), NamingError> {
