@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod converge;
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,133 @@
+//! The real binary on the Kubernetes datastore: `netpol-agent run` (default datastore) with a
+//! kubeconfig pointing at a local API server speaking list/watch, inside a network
+//! namespace, converges to what `compile` renders for the same objects as manifests,
+//! follows changes made through the API, and a watch that is cut and expired (410) relists
+//! without the kernel changing at all.
+
+mod common;
+mod kube_api;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::converge::{observed, wait_converged};
+use common::{NetNs, TempDir};
+use kube_api::{FakeApi, Gone, Res};
+
+const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
+
+/// The API server's listening socket must live in the agent's namespace.
+fn api_in(ns: &NetNs) -> FakeApi {
+    let path = format!("/run/netns/{}", ns.name);
+    std::thread::spawn(move || {
+        let handle = std::fs::File::open(path).unwrap();
+        nix::sched::setns(&handle, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        FakeApi::start()
+    })
+    .join()
+    .unwrap()
+}
+
+fn kubeconfig(dir: &Path, url: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
+             current-context: x\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every document of the demo, one object each (the API has no `kind: List`).
+fn demo_objects() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo");
+    let cluster: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root.join("cluster.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut docs: Vec<String> = cluster["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| serde_yaml_ng::to_string(item).unwrap())
+        .collect();
+    docs.push(std::fs::read_to_string(root.join("policies.yaml")).unwrap());
+    docs.join("\n---\n")
+}
+
+#[test]
+fn the_agent_on_the_api_converges_follows_changes_and_survives_a_410_relist() {
+    let ns = NetNs::new("kube");
+    let api = api_in(&ns);
+    let work = TempDir::new("kube");
+    let manifests = TempDir::new("kube-manifests");
+    let objects = demo_objects();
+    api.apply_yaml(&objects);
+    std::fs::write(manifests.path.join("all.yaml"), &objects).unwrap();
+
+    let log = work.path.join("agent.log");
+    let agent = Agent(
+        Command::new("ip")
+            .args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+            .env("KUBECONFIG", kubeconfig(&work.path, &api.url))
+            .env_remove("FELIX_DATASTORETYPE")
+            .env("FELIX_IPTABLESBACKEND", "legacy")
+            .env("FELIX_HEALTHENABLED", "false")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_converged(&ns, &manifests.path, "legacy", &log);
+
+    // A change through the API: the web policy goes away.
+    api.delete(Res::Policies, "shop/web-from-anywhere");
+    let policies = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo/policies.yaml"),
+    )
+    .unwrap();
+    let without_web: Vec<&str> = policies
+        .split("\n---\n")
+        .filter(|doc| !doc.contains("name: web-from-anywhere"))
+        .collect();
+    let changed = demo_objects().replace(&policies, &without_web.join("\n---\n"));
+    assert_ne!(changed, objects, "the policy was removed from the expectation");
+    std::fs::write(manifests.path.join("all.yaml"), &changed).unwrap();
+    wait_converged(&ns, &manifests.path, "legacy", &log);
+
+    // Cut every watch and make resuming impossible: the agent relists. Nothing changed on
+    // the server, so the kernel must not change at any moment.
+    let before = observed(&ns, "legacy", false);
+    for res in kube_api::ALL {
+        api.set_gone(res, Gone::Http);
+        api.compact(res);
+        api.close_watches(res, true);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        assert_eq!(observed(&ns, "legacy", false), before, "the relist changed the kernel");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let relists = api
+        .requests()
+        .iter()
+        .filter(|r| !r.watch && r.res == Res::Policies)
+        .count();
+    assert!(relists >= 2, "the agent relisted after the 410 ({relists} lists)");
+    drop(agent);
+}
