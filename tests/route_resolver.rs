@@ -313,3 +313,94 @@ fn compile_refuses_the_routes_scheme() {
     assert!(stderr.contains("FELIX_INTERFACEMAPFILE"), "{stderr}");
     assert!(out.stdout.is_empty());
 }
+
+/// The agent itself with `FELIX_INTERFACENAMESCHEME=routes` in a hybridnet-like namespace:
+/// a pod whose route is in table 39999 gets its chains; a pod without a route is reported
+/// and gets them once its route appears (the resolver's notifier makes the agent resolve
+/// local pods again).
+#[test]
+fn agent_names_pod_interfaces_from_routes() {
+    let ns = NetNs::new("routes-agent");
+    add_veth(&ns, "hybr1b7a9ed1883", "pb");
+    ns.sh_ok(
+        "ip rule add from all lookup 39999 pref 1 && \
+         ip route add 172.24.0.4/32 dev hybr1b7a9ed1883 table 39999",
+    );
+    let dir = common::TempDir::new("routes-agent");
+    let manifests = dir.path.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("pods.yaml"),
+        "apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: web, namespace: default, labels: {app: web}}
+  spec: {nodeName: node-1, containers: [{name: web, image: nginx}]}
+  status: {phase: Running, podIPs: [{ip: 172.24.0.4}]}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: late, namespace: default, labels: {app: late}}
+  spec: {nodeName: node-1, containers: [{name: late, image: nginx}]}
+  status: {phase: Running, podIPs: [{ip: 172.24.0.20}]}
+",
+    )
+    .unwrap();
+    let log = dir.path.join("agent.log");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+        .arg("--datastore")
+        .arg(format!("dir:{}", manifests.display()));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FELIX_") || k == "NODENAME" {
+            cmd.env_remove(k);
+        }
+    }
+    let child = cmd
+        .envs([
+            ("FELIX_INTERFACENAMESCHEME", "routes"),
+            ("FELIX_INTERFACEPREFIX", "hybr"),
+            ("FELIX_IPTABLESBACKEND", "legacy"),
+            ("FELIX_IPV6SUPPORT", "false"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Kill(child);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait_chain = |chain: &str| {
+        let start = Instant::now();
+        loop {
+            let save = ns.exec_ok(&["iptables-legacy-save", "-t", "filter"]);
+            if save.contains(&format!(":{chain} ")) {
+                return save;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{chain} never appeared; log:\n{}\n{save}",
+                read_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let save = wait_chain("cali-tw-hybr1b7a9ed1883");
+    assert!(save.contains("-i hybr+"), "{save}");
+    assert!(
+        read_log().contains("no host route to 172.24.0.20 in any routing table"),
+        "{}",
+        read_log()
+    );
+    add_veth(&ns, "hybr0a1b2c3d4e5", "pd");
+    ns.sh_ok("ip route add 172.24.0.20/32 dev hybr0a1b2c3d4e5 table 39999");
+    wait_chain("cali-tw-hybr0a1b2c3d4e5");
+}
