@@ -183,6 +183,9 @@ pub enum NamingScheme {
     Sandbox,
     /// A YAML map `"namespace/pod": interface` (FELIX_INTERFACEMAPFILE).
     Static,
+    /// The output interface of the host route (/32, /128) to the pod's IP, in any routing
+    /// table, read from this node over netlink while the agent runs (not with compile).
+    Routes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -370,6 +373,10 @@ pub struct AgentOptions {
     /// Port of the health server.
     #[arg(long, env = "FELIX_HEALTHPORT", default_value = "9099", value_parser = parse_port)]
     pub health_port: u16,
+    /// Run even when the preflight checks find a dataplane that bypasses host netfilter
+    /// (Open vSwitch, ipvlan/macvlan, bridged pod ports); the findings are logged as warnings.
+    #[arg(long, env = "FELIX_PREFLIGHTOVERRIDE", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub preflight_override: bool,
 }
 
 impl AgentOptions {
@@ -502,6 +509,22 @@ impl RuleOptions {
         })
     }
 
+    /// Refuses schemes that need a running node (compile works offline).
+    pub fn check_offline(&self) -> Result<(), ConfigError> {
+        if self.interface_name_scheme == NamingScheme::Routes {
+            return Err(ConfigError(
+                "FELIX_INTERFACENAMESCHEME=routes (--interface-name-scheme routes) learns \
+                 interface names from this node's routing tables while the agent runs; compile \
+                 works offline and cannot use it. Give compile the names with \
+                 --interface-name-scheme static and a FELIX_INTERFACEMAPFILE \
+                 (--interface-map-file) of \"namespace/pod\": interface, e.g. written from \
+                 `ip route show table all` on the node"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn resolver(&self) -> anyhow::Result<Box<dyn InterfaceResolver>> {
         let first_prefix = || -> anyhow::Result<String> {
             Ok(parse_prefix_list(&self.interface_prefix)?
@@ -515,6 +538,9 @@ impl RuleOptions {
             },
             NamingScheme::Sandbox => ResolverConfig::Sandbox {
                 prefix: first_prefix()?,
+            },
+            NamingScheme::Routes => ResolverConfig::Routes {
+                prefixes: self.interface_prefix.clone(),
             },
             NamingScheme::Static => match &self.interface_map_file {
                 Some(path) => ResolverConfig::Static {

@@ -11,6 +11,7 @@
 //! The loops write atomics only; the HTTP server reads them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Which agent loop reports a turn.
@@ -30,6 +31,8 @@ pub struct Health {
     dataplane_turn_ms: AtomicU64,
     in_sync: AtomicBool,
     applied: AtomicBool,
+    /// Why the agent refuses to run (the preflight checks), while it does.
+    refused: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -42,6 +45,7 @@ impl Health {
             dataplane_turn_ms: AtomicU64::new(0),
             in_sync: AtomicBool::new(false),
             applied: AtomicBool::new(false),
+            refused: Mutex::new(None),
         }
     }
 
@@ -66,8 +70,34 @@ impl Health {
         self.applied.store(true, Ordering::Relaxed);
     }
 
+    /// The agent refuses to run: not ready, with this reason, and live (restarting would
+    /// find the same node) until [`Health::clear_refused`].
+    pub fn set_refused(&self, why: String) {
+        *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// The refusal is over and the loops start now: their watchdog starts afresh.
+    pub fn clear_refused(&self) {
+        self.turn(Loop::Calc);
+        self.turn(Loop::Dataplane);
+        *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// `(live, why)`.
     pub fn liveness(&self) -> (bool, String) {
+        if self.refused().is_some() {
+            return (
+                true,
+                "live: refusing to run, the agent loops are not started (see /readiness)".into(),
+            );
+        }
         let now = self.now_ms();
         let limit = self.watchdog.as_millis() as u64;
         let mut stale = Vec::new();
@@ -93,6 +123,9 @@ impl Health {
 
     /// `(ready, why)`.
     pub fn readiness(&self) -> (bool, String) {
+        if let Some(why) = self.refused() {
+            return (false, format!("not ready: {why}"));
+        }
         let in_sync = self.in_sync.load(Ordering::Relaxed);
         let applied = self.applied.load(Ordering::Relaxed);
         match (in_sync, applied) {
@@ -125,6 +158,19 @@ mod tests {
         assert!(!ready && why.contains("first full apply"), "{why}");
         h.set_applied();
         assert!(h.readiness().0);
+    }
+
+    #[test]
+    fn a_refusal_is_live_and_not_ready_with_the_reason() {
+        let h = Health::new(Duration::from_millis(10));
+        h.set_refused("refused to run: ipv0 (ipvlan)".into());
+        std::thread::sleep(Duration::from_millis(30));
+        let (ready, why) = h.readiness();
+        assert!(!ready && why.contains("ipv0 (ipvlan)"), "{why}");
+        assert!(h.liveness().0);
+        h.clear_refused();
+        assert!(h.liveness().0, "the watchdog restarts when the loops start");
+        assert!(h.readiness().1.contains("datastore"));
     }
 
     #[test]

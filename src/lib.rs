@@ -6,7 +6,8 @@
 //! `ipsets` (set naming, members and restore scripts; `ipsets::kernel` applies them),
 //! `iptables_writer` (our chains and kernel-chain rules into the kernel, by diff),
 //! `dataplane` (apply order), `agent` (the event loop), `iface_naming` (pod → host veth),
-//! `exec` (running external tools, optionally in a network namespace).
+//! `exec` (running external tools, optionally in a network namespace), `netlink` (links and
+//! routes over rtnetlink), `preflight` (refusing dataplanes that bypass host netfilter).
 
 pub mod agent;
 pub mod calc_graph;
@@ -20,5 +21,7 @@ pub mod iface_naming;
 pub mod ipsets;
 pub mod iptables_writer;
 pub mod metrics;
+pub mod netlink;
+pub mod preflight;
 pub mod rules;
 pub mod verify;

@@ -3,7 +3,9 @@
 //!
 //! Exit status: 0 success; 1 a failure while running (or `compile --strict` with rejected
 //! objects); 2 invalid configuration (a bad flag or `FELIX_*` value, found before anything
-//! is done).
+//! is done); 3 `run` refused the node because its dataplane bypasses host netfilter (the
+//! preflight checks): at once when the health server is off, else on SIGTERM/SIGINT after
+//! having served `/readiness` 503 with the reason meanwhile.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -11,10 +13,11 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use netpol_agent::agent::{self, Timers};
 use netpol_agent::calc_graph::model::IpFamily;
@@ -29,8 +32,17 @@ use netpol_agent::datastore::{feed, manifests, DatastoreEvent};
 use netpol_agent::exec::Exec;
 use netpol_agent::health::Health;
 use netpol_agent::iptables_writer::{detect_backend, Backend};
+use netpol_agent::preflight::{self, PreflightConfig};
+use netpol_agent::rules::RuleConfig;
 use netpol_agent::rules::{chains::kernel_chain_rules, render};
 use netpol_agent::{http, ipsets};
+
+/// Exit status of `run` when the preflight checks refuse the node.
+const EXIT_REFUSED: u8 = 3;
+/// How often a refused agent (health server on) looks at the node again.
+const PREFLIGHT_RECHECK: Duration = Duration::from_secs(10);
+/// How often a refused agent repeats the full report in its log.
+const PREFLIGHT_RELOG: Duration = Duration::from_secs(300);
 
 #[derive(Parser)]
 #[command(
@@ -201,6 +213,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
+    if !preflight_passes(opts, &rules, args.dataplane.ipv6_support, &health, &stop)? {
+        return Ok(ExitCode::from(EXIT_REFUSED));
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     // Resolvers that learn interface names over time (the container runtime, the routing
     // table) tell the graph to resolve local pods again through the datastore's channel.
@@ -245,6 +260,79 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The preflight checks (see `preflight`): `Ok(true)` when the node's dataplane lets
+/// iptables see pod traffic, or the operator overrides the findings. Otherwise the refusal is
+/// logged and, without a health server, `run` ends at once with status 3. With one, the agent
+/// stays up: `/readiness` answers 503 with the findings, `/liveness` 200 (a restart would find
+/// the same node), and the node is looked at again every 10 s, so fixing it (say
+/// `net.bridge.bridge-nf-call-iptables=1`) starts the agent without a restart; SIGTERM then
+/// ends it with status 3. Nothing is programmed while refusing.
+fn preflight_passes(
+    opts: &AgentOptions,
+    rules: &RuleConfig,
+    ipv6: bool,
+    health: &Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<bool> {
+    let cfg = PreflightConfig {
+        prefixes: rules.interface_prefixes.clone(),
+        // Set from the bridge-mode option once that mode exists.
+        bridge_mode: false,
+        ipv6,
+    };
+    let mut findings = preflight::check(&preflight::snapshot()?, &cfg);
+    if findings.is_empty() {
+        return Ok(true);
+    }
+    if opts.preflight_override {
+        warn!(
+            "FELIX_PREFLIGHTOVERRIDE (--preflight-override) is set, so running although: {}",
+            preflight::report(&findings)
+        );
+        return Ok(true);
+    }
+    let report = preflight::report(&findings);
+    error!("{report}");
+    if !opts.health_enabled {
+        eprintln!("netpol-agent: {report}");
+        return Ok(false);
+    }
+    health.set_refused(preflight::summary(&findings));
+    info!(
+        "staying up not ready (/readiness says why); the node is checked again every {} s",
+        PREFLIGHT_RECHECK.as_secs()
+    );
+    let mut logged = Instant::now();
+    loop {
+        let wake = Instant::now() + PREFLIGHT_RECHECK;
+        while Instant::now() < wake {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                info!("stopping; refused to run, nothing was programmed");
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let now = match preflight::snapshot() {
+            Ok(snapshot) => preflight::check(&snapshot, &cfg),
+            Err(e) => {
+                warn!("preflight: reading the node again failed: {e:#}");
+                continue;
+            }
+        };
+        if now.is_empty() {
+            info!("the preflight checks pass now; starting");
+            health.clear_refused();
+            return Ok(true);
+        }
+        if now != findings || logged.elapsed() >= PREFLIGHT_RELOG {
+            error!("{}", preflight::report(&now));
+            logged = Instant::now();
+        }
+        health.set_refused(preflight::summary(&now));
+        findings = now;
+    }
+}
+
 fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
     let exec = Exec::default();
     dataplane::cleanup(
@@ -262,6 +350,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     } else {
         IpFamily::V4
     };
+    args.rules.check_offline()?;
     let rule_cfg = args.rules.rule_config()?;
     let mut graph = CalcGraph::new(GraphConfig {
         node_name: args.node.clone(),

@@ -1,15 +1,18 @@
 //! Pod → host-side veth interface name, behind a pluggable [`InterfaceResolver`].
 //!
-//! Owns the naming schemes (Calico/felix hash, sandbox container ID, static map), the
-//! validation every produced name goes through, and building a resolver from configuration.
+//! Owns the naming schemes (Calico/felix hash, sandbox container ID, static map, host
+//! routes learned over netlink), the validation every produced name goes through, and
+//! building a resolver from configuration.
 //! Names that do not fit the kernel's limits are refused, never truncated: a truncated name
 //! would silently point policy at the wrong interface, or at none.
 
 mod calico;
+mod routes;
 mod sandbox;
 mod static_map;
 
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -19,6 +22,10 @@ use anyhow::Context;
 use crate::calc_graph::model::{ObjectKey, PodInfo};
 
 pub use calico::{CalicoResolver, DEFAULT_CALICO_PREFIX};
+pub use routes::{
+    read_state, resolve_from_map, table_name, Followup, PodRoute, RouteMap, RouteState,
+    RouteTarget, RoutesResolver,
+};
 pub use sandbox::{SandboxResolver, MAX_SANDBOX_PREFIX_LEN, MIN_SANDBOX_ID_CHARS};
 pub use static_map::StaticResolver;
 
@@ -134,6 +141,56 @@ pub enum NamingError {
     },
     #[error("static interface map is not usable YAML: {message}")]
     MapYaml { message: String },
+    #[error("pod {pod} has no IP address, so no host route can name its interface")]
+    NoPodIp { pod: ObjectKey },
+    #[error("pod {pod}: no host route to {} in any routing table", join_ips(.ips))]
+    NoHostRoute { pod: ObjectKey, ips: Vec<IpAddr> },
+    #[error(
+        "pod {pod}: its host routes lead to different interfaces, so none can be chosen: {}",
+        join_routes(.routes)
+    )]
+    ConflictingRoutes {
+        pod: ObjectKey,
+        routes: Vec<PodRoute>,
+    },
+    #[error(
+        "pod {pod}: the host route to {ip} (table {}) leads to interface index {ifindex}, whose \
+         name is not known yet",
+        table_name(*.table)
+    )]
+    UnknownRouteInterface {
+        pod: ObjectKey,
+        ip: IpAddr,
+        table: u32,
+        ifindex: u32,
+    },
+    #[error(
+        "pod {pod}: its host route leads to interface {name:?}, which matches none of the \
+         interface prefixes {} (FELIX_INTERFACEPREFIX): the dispatch rules (-i {}+) could never \
+         match it",
+        .prefixes.join(", "),
+        .prefixes.first().map(String::as_str).unwrap_or("")
+    )]
+    InterfacePrefixMismatch {
+        pod: ObjectKey,
+        name: String,
+        prefixes: Vec<String>,
+    },
+}
+
+fn join_ips(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
+fn join_routes(routes: &[PodRoute]) -> String {
+    routes
+        .iter()
+        .map(PodRoute::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn for_pod(pod: &Option<ObjectKey>) -> String {
@@ -249,6 +306,9 @@ pub enum ResolverConfig {
     Sandbox { prefix: String },
     /// A YAML file mapping `"namespace/pod"` to interface names.
     Static { map_file: PathBuf },
+    /// The output interface of the host route to the pod's IP, in any routing table, learned
+    /// over netlink while the agent runs; `prefixes` is the list the interface must match.
+    Routes { prefixes: String },
 }
 
 impl Default for ResolverConfig {
@@ -277,6 +337,9 @@ pub fn build_resolver(cfg: &ResolverConfig) -> anyhow::Result<Box<dyn InterfaceR
                     .with_context(|| format!("in static interface map {}", map_file.display()))?,
             )
         }
+        ResolverConfig::Routes { prefixes } => Box::new(
+            RoutesResolver::new(prefixes).context("configuring the routes interface naming")?,
+        ),
     })
 }
 

@@ -1,0 +1,311 @@
+//! The preflight checks on a real kernel, in network namespaces the test makes: a Linux
+//! bridge with pod ports and `bridge-nf-call-iptables=0` (set inside the namespace only),
+//! ipvlan (when the kernel has it) and macvlan links. First the detectors on a snapshot read
+//! from the namespace, then the real binary (`netpol-agent run` under `ip netns exec`):
+//! without a health server it exits 3 naming what it found; with one it stays up, 503 on
+//! `/readiness` with the reason and 200 on `/liveness`, exits 3 on SIGTERM, and starts by
+//! itself once the node is fixed; `FELIX_PREFLIGHTOVERRIDE=true` runs anyway.
+//! Open vSwitch cannot be built here (no openvswitch module); its detector is unit-tested on
+//! a synthetic snapshot.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{NetNs, TempDir};
+use netpol_agent::preflight::{self, BrNetfilter, Finding, PreflightConfig};
+
+const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
+const HEALTH_PORT: u16 = 9099;
+
+fn in_netns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = std::fs::File::open(format!("/run/netns/{}", ns.name)).unwrap();
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .expect("thread in the test namespace")
+    })
+}
+
+fn cfg(bridge_mode: bool) -> PreflightConfig {
+    PreflightConfig {
+        prefixes: vec!["cali".to_string()],
+        bridge_mode,
+        ipv6: false,
+    }
+}
+
+/// A pod veth `cali…` enslaved to bridge br0, br_netfilter switched off in this namespace
+/// only.
+fn bridged_node() -> NetNs {
+    let ns = NetNs::new("pf-bridge");
+    ns.sh_ok(
+        "set -e
+         ip link add br0 type bridge
+         ip link add cali82111e10a96 type veth peer name pod0
+         ip link set cali82111e10a96 master br0
+         ip link set br0 up
+         ip link set cali82111e10a96 up",
+    );
+    if Path::new("/proc/sys/net/bridge").exists() {
+        ns.sh_ok("echo 0 > /proc/sys/net/bridge/bridge-nf-call-iptables");
+    }
+    ns
+}
+
+/// A node with a macvlan link, and an ipvlan one when the kernel supports ipvlan. Returns
+/// whether ipvlan was built.
+fn vlan_node() -> (NetNs, bool) {
+    let ns = NetNs::new("pf-vlan");
+    ns.sh_ok("ip link add veth0 type veth peer name veth1 && ip link add link veth0 name mac0 type macvlan");
+    let ipvlan = ns
+        .exec(&[
+            "ip", "link", "add", "link", "veth0", "name", "ipv0", "type", "ipvlan",
+        ])
+        .status
+        .success();
+    if !ipvlan {
+        eprintln!("this kernel has no ipvlan (CONFIG_IPVLAN); checking macvlan only");
+    }
+    (ns, ipvlan)
+}
+
+#[test]
+fn detectors_read_a_real_bridge_and_br_netfilter_per_namespace() {
+    let ns = bridged_node();
+    let snapshot = in_netns(&ns, || preflight::snapshot().unwrap());
+    if Path::new("/proc/sys/net/bridge").exists() {
+        assert_eq!(
+            snapshot.br_netfilter,
+            BrNetfilter::Present {
+                call_iptables: false,
+                call_ip6tables: true
+            },
+            "the namespace's own sysctl"
+        );
+    }
+    let found = preflight::check(&snapshot, &cfg(true));
+    assert!(
+        matches!(&found[..], [Finding::BridgeNetfilterOff { bridge, ports, .. }]
+            if bridge == "br0" && ports == &["cali82111e10a96".to_string()]),
+        "{found:?}"
+    );
+    let found = preflight::check(&snapshot, &cfg(false));
+    assert!(
+        matches!(&found[..], [Finding::PrefixPortsBridged { bridge, .. }] if bridge == "br0"),
+        "{found:?}"
+    );
+    // Out of the bridge: nothing to find.
+    ns.sh_ok("ip link set cali82111e10a96 nomaster");
+    let snapshot = in_netns(&ns, || preflight::snapshot().unwrap());
+    assert_eq!(preflight::check(&snapshot, &cfg(true)), vec![]);
+}
+
+#[test]
+fn detectors_find_ipvlan_and_macvlan_links() {
+    let (ns, ipvlan) = vlan_node();
+    let snapshot = in_netns(&ns, || preflight::snapshot().unwrap());
+    let found = preflight::check(&snapshot, &cfg(false));
+    let [Finding::Ipvlan { links }] = &found[..] else {
+        panic!("{found:?}");
+    };
+    assert!(links.contains(&"mac0 (macvlan)".to_string()), "{links:?}");
+    assert_eq!(
+        links.contains(&"ipv0 (ipvlan)".to_string()),
+        ipvlan,
+        "{links:?}"
+    );
+}
+
+// ---------------------------------------------------------------- the binary
+
+struct Agent {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    fn start(ns: &NetNs, dir: &TempDir, vars: &[(&str, &str)]) -> Agent {
+        let log = dir.path.join("agent.log");
+        let datastore = dir.path.join("manifests");
+        std::fs::create_dir_all(&datastore).unwrap();
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+            .arg("--datastore")
+            .arg(format!("dir:{}", datastore.display()));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FELIX_") || k == "NODENAME" {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .envs([
+                ("FELIX_IPTABLESBACKEND", "legacy"),
+                ("FELIX_IPV6SUPPORT", "false"),
+                ("FELIX_HEALTHHOST", "127.0.0.1"),
+                ("FELIX_HEALTHPORT", &HEALTH_PORT.to_string()),
+            ])
+            .envs(vars.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start agent");
+        Agent { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < within,
+                "the agent did not exit; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.wait_exit(Duration::from_secs(10))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET path` on the health port inside `ns`: (status, body).
+fn http_get(ns: &NetNs, path: &str) -> std::io::Result<(u16, String)> {
+    in_netns(ns, || {
+        let addr = SocketAddr::from(([127, 0, 0, 1], HEALTH_PORT));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw)?;
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad response: {head}")))?;
+        Ok((status, body.to_string()))
+    })
+}
+
+/// Polls `path` until its status is `status`; returns the body.
+fn wait_status(ns: &NetNs, agent: &Agent, path: &str, status: u16, within: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let got = http_get(ns, path);
+        if let Ok((s, body)) = &got {
+            if *s == status {
+                return body.clone();
+            }
+        }
+        assert!(
+            start.elapsed() < within,
+            "{path} never answered {status} (last {got:?}); log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn run_without_health_exits_3_naming_what_it_found() {
+    let (ns, ipvlan) = vlan_node();
+    let dir = TempDir::new("pf-exit");
+    let mut agent = Agent::start(&ns, &dir, &[("FELIX_HEALTHENABLED", "false")]);
+    let status = agent.wait_exit(Duration::from_secs(20));
+    let log = agent.log();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains("bypasses host netfilter"), "{log}");
+    assert!(log.contains("mac0 (macvlan)"), "{log}");
+    if ipvlan {
+        assert!(log.contains("ipv0 (ipvlan)"), "{log}");
+    }
+    assert!(log.contains("FELIX_PREFLIGHTOVERRIDE=true"), "{log}");
+    // Nothing was programmed.
+    let save = ns.exec_ok(&["iptables-legacy-save", "-t", "filter"]);
+    assert!(!save.contains("cali-"), "{save}");
+}
+
+#[test]
+fn run_with_health_stays_up_not_ready_and_starts_once_the_node_is_fixed() {
+    let ns = bridged_node();
+    let dir = TempDir::new("pf-health");
+    let vars = [("FELIX_HEALTHENABLED", "true")];
+
+    // Refused: 503 with the reason, live, exit 3 on SIGTERM.
+    let mut agent = Agent::start(&ns, &dir, &vars);
+    let body = wait_status(&ns, &agent, "/readiness", 503, Duration::from_secs(20));
+    assert!(body.contains("refused to run"), "{body}");
+    assert!(body.contains("br0"), "{body}");
+    assert!(body.contains("cali82111e10a96"), "{body}");
+    let (live, why) = http_get(&ns, "/liveness").unwrap();
+    assert_eq!(live, 200, "{why}");
+    assert_eq!(agent.terminate().code(), Some(3), "{}", agent.log());
+    drop(agent);
+
+    // Refused again; the pod interface leaves the bridge and the agent starts by itself.
+    let mut agent = Agent::start(&ns, &dir, &vars);
+    wait_status(&ns, &agent, "/readiness", 503, Duration::from_secs(20));
+    ns.sh_ok("ip link set cali82111e10a96 nomaster");
+    wait_status(&ns, &agent, "/readiness", 200, Duration::from_secs(40));
+    assert!(
+        agent.log().contains("the preflight checks pass now"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+}
+
+#[test]
+fn override_runs_anyway_with_a_warning() {
+    let (ns, _) = vlan_node();
+    let dir = TempDir::new("pf-override");
+    let mut agent = Agent::start(
+        &ns,
+        &dir,
+        &[
+            ("FELIX_HEALTHENABLED", "true"),
+            ("FELIX_PREFLIGHTOVERRIDE", "true"),
+        ],
+    );
+    wait_status(&ns, &agent, "/readiness", 200, Duration::from_secs(30));
+    let log = agent.log();
+    assert!(log.contains("WARN"), "{log}");
+    assert!(log.contains("running although"), "{log}");
+    assert!(log.contains("mac0 (macvlan)"), "{log}");
+    let save = ns.exec_ok(&["iptables-legacy-save", "-t", "filter"]);
+    assert!(save.contains("cali-FORWARD"), "{save}");
+    assert_eq!(agent.terminate().code(), Some(0), "{log}");
+}
