@@ -181,6 +181,13 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let node = opts.node_name()?;
     let rules = args.rules.rule_config()?;
     let resolver = args.rules.resolver()?;
+    if let Some(bridge) = &rules.bridge {
+        netpol_agent::rules::bridge::check_br_netfilter(
+            std::path::Path::new("/proc/sys/net/bridge"),
+            bridge,
+            &args.dataplane.families(),
+        )?;
+    }
     let timers = Timers {
         refresh: AgentOptions::timer(opts.iptables_refresh_interval),
         ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),

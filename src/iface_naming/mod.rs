@@ -1,10 +1,11 @@
 //! Pod → host-side veth interface name, behind a pluggable [`InterfaceResolver`].
 //!
-//! Owns the naming schemes (Calico/felix hash, sandbox container ID, static map), the
+//! Owns the naming schemes (Calico/felix hash, sandbox container ID, static map, bridge port), the
 //! validation every produced name goes through, and building a resolver from configuration.
 //! Names that do not fit the kernel's limits are refused, never truncated: a truncated name
 //! would silently point policy at the wrong interface, or at none.
 
+mod bridge;
 mod calico;
 mod sandbox;
 mod static_map;
@@ -18,6 +19,7 @@ use anyhow::Context;
 
 use crate::calc_graph::model::{ObjectKey, PodInfo};
 
+pub use bridge::BridgeResolver;
 pub use calico::{CalicoResolver, DEFAULT_CALICO_PREFIX};
 pub use sandbox::{SandboxResolver, MAX_SANDBOX_PREFIX_LEN, MIN_SANDBOX_ID_CHARS};
 pub use static_map::StaticResolver;
@@ -134,6 +136,17 @@ pub enum NamingError {
     },
     #[error("static interface map is not usable YAML: {message}")]
     MapYaml { message: String },
+    #[error(
+        "pod {pod}: no port of bridge {bridge} is known for its addresses {addresses:?} yet \
+         (asked the kernel to resolve them)"
+    )]
+    BridgePortUnknown {
+        pod: ObjectKey,
+        bridge: String,
+        addresses: Vec<String>,
+    },
+    #[error("pod {pod}: its addresses are behind different bridge ports {ports:?}")]
+    BridgePortsDiffer { pod: ObjectKey, ports: Vec<String> },
 }
 
 fn for_pod(pod: &Option<ObjectKey>) -> String {
@@ -249,6 +262,9 @@ pub enum ResolverConfig {
     Sandbox { prefix: String },
     /// A YAML file mapping `"namespace/pod"` to interface names.
     Static { map_file: PathBuf },
+    /// The port of `bridge` behind which the pod's address answers (learned over rtnetlink);
+    /// `prefixes` is the comma-separated list of pod port prefixes.
+    Bridge { bridge: String, prefixes: String },
 }
 
 impl Default for ResolverConfig {
@@ -268,6 +284,10 @@ pub fn build_resolver(cfg: &ResolverConfig) -> anyhow::Result<Box<dyn InterfaceR
         ),
         ResolverConfig::Sandbox { prefix } => Box::new(
             SandboxResolver::new(prefix).context("configuring the sandbox interface naming")?,
+        ),
+        ResolverConfig::Bridge { bridge, prefixes } => Box::new(
+            BridgeResolver::new(bridge, prefixes)
+                .context("configuring the bridge interface naming")?,
         ),
         ResolverConfig::Static { map_file } => {
             let text = std::fs::read_to_string(map_file)
