@@ -55,6 +55,7 @@ struct Cluster {
 const REMOTE_POD: &str = "10.244.1.1";
 const REMOTE_NODE: &str = "192.168.50.2";
 const GATEWAY: &str = "10.244.0.1";
+const GATEWAY6: &str = "fd00:244::1";
 
 impl Cluster {
     fn new(tag: &str) -> Cluster {
@@ -67,7 +68,9 @@ impl Cluster {
         );
         node.sh_ok(
             "ip link add cni0 type bridge && ip addr add 10.244.0.1/24 dev cni0 && \
+             ip -6 addr add fd00:244::1/64 dev cni0 nodad && \
              ip link set cni0 up && sysctl -qw net.ipv4.ip_forward=1 && \
+             sysctl -qw net.ipv6.conf.all.forwarding=1 && \
              echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables && \
              echo 1 > /proc/sys/net/bridge/bridge-nf-call-ip6tables",
         );
@@ -100,8 +103,9 @@ impl Cluster {
         Cluster { node, remote }
     }
 
-    /// A pod namespace on the bridge through a new `veth<8 hex>` port. IPv6 is off inside the
-    /// pod, so the pod stays silent until it is spoken to.
+    /// A pod namespace on the bridge through a new `veth<8 hex>` port. An IPv4 pod has IPv6
+    /// off, so it stays silent until it is spoken to; an IPv6 pod (`ip` with `:`) is IPv6
+    /// only.
     fn add_pod(&self, tag: &str, ip: &str) -> Pod {
         let ns = NetNs::new(tag);
         let veth = random_veth();
@@ -122,12 +126,19 @@ impl Cluster {
                 &ns.name,
             ],
         );
-        ns.sh_ok(&format!(
-            "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 && \
-             sysctl -qw net.ipv6.conf.default.disable_ipv6=1 && \
-             ip addr add {ip}/24 dev eth0 && ip link set eth0 up && \
-             ip route add default via {GATEWAY}"
-        ));
+        if ip.contains(':') {
+            ns.sh_ok(&format!(
+                "ip -6 addr add {ip}/64 dev eth0 nodad && ip link set eth0 up && \
+                 ip -6 route add default via {GATEWAY6}"
+            ));
+        } else {
+            ns.sh_ok(&format!(
+                "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 && \
+                 sysctl -qw net.ipv6.conf.default.disable_ipv6=1 && \
+                 ip addr add {ip}/24 dev eth0 && ip link set eth0 up && \
+                 ip route add default via {GATEWAY}"
+            ));
+        }
         self.node.sh_ok(&format!(
             "ip link set {veth} master cni0 && ip link set {veth} up"
         ));
@@ -150,8 +161,13 @@ impl Procs {
             "import socket, selectors\n\
              sel = selectors.DefaultSelector()\n\
              for p in {ports:?}:\n\
-             \x20   s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-             \x20   s.bind(('0.0.0.0', p)); s.listen(64); sel.register(s, selectors.EVENT_READ)\n\
+             \x20   try:\n\
+             \x20       s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             \x20       s.bind(('::', p))\n\
+             \x20   except OSError:\n\
+             \x20       s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             \x20       s.bind(('0.0.0.0', p))\n\
+             \x20   s.listen(64); sel.register(s, selectors.EVENT_READ)\n\
              while True:\n\
              \x20   for key, _ in sel.select():\n\
              \x20       c, _ = key.fileobj.accept(); c.close()\n"
@@ -180,7 +196,7 @@ impl Drop for Procs {
 fn connects(ns: &str, dst: &str, port: u16, src: Option<&str>) -> bool {
     let script = format!(
         "import socket\n\
-         s = socket.socket(); s.settimeout(1.5)\n\
+         s = socket.socket(socket.AF_INET6 if ':' in {dst:?} else socket.AF_INET); s.settimeout(1.5)\n\
          src = {src:?}\n\
          if src: s.bind((src, 0))\n\
          try:\n\
@@ -678,6 +694,84 @@ fn bridge_mode_enforces_every_path_legacy() {
 #[test]
 fn bridge_mode_enforces_every_path_nft() {
     every_path_is_enforced("nft");
+}
+
+/// IPv6 on the bridge: pods resolve each other with neighbour discovery, which (bridged)
+/// crosses ip6tables FORWARD; policy still applies to their traffic and ND is not cut off.
+#[test]
+fn bridge_mode_enforces_bridged_ipv6() {
+    let cluster = Cluster::new("br6");
+    let client = cluster.add_pod("br6-client", "fd00:244::2");
+    let server = cluster.add_pod("br6-server", "fd00:244::3");
+    let locked = cluster.add_pod("br6-locked", "fd00:244::4");
+    let node = &cluster.node;
+    let mut procs = Procs::default();
+    procs.listen(&client.ns, &[8080]);
+    procs.listen(&server.ns, &[8080, 9090]);
+    let p = |what, from: &NetNs, dst: &str, port, allowed| Probe {
+        path: "a",
+        what,
+        from: from.name.clone(),
+        dst: dst.to_string(),
+        port,
+        src: None,
+        allowed,
+    };
+    let probes = vec![
+        p("client -> server", &client.ns, "fd00:244::3", 8080, true),
+        p(
+            "client -> server, port not allowed",
+            &client.ns,
+            "fd00:244::3",
+            9090,
+            false,
+        ),
+        p("locked -> server", &locked.ns, "fd00:244::3", 8080, false),
+        p("server -> client", &server.ns, "fd00:244::2", 8080, true),
+        p(
+            "locked -> client (egress denied)",
+            &locked.ns,
+            "fd00:244::2",
+            8080,
+            false,
+        ),
+    ];
+    let wrong = check(&probes, true);
+    assert!(wrong.is_empty(), "before the agent:\n{}", wrong.join("\n"));
+
+    let dir = TempDir::new("bridge6-ds");
+    let data = dir.path.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    write_cluster(
+        &data,
+        &[
+            ("client", "client", "fd00:244::2"),
+            ("server", "server", "fd00:244::3"),
+            ("locked", "locked", "fd00:244::4"),
+        ],
+    );
+    std::fs::write(data.join("policies.yaml"), POLICIES).unwrap();
+    let log = dir.path.join("agent.log");
+    let _agent = Agent::start(node, &data, "legacy", &log);
+    wait_for("the IPv6 rules on every pod's port", &log, || {
+        let s = node.exec_ok(&["ip6tables-legacy-save", "-t", "filter"]);
+        [&client, &server, &locked].iter().all(|p| {
+            s.contains(&format!("-d {}/128 ", p.ip))
+                && s.contains(&format!("--physdev-in {} -g cali-fw-{}", p.veth, p.veth))
+        }) && s.matches("Start of policies").count() == 2
+    });
+    // Forget every neighbour, so each connection first resolves through the policed bridge.
+    for pod in [&client, &server, &locked] {
+        pod.ns
+            .exec_ok(&["ip", "-6", "neigh", "flush", "dev", "eth0"]);
+    }
+    let wrong = check(&probes, false);
+    assert!(
+        wrong.is_empty(),
+        "with the policies:\n{}\nrules:\n{}",
+        wrong.join("\n"),
+        node.exec_ok(&["ip6tables-legacy-save", "-c", "-t", "filter"])
+    );
 }
 
 fn pod_info(name: &str, ip: &str) -> PodInfo {
