@@ -8,6 +8,8 @@ command -v iptables-legacy-restore >/dev/null 2>&1 || need_pkgs+=(iptables)
 command -v ipset >/dev/null 2>&1 || need_pkgs+=(ipset)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
+# The bridge-mode tests run small TCP servers and clients in namespaces.
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -111,6 +111,17 @@ pub fn parse_mark_mask(text: &str) -> Result<u32, String> {
     Ok(value)
 }
 
+/// An interface name, or empty (bridge mode off).
+pub fn parse_bridge_interface(text: &str) -> Result<String, String> {
+    let name = text.trim();
+    if !name.is_empty() {
+        crate::iface_naming::validate_interface_name(name).map_err(|e| {
+            format!("{e}; accepted values: the name of a Linux bridge, e.g. cni0, or empty for routed mode")
+        })?;
+    }
+    Ok(name.to_string())
+}
+
 /// A comma-separated list of interface prefixes, each a valid start of an interface name.
 pub fn parse_interface_prefix(text: &str) -> Result<String, String> {
     parse_prefix_list(text).map_err(|e| {
@@ -186,6 +197,9 @@ pub enum NamingScheme {
     /// The output interface of the host route (/32, /128) to the pod's IP, in any routing
     /// table, read from this node over netlink while the agent runs (not with compile).
     Routes,
+    /// The port of FELIX_BRIDGEINTERFACE that holds the pod's address, learned from the
+    /// bridge's neighbour table and forwarding database (veths with random names).
+    Bridge,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -427,6 +441,12 @@ pub struct RuleOptions {
     /// Pod → interface map for the static scheme (YAML: `"namespace/pod": iface`).
     #[arg(long, env = "FELIX_INTERFACEMAPFILE")]
     pub interface_map_file: Option<PathBuf>,
+    /// Bridge mode: the Linux bridge whose ports are the pods' host veths (flannel's cni0,
+    /// the CNI bridge plugin); rules match the bridge port with -m physdev. Empty: routed
+    /// mode (one routed host veth per pod). Needs br_netfilter and
+    /// net.bridge.bridge-nf-call-iptables=1.
+    #[arg(long, env = "FELIX_BRIDGEINTERFACE", default_value = "", value_parser = parse_bridge_interface)]
+    pub bridge_interface: String,
     /// Mark bits netpol-agent may use (accept, pass and two scratch bits are taken from the
     /// lowest set bits).
     #[arg(long, env = "FELIX_IPTABLESMARKMASK", default_value = "0xffff0000", value_parser = parse_mark_mask)]
@@ -506,6 +526,7 @@ impl RuleOptions {
                 InsertMode::Insert => ChainInsertMode::Insert,
                 InsertMode::Append => ChainInsertMode::Append,
             },
+            bridge: self.bridge(),
         })
     }
 
@@ -523,6 +544,12 @@ impl RuleOptions {
             ));
         }
         Ok(())
+    }
+
+    /// The bridge of bridge mode, `None` in routed mode.
+    pub fn bridge(&self) -> Option<String> {
+        let name = self.bridge_interface.trim();
+        (!name.is_empty()).then(|| name.to_string())
     }
 
     pub fn resolver(&self) -> anyhow::Result<Box<dyn InterfaceResolver>> {
@@ -553,10 +580,22 @@ impl RuleOptions {
                     .into())
                 }
             },
+            NamingScheme::Bridge => match self.bridge() {
+                Some(bridge) => ResolverConfig::Bridge {
+                    bridge,
+                    prefixes: self.interface_prefix.clone(),
+                },
+                None => {
+                    return Err(ConfigError(
+                        "FELIX_INTERFACENAMESCHEME=bridge (--interface-name-scheme bridge) needs FELIX_BRIDGEINTERFACE (--bridge-interface), e.g. cni0".into(),
+                    )
+                    .into())
+                }
+            },
         };
         build_resolver(&cfg).map_err(|e| {
             ConfigError(format!(
-                "interface naming (FELIX_INTERFACENAMESCHEME --interface-name-scheme, FELIX_INTERFACEPREFIX --interface-prefix, FELIX_INTERFACEMAPFILE --interface-map-file): {e:#}"
+                "interface naming (FELIX_INTERFACENAMESCHEME --interface-name-scheme, FELIX_INTERFACEPREFIX --interface-prefix, FELIX_INTERFACEMAPFILE --interface-map-file, FELIX_BRIDGEINTERFACE --bridge-interface): {e:#}"
             ))
             .into()
         })

@@ -193,6 +193,13 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let node = opts.node_name()?;
     let rules = args.rules.rule_config()?;
     let resolver = args.rules.resolver()?;
+    if let Some(bridge) = &rules.bridge {
+        netpol_agent::rules::bridge::check_br_netfilter(
+            std::path::Path::new("/proc/sys/net/bridge"),
+            bridge,
+            &args.dataplane.families(),
+        )?;
+    }
     let timers = Timers {
         refresh: AgentOptions::timer(opts.iptables_refresh_interval),
         ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),
@@ -276,8 +283,7 @@ fn preflight_passes(
 ) -> anyhow::Result<bool> {
     let cfg = PreflightConfig {
         prefixes: rules.interface_prefixes.clone(),
-        // Set from the bridge-mode option once that mode exists.
-        bridge_mode: false,
+        bridge_mode: rules.bridge.is_some(),
         ipv6,
     };
     let mut findings = preflight::check(&preflight::snapshot()?, &cfg);

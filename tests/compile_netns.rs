@@ -72,6 +72,10 @@ fn rules_by_chain(text: &str) -> BTreeMap<String, Vec<String>> {
 }
 
 fn check_load(manifests: &[String], ipv6: bool, backend: &str) {
+    check_load_with(manifests, ipv6, backend, &[]);
+}
+
+fn check_load_with(manifests: &[String], ipv6: bool, backend: &str, options: &[&str]) {
     let tool = |t: &str| {
         let base = if ipv6 { "ip6tables" } else { "iptables" };
         format!("{base}-{backend}-{t}")
@@ -82,8 +86,11 @@ fn check_load(manifests: &[String], ipv6: bool, backend: &str) {
         tool("restore")
     );
     let dir = TempDir::new("compile");
-    let extra: &[&str] = if ipv6 { &["--ipv6"] } else { &[] };
-    let (ipset_script, iptables_script) = compile(manifests, extra, &dir);
+    let mut extra: Vec<&str> = options.to_vec();
+    if ipv6 {
+        extra.push("--ipv6");
+    }
+    let (ipset_script, iptables_script) = compile(manifests, &extra, &dir);
     let ns = NetNs::new("compile");
 
     ns.sh_ok(&format!(
@@ -160,4 +167,33 @@ fn output_is_deterministic() {
     let b = compile(&all_manifests(), &[], &dir);
     assert_eq!(a, b);
     assert!(a.1.contains(":cali-FORWARD - [0:0]"));
+}
+
+/// Bridge mode (`-m physdev` matches, the address dispatch, the bridged ICMPv6 accepts):
+/// both backends print every rule exactly as rendered, so the writer's diff stays stable.
+#[test]
+fn bridge_mode_loads_ipv4_and_ipv6_legacy_and_nft() {
+    let dir = TempDir::new("bridge-map");
+    let map = dir.path.join("map.yaml");
+    std::fs::write(
+        &map,
+        "\"shop/web\": veth0a1b2c3d\n\"shop/api\": veth0a9f8e7d\n",
+    )
+    .unwrap();
+    let map = map.display().to_string();
+    let options = [
+        "--bridge-interface",
+        "cni0",
+        "--interface-prefix",
+        "veth",
+        "--interface-name-scheme",
+        "static",
+        "--interface-map-file",
+        &map,
+    ];
+    for backend in ["legacy", "nft"] {
+        for ipv6 in [false, true] {
+            check_load_with(&all_manifests(), ipv6, backend, &options);
+        }
+    }
 }

@@ -172,6 +172,54 @@ fn interface_name_scheme_static_reads_the_map_file() {
 }
 
 #[test]
+fn bridge_interface_switches_to_bridge_port_matches() {
+    let dir = TempDir::new("ifmap-br");
+    let map = dir.path.join("map.yaml");
+    std::fs::write(
+        &map,
+        "\"shop/web\": veth0a1b2c3d\n\"shop/api\": veth9f8e7d6c\n",
+    )
+    .unwrap();
+    let vars = [
+        ("FELIX_INTERFACENAMESCHEME", "static"),
+        ("FELIX_INTERFACEMAPFILE", map.to_str().unwrap()),
+        ("FELIX_INTERFACEPREFIX", "veth"),
+    ];
+    let (routed, _) = compile_with(&vars, &[]);
+    assert!(!routed.contains("physdev"), "{routed}");
+    let mut bridged_vars = vars.to_vec();
+    bridged_vars.push(("FELIX_BRIDGEINTERFACE", "cni0"));
+    let (bridged, _) = compile_with(&bridged_vars, &[]);
+    let forward = lines_matching(&bridged, "-A cali-FORWARD ");
+    assert!(
+        forward
+            .iter()
+            .any(|l| l.contains("-m physdev --physdev-in veth+ -j cali-from-wl-dispatch"))
+            && forward
+                .iter()
+                .any(|l| l.starts_with("-A cali-FORWARD -o cni0 ")),
+        "{forward:?}"
+    );
+    assert!(
+        bridged.contains(
+            "-m physdev --physdev-out veth0a1b2c3d --physdev-is-bridged -g cali-tw-veth0a1b2c3d"
+        ),
+        "{bridged}"
+    );
+    assert!(
+        bridged.contains("-A cali-to-wl-addr-dispatch -d 10.244.1.10/32 "),
+        "{bridged}"
+    );
+    // The flag does the same; empty is routed mode.
+    let (flag, _) = compile_with(&vars, &["--bridge-interface", "cni0"]);
+    assert_eq!(flag, bridged);
+    bridged_vars.pop();
+    bridged_vars.push(("FELIX_BRIDGEINTERFACE", ""));
+    let (empty, _) = compile_with(&bridged_vars, &[]);
+    assert_eq!(empty, routed);
+}
+
+#[test]
 fn max_ipset_size_is_every_sets_maxelem() {
     let (default, _) = compile_with(&[], &[]);
     assert!(lines_matching(&default, "create ")
@@ -424,6 +472,21 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
         &[],
     );
     rejects(
+        "FELIX_BRIDGEINTERFACE",
+        "cni0/x",
+        "--bridge-interface",
+        "the name of a Linux bridge",
+        &[],
+    );
+    // The bridge scheme needs the bridge.
+    rejects(
+        "FELIX_INTERFACENAMESCHEME",
+        "bridge",
+        "--bridge-interface",
+        "FELIX_BRIDGEINTERFACE",
+        &[],
+    );
+    rejects(
         "FELIX_INTERFACEMAPFILE",
         "/nonexistent/npa-map.yaml",
         "FELIX_INTERFACENAMESCHEME",
@@ -459,6 +522,7 @@ fn help_documents_every_variable_and_default() {
         "FELIX_INTERFACEPREFIX",
         "FELIX_INTERFACENAMESCHEME",
         "FELIX_INTERFACEMAPFILE",
+        "FELIX_BRIDGEINTERFACE",
         "FELIX_IPTABLESREFRESHINTERVAL",
         "FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS",
         "FELIX_IPSETSREFRESHINTERVAL",

@@ -28,7 +28,7 @@ use tracing::{error, warn};
 use crate::iface_naming::InterfaceResolver;
 use crate::ipsets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::chains::{endpoint_chains, profile_chains, static_chains};
-use crate::rules::dispatch::dispatch_chains;
+use crate::rules::dispatch::dispatch_chains_with_addrs;
 use crate::rules::policy::{plan, policy_chains, PolicyPlan};
 use crate::rules::{Chain, RuleConfig};
 
@@ -371,6 +371,13 @@ impl CalcGraph {
             .sets
             .pod(&key)
             .is_none_or(|old| old.labels != info.labels);
+        // Bridge mode dispatches routed traffic by the local pods' addresses.
+        if local
+            && self.cfg.rules.bridge.is_some()
+            && self.sets.pod(&key).is_some_and(|old| old.ips != info.ips)
+        {
+            self.dirty.mark(Owner::Dispatch);
+        }
         self.sets.upsert_pod(info);
 
         let Some(iface) = iface else {
@@ -426,10 +433,12 @@ impl CalcGraph {
                 pods = ?claims.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "several local pods resolve to one interface; only the first gets its policy, check the interface-naming scheme"
             );
-            // The winner may have changed.
+            // The winner may have changed (and with it, in bridge mode, the addresses the
+            // interface is dispatched by).
             for k in claims.iter() {
                 self.dirty.mark(Owner::Endpoint(k.clone()));
             }
+            self.dirty.mark(Owner::Dispatch);
         }
     }
 
@@ -439,6 +448,7 @@ impl CalcGraph {
             for k in claims.iter() {
                 self.dirty.mark(Owner::Endpoint(k.clone()));
             }
+            self.dirty.mark(Owner::Dispatch);
             if claims.is_empty() {
                 self.iface_claims.remove(iface);
             }
@@ -683,7 +693,7 @@ impl CalcGraph {
                 Owner::Static => static_chains(cfg, family),
                 Owner::Dispatch => {
                     let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
-                    dispatch_chains(cfg, family, &ifaces)
+                    dispatch_chains_with_addrs(cfg, family, &ifaces, &self.endpoint_addrs())
                 }
                 Owner::Profile(ns) => {
                     if self.endpoints_by_ns.contains_key(ns) {
@@ -703,6 +713,22 @@ impl CalcGraph {
                 Owner::Endpoint(key) => self.endpoint_chains(key, family),
             };
             out.extend(chains.into_iter().map(|c| (family, c)));
+        }
+        out
+    }
+
+    /// Bridge mode: `(address, interface)` of every local endpoint that owns its interface,
+    /// for the dispatch of traffic routed into the bridge. Empty in routed mode.
+    fn endpoint_addrs(&self) -> Vec<(std::net::IpAddr, String)> {
+        if self.cfg.rules.bridge.is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (iface, claims) in &self.iface_claims {
+            let Some(pod) = claims.first().and_then(|k| self.sets.pod(k)) else {
+                continue;
+            };
+            out.extend(pod.ips.iter().map(|ip| (*ip, iface.clone())));
         }
         out
     }

@@ -773,3 +773,63 @@ fn programming_starts_follow_local_rule_changes_only() {
     g.flush();
     assert_eq!(g.take_programming_starts(), vec![t2, t2]);
 }
+
+#[test]
+fn bridge_mode_dispatches_routed_traffic_by_the_resolved_pods_addresses() {
+    let names = LearningResolver::default();
+    let rules = RuleConfig {
+        interface_prefixes: vec!["veth".into()],
+        bridge: Some("cni0".into()),
+        ..RuleConfig::default()
+    };
+    let mut g = CalcGraph::new(GraphConfig {
+        node_name: NODE.into(),
+        families: vec![IpFamily::V4],
+        rules,
+        resolver: Box::new(names.clone()),
+    });
+    let addr_dispatch = |g: &CalcGraph| -> Vec<String> {
+        g.snapshot().families[&IpFamily::V4].chains["cali-to-wl-addr-dispatch"]
+            .rules
+            .iter()
+            .map(|r| {
+                r.body
+                    .split("-m comment --comment \"cali:")
+                    .next()
+                    .unwrap()
+                    .trim()
+                    .to_string()
+            })
+            .collect()
+    };
+    g.upsert_pod_info(local_pod("x", "a", "10.244.0.2", &[("app", "a")]));
+    g.upsert_pod_info(local_pod("x", "b", "10.244.0.3", &[("app", "b")]));
+    g.flush();
+    assert_eq!(
+        addr_dispatch(&g),
+        [""],
+        "only the drop while no port is known"
+    );
+
+    names
+        .0
+        .lock()
+        .unwrap()
+        .insert("x/b".into(), "veth0000000b".into());
+    g.refresh_interfaces();
+    g.flush();
+    assert_eq!(addr_dispatch(&g), ["-d 10.244.0.3/32", ""]);
+
+    // A changed address of a resolved pod moves its entry.
+    g.upsert_pod_info(local_pod("x", "b", "10.244.0.9", &[("app", "b")]));
+    let update = g.flush();
+    assert!(update
+        .chains_upserted
+        .iter()
+        .any(|(_, c)| c.name == "cali-to-wl-addr-dispatch"));
+    assert_eq!(addr_dispatch(&g), ["-d 10.244.0.9/32", ""]);
+
+    g.remove_pod(&ObjectKey::new("x", "b"));
+    g.flush();
+    assert_eq!(addr_dispatch(&g), [""]);
+}

@@ -1,11 +1,12 @@
 //! Pod → host-side veth interface name, behind a pluggable [`InterfaceResolver`].
 //!
 //! Owns the naming schemes (Calico/felix hash, sandbox container ID, static map, host
-//! routes learned over netlink), the validation every produced name goes through, and
-//! building a resolver from configuration.
+//! routes learned over netlink, bridge ports), the validation every produced name goes
+//! through, and building a resolver from configuration.
 //! Names that do not fit the kernel's limits are refused, never truncated: a truncated name
 //! would silently point policy at the wrong interface, or at none.
 
+mod bridge;
 mod calico;
 mod routes;
 mod sandbox;
@@ -21,6 +22,7 @@ use anyhow::Context;
 
 use crate::calc_graph::model::{ObjectKey, PodInfo};
 
+pub use bridge::BridgeResolver;
 pub use calico::{CalicoResolver, DEFAULT_CALICO_PREFIX};
 pub use routes::{
     read_state, resolve_from_map, table_name, Followup, PodRoute, RouteMap, RouteState,
@@ -141,6 +143,17 @@ pub enum NamingError {
     },
     #[error("static interface map is not usable YAML: {message}")]
     MapYaml { message: String },
+    #[error(
+        "pod {pod}: no port of bridge {bridge} is known for its addresses {addresses:?} yet \
+         (asked the kernel to resolve them)"
+    )]
+    BridgePortUnknown {
+        pod: ObjectKey,
+        bridge: String,
+        addresses: Vec<String>,
+    },
+    #[error("pod {pod}: its addresses are behind different bridge ports {ports:?}")]
+    BridgePortsDiffer { pod: ObjectKey, ports: Vec<String> },
     #[error("pod {pod} has no IP address, so no host route can name its interface")]
     NoPodIp { pod: ObjectKey },
     #[error("pod {pod}: no host route to {} in any routing table", join_ips(.ips))]
@@ -309,6 +322,9 @@ pub enum ResolverConfig {
     /// The output interface of the host route to the pod's IP, in any routing table, learned
     /// over netlink while the agent runs; `prefixes` is the list the interface must match.
     Routes { prefixes: String },
+    /// The port of `bridge` behind which the pod's address answers (learned over rtnetlink);
+    /// `prefixes` is the comma-separated list of pod port prefixes.
+    Bridge { bridge: String, prefixes: String },
 }
 
 impl Default for ResolverConfig {
@@ -328,6 +344,10 @@ pub fn build_resolver(cfg: &ResolverConfig) -> anyhow::Result<Box<dyn InterfaceR
         ),
         ResolverConfig::Sandbox { prefix } => Box::new(
             SandboxResolver::new(prefix).context("configuring the sandbox interface naming")?,
+        ),
+        ResolverConfig::Bridge { bridge, prefixes } => Box::new(
+            BridgeResolver::new(bridge, prefixes)
+                .context("configuring the bridge interface naming")?,
         ),
         ResolverConfig::Static { map_file } => {
             let text = std::fs::read_to_string(map_file)

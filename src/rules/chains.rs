@@ -5,10 +5,10 @@
 use crate::calc_graph::model::{IpFamily, ObjectKey};
 
 use super::{
-    from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain, Action,
-    AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction, RenderedRule,
-    Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH, INPUT_CHAIN, OUTPUT_CHAIN, TO_WL_DISPATCH,
-    WL_TO_HOST_CHAIN,
+    bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,
+    Action, AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction,
+    RenderedRule, Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH, INPUT_CHAIN, OUTPUT_CHAIN,
+    TO_WL_DISPATCH, WL_TO_HOST_CHAIN,
 };
 
 /// ICMPv6 types a pod must be able to send to its host before any policy: MLD (130-132),
@@ -31,18 +31,30 @@ pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
             mask: marks.all() & !marks.accept,
         }),
     ];
-    for prefix in &cfg.interface_prefixes {
-        forward
-            .push(Rule::new(Action::Jump(FROM_WL_DISPATCH.into())).in_iface(format!("{prefix}+")));
-        forward
-            .push(Rule::new(Action::Jump(TO_WL_DISPATCH.into())).out_iface(format!("{prefix}+")));
+    match &cfg.bridge {
+        None => {
+            for prefix in &cfg.interface_prefixes {
+                forward.push(
+                    Rule::new(Action::Jump(FROM_WL_DISPATCH.into())).in_iface(format!("{prefix}+")),
+                );
+                forward.push(
+                    Rule::new(Action::Jump(TO_WL_DISPATCH.into())).out_iface(format!("{prefix}+")),
+                );
+            }
+        }
+        Some(bridge) => forward.extend(bridge::forward_rules(cfg, bridge, family)),
     }
 
+    // From a pod to its host: by the veth in routed mode, by the bridge port in bridge mode.
     let input = cfg
         .interface_prefixes
         .iter()
         .map(|prefix| {
-            Rule::new(Action::Goto(WL_TO_HOST_CHAIN.into())).in_iface(format!("{prefix}+"))
+            let rule = Rule::new(Action::Goto(WL_TO_HOST_CHAIN.into()));
+            match cfg.bridge {
+                None => rule.in_iface(format!("{prefix}+")),
+                Some(_) => rule.matching(bridge::physdev_in(&format!("{prefix}+"))),
+            }
         })
         .collect();
 
@@ -63,12 +75,16 @@ pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
     };
     wl_to_host.push(Rule::new(to_host).comment("Configured DefaultEndpointToHostAction"));
 
-    // Host-to-pod traffic (kubelet probes) is never policed.
-    let output = cfg
-        .interface_prefixes
-        .iter()
-        .map(|prefix| Rule::new(Action::Return).out_iface(format!("{prefix}+")))
-        .collect();
+    // Host-to-pod traffic (kubelet probes) is never policed. In bridge mode it leaves by the
+    // bridge (the port is chosen after OUTPUT).
+    let output = match &cfg.bridge {
+        None => cfg
+            .interface_prefixes
+            .iter()
+            .map(|prefix| Rule::new(Action::Return).out_iface(format!("{prefix}+")))
+            .collect(),
+        Some(bridge) => vec![Rule::new(Action::Return).out_iface(bridge.clone())],
+    };
 
     vec![
         Chain::new(FORWARD_CHAIN, family, forward),

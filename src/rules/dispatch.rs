@@ -5,22 +5,38 @@
 //! "Unknown interface" DROP, so a pod interface we do not know is fail-closed.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use crate::calc_graph::model::IpFamily;
 
 use super::chains::deny;
 use super::{
-    from_workload_chain, to_workload_chain, Action, Chain, Rule, RuleConfig, FROM_WL_DISPATCH,
-    TO_WL_DISPATCH,
+    bridge, from_workload_chain, to_workload_chain, Action, Chain, Rule, RuleConfig,
+    FROM_WL_DISPATCH, TO_WL_DISPATCH,
 };
 
 /// Both dispatch trees for the given interface names (any order; duplicates ignored).
 pub fn dispatch_chains(cfg: &RuleConfig, family: IpFamily, ifaces: &[String]) -> Vec<Chain> {
+    dispatch_chains_with_addrs(cfg, family, ifaces, &[])
+}
+
+/// [`dispatch_chains`], and in bridge mode also `cali-to-wl-addr-dispatch` from the local pods'
+/// addresses (`(address, interface)`; other families are ignored). Routed mode ignores
+/// `addrs`.
+pub fn dispatch_chains_with_addrs(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    ifaces: &[String],
+    addrs: &[(IpAddr, String)],
+) -> Vec<Chain> {
     let mut names: Vec<&str> = ifaces.iter().map(String::as_str).collect();
     names.sort_unstable();
     names.dedup();
     let mut chains = tree(cfg, family, &names, Side::From);
     chains.extend(tree(cfg, family, &names, Side::To));
+    if cfg.bridge.is_some() {
+        chains.push(bridge::addr_dispatch_chain(cfg, family, addrs));
+    }
     chains
 }
 
@@ -37,11 +53,15 @@ impl Side {
             Side::To => TO_WL_DISPATCH,
         }
     }
-    /// A rule matching the interface (or interface prefix) in this direction.
-    fn matching(self, iface: String, action: Action) -> Rule {
-        match self {
-            Side::From => Rule::new(action).in_iface(iface),
-            Side::To => Rule::new(action).out_iface(iface),
+    /// A rule matching the interface (or interface prefix) in this direction: the routed
+    /// veth, or in bridge mode the bridge port.
+    fn matching(self, cfg: &RuleConfig, iface: String, action: Action) -> Rule {
+        let rule = Rule::new(action);
+        match (self, cfg.bridge.is_some()) {
+            (Side::From, false) => rule.in_iface(iface),
+            (Side::To, false) => rule.out_iface(iface),
+            (Side::From, true) => rule.matching(bridge::physdev_in(&iface)),
+            (Side::To, true) => rule.matching(bridge::physdev_out_bridged(&iface)),
         }
     }
     fn endpoint_chain(self, iface: &str) -> String {
@@ -70,16 +90,19 @@ fn tree(cfg: &RuleConfig, family: IpFamily, names: &[&str], side: Side) -> Vec<C
     let mut children = Vec::new();
     for (key, members) in bins {
         if let [only] = members[..] {
-            root_rules
-                .push(side.matching(only.to_string(), Action::Goto(side.endpoint_chain(only))));
+            root_rules.push(side.matching(
+                cfg,
+                only.to_string(),
+                Action::Goto(side.endpoint_chain(only)),
+            ));
             continue;
         }
         let next_char = &key[common.len()..];
         let child = format!("{}-{next_char}", side.root());
-        root_rules.push(side.matching(format!("{key}+"), Action::Goto(child.clone())));
+        root_rules.push(side.matching(cfg, format!("{key}+"), Action::Goto(child.clone())));
         let mut rules: Vec<Rule> = members
             .iter()
-            .map(|m| side.matching(m.to_string(), Action::Goto(side.endpoint_chain(m))))
+            .map(|m| side.matching(cfg, m.to_string(), Action::Goto(side.endpoint_chain(m))))
             .collect();
         rules.push(unknown());
         children.push(Chain::new(child, family, rules));

@@ -13,6 +13,7 @@
 //! touch only what changed. The format (`cali:` + 16 base64url characters, first comment) is
 //! felix's, so tooling that greps for it keeps working.
 
+pub mod bridge;
 pub mod chains;
 pub mod dispatch;
 pub mod policy;
@@ -43,6 +44,9 @@ pub const OUTPUT_CHAIN: &str = "cali-OUTPUT";
 pub const WL_TO_HOST_CHAIN: &str = "cali-wl-to-host";
 pub const FROM_WL_DISPATCH: &str = "cali-from-wl-dispatch";
 pub const TO_WL_DISPATCH: &str = "cali-to-wl-dispatch";
+/// Bridge mode only: traffic routed (not bridged) into the bridge, dispatched by destination
+/// address, because no iptables hook knows the bridge port of a routed packet.
+pub const TO_WL_ADDR_DISPATCH: &str = "cali-to-wl-addr-dispatch";
 pub const TO_WORKLOAD_PREFIX: &str = "cali-tw-";
 pub const FROM_WORKLOAD_PREFIX: &str = "cali-fw-";
 pub const POLICY_INGRESS_PREFIX: &str = "cali-pi-";
@@ -137,6 +141,10 @@ pub struct RuleConfig {
     pub allow_action: AllowAction,
     pub deny_action: DenyAction,
     pub insert_mode: ChainInsertMode,
+    /// Bridge mode: the Linux bridge the pods' host veths are ports of (flannel's `cni0`, the
+    /// CNI `bridge` plugin). `None` is routed mode: each pod has its own routed host veth.
+    /// See [`bridge`] for what changes.
+    pub bridge: Option<String>,
 }
 
 impl Default for RuleConfig {
@@ -148,6 +156,7 @@ impl Default for RuleConfig {
             allow_action: AllowAction::Accept,
             deny_action: DenyAction::Drop,
             insert_mode: ChainInsertMode::Insert,
+            bridge: None,
         }
     }
 }
