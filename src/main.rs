@@ -180,7 +180,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let opts = &args.agent;
     let node = opts.node_name()?;
     let rules = args.rules.rule_config()?;
-    let resolver = args.rules.resolver()?;
+    // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
+    let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
     let timers = Timers {
         refresh: AgentOptions::timer(opts.iptables_refresh_interval),
         ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),
