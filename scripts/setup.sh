@@ -8,6 +8,8 @@ command -v iptables-legacy-restore >/dev/null 2>&1 || need_pkgs+=(iptables)
 command -v ipset >/dev/null 2>&1 || need_pkgs+=(ipset)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
+# The k8s-cri crate generates the CRI gRPC bindings at build time with protoc.
+command -v protoc >/dev/null 2>&1 || need_pkgs+=(protobuf-compiler)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

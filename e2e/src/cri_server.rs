@@ -7,8 +7,10 @@
 //!
 //! Answered: `Version`; `ListPodSandbox` with its filter (ID or ID prefix, state, label
 //! selector); `GetContainerEvents` (a sandbox event for every change made through the handle;
-//! [`CriServer::start_without_events`] answers `Unimplemented` instead, as runtimes without
-//! evented PLEG support do). Every other RPC is `Unimplemented`.
+//! like containerd, whose grpc-go server sends a stream's headers with its first message, the
+//! call is answered only when the first event is there; [`CriServer::start_without_events`]
+//! answers `Unimplemented` instead, as runtimes without evented PLEG support do). Every other
+//! RPC is `Unimplemented`.
 //!
 //! Sandboxes carry what the kubelet puts there: metadata (namespace, name, UID, attempt) and
 //! the labels `io.kubernetes.pod.{namespace,name,uid}`. Events follow containerd: created,
@@ -33,6 +35,7 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{UnboundedReceiverStream, UnixListenerStream};
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 /// The kubelet's sandbox labels.
@@ -44,6 +47,9 @@ pub const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
 pub const RUNTIME_NAME: &str = "netpol-fake-cri";
 
 type EventSender = mpsc::UnboundedSender<Result<cri::ContainerEventResponse, Status>>;
+type EventStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>,
+>;
 
 #[derive(Default)]
 struct State {
@@ -408,22 +414,30 @@ runtime_service! {
             Ok(Response::new(cri::ListPodSandboxResponse { items }))
         }
 
-        type GetContainerEventsStream =
-            UnboundedReceiverStream<Result<cri::ContainerEventResponse, Status>>;
+        type GetContainerEventsStream = EventStream;
 
+        /// As containerd (grpc-go) does, the response headers go out with the first event:
+        /// a client that waits for them before listing waits for the next change.
         async fn get_container_events(
             &self,
             _request: Request<cri::GetEventsRequest>,
         ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-            let mut state = self.state();
-            if !state.events {
-                return Err(Status::unimplemented(
-                    "the fake runtime was started without container events",
-                ));
-            }
-            let (tx, rx) = mpsc::unbounded_channel();
-            state.subscribers.push(tx);
-            Ok(Response::new(UnboundedReceiverStream::new(rx)))
+            let mut events = {
+                let mut state = self.state();
+                if !state.events {
+                    return Err(Status::unimplemented(
+                        "the fake runtime was started without container events",
+                    ));
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                state.subscribers.push(tx);
+                UnboundedReceiverStream::new(rx)
+            };
+            let Some(first) = events.next().await else {
+                return Err(Status::unavailable("the fake runtime is stopping"));
+            };
+            let stream: EventStream = Box::pin(tokio_stream::once(first).chain(events));
+            Ok(Response::new(stream))
         }
     }
     unimplemented {

@@ -31,36 +31,42 @@
 //! "Unknown interface" DROP: fail closed.
 //!
 //! **Following changes**: one thread with its own single-threaded tokio runtime. Each
-//! session connects, asks `Version`, subscribes to `GetContainerEvents` *before* the full
-//! `ListPodSandbox` (so nothing happening between the two is missed), then applies events one
-//! by one: an event carrying `pod_sandbox_status` updates that sandbox (a
-//! `CONTAINER_DELETED_EVENT` for the sandbox's own ID removes it); an event without a status
-//! (containerd sends none once a sandbox is gone) removes a known sandbox on delete and
-//! otherwise asks the runtime for that one ID (`PodSandboxFilter.id`). A full list every
-//! `FELIX_CRIREFRESHINTERVAL` is the safety net. When the runtime does not implement the
-//! stream (`Unimplemented`), the periodic list is the main mechanism, and a pod that
+//! session connects, asks `Version`, sends the `GetContainerEvents` subscription *before* the
+//! full `ListPodSandbox` (so nothing happening between the two is missed) without waiting for
+//! its answer (containerd's grpc-go server sends a stream's headers only with its first
+//! event), then applies events one by one: an event carrying `pod_sandbox_status` updates
+//! that sandbox (a `CONTAINER_DELETED_EVENT` for the sandbox's own ID removes it); an event
+//! without a status (containerd sends none once a sandbox is gone) removes a known sandbox on
+//! delete and otherwise asks the runtime for that one ID (`PodSandboxFilter.id`). Application
+//! container events carry their sandbox's status, which usually changes nothing. A full list
+//! every `FELIX_CRIREFRESHINTERVAL` is the safety net. Until the stream is answered, and for
+//! the whole session when the runtime refuses it (`Unimplemented`, or any other refusal
+//! except the connection going away), the periodic list is the main mechanism, and a pod that
 //! `resolve` cannot name is looked up at once with a targeted list (label selector
 //! `io.kubernetes.pod.uid`, else namespace and name; at most once a second per pod), so a new
-//! pod does not wait for the next period. Each time the table changes the `changed` notifier
-//! runs, and the agent resolves its local pods again.
+//! pod does not wait for the next period. A stream that ends or fails ends the session: the
+//! next one lists everything again. Each time the table changes the `changed` notifier runs,
+//! and the agent resolves its local pods again.
 //!
 //! `resolve` only reads the shared table (a read lock held for a lookup, never across I/O).
 //!
-//! **When the runtime is unreachable**: the agent does not refuse to start, as felix would
-//! not: on a booting node containerd may come up after the agent, and a runtime restart must
-//! not crash-loop it. `start` waits a bounded time (`initial_sync_timeout`, 5 s) for the first
-//! listing so the first apply already knows the local pods, and returns at once if the first
-//! connection fails. Failures are logged as errors naming the socket (the first of a streak,
-//! then once the back-off reaches its 30 s ceiling); connecting is retried with exponential
-//! back-off (0.2 s to 30 s). While the runtime is away the table learned so far stays in use
+//! **When the runtime is unreachable** the agent still starts, felix-like: on a booting node
+//! the runtime may come up after the agent, and a runtime restart must not crash-loop it.
+//! `start` waits a bounded time (`initial_sync_timeout`, 5 s) for the first listing, so the
+//! first apply already knows the local pods, and returns at once if the first connection
+//! fails. Failures are logged as errors naming the socket (the first of a streak, then each
+//! time the back-off is at its ceiling, and every lost session); connecting is retried with
+//! exponential back-off (0.2 s doubling to 30 s, reset by a session that lasted 10 s); unary
+//! calls time out after 10 s. While the runtime is away the table learned so far stays in use
 //! (sandbox IDs do not change because the runtime restarted; the veths are still there), and
-//! the next session's full list replaces it. [`InterfaceResolver::in_sync`] is false until the
-//! first listing, for readiness.
+//! the next session's full list replaces it. Until the first listing every local pod fails
+//! closed; [`InterfaceResolver::in_sync`] says so, for readiness.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -95,6 +101,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A session that lasted this long resets the back-off when it ends.
+const STABLE_SESSION: Duration = Duration::from_secs(10);
 /// A pod `resolve` cannot name is looked up at most this often (no event stream only).
 const LOOKUP_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the watcher looks at the stop flag.
@@ -560,35 +568,41 @@ impl Watcher {
         let mut failures = 0u32;
         loop {
             let mut listed = false;
+            let began = Instant::now();
             let error = tokio::select! {
                 error = self.session(&mut listed) => error,
                 () = stopped(&stop) => return,
             };
             self.shared.events_live.store(false, Ordering::Release);
-            if let Some(tx) = self.first_outcome.take() {
-                let _ = tx.send(false);
-            }
             let endpoint = self.endpoint.display();
+            let error = describe(&error);
             if listed {
+                // A runtime that answers and then drops us at once must not be hammered.
+                if began.elapsed() >= STABLE_SESSION {
+                    delay = BACKOFF_MIN;
+                    failures = 0;
+                }
                 error!(
                     endpoint = %endpoint,
-                    "lost the container runtime: {error:#}; reconnecting (the sandboxes learned \
-                     so far stay in use)"
+                    "lost the container runtime: {error}; reconnecting in {delay:?} (the \
+                     sandboxes learned so far stay in use)"
                 );
-                delay = BACKOFF_MIN;
-                failures = 0;
             } else {
                 failures += 1;
                 if failures == 1 || delay == BACKOFF_MAX {
                     error!(
                         endpoint = %endpoint,
                         "cannot list pod sandboxes from the container runtime at {endpoint}: \
-                         {error:#}; retrying in {delay:?} (pods on this node whose sandbox is \
+                         {error}; retrying in {delay:?} (pods on this node whose sandbox is \
                          not known get no interface)"
                     );
                 } else {
-                    debug!(endpoint = %endpoint, "container runtime still unreachable: {error:#}");
+                    debug!(endpoint = %endpoint, "container runtime still unreachable: {error}");
                 }
+            }
+            // After the log line, so `start` returns with the reason already told.
+            if let Some(tx) = self.first_outcome.take() {
+                let _ = tx.send(false);
             }
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
@@ -612,40 +626,33 @@ impl Watcher {
             version: "v1".into(),
         }))
         .await
+        .map_err(status_error)
         .context("CRI v1 RuntimeService.Version")?;
-        // Subscribe before listing: whatever happens between the list and the first event is
-        // then in the stream.
-        let mut events = match call(client.get_container_events(cri::GetEventsRequest {})).await {
-            Ok(stream) => Some(stream),
-            Err(status) if status.code() == Code::Unimplemented => None,
-            Err(status) => return Err(status).context("CRI GetContainerEvents"),
-        };
+        // Subscribe before listing, so that what happens between the list and the first
+        // event is in the stream. The call is only started here (its request is queued on
+        // the connection ahead of the list's), not awaited: grpc-go runtimes send a stream's
+        // headers with its first event, which on a quiet node may be a long while.
+        let mut events_client = client.clone();
+        let mut events = Events::Pending(Box::pin(async move {
+            events_client
+                .get_container_events(cri::GetEventsRequest {})
+                .await
+                .map(tonic::Response::into_inner)
+        }));
+        if let Events::Pending(subscribing) = &mut events {
+            if let std::task::Poll::Ready(answer) = futures::poll!(subscribing.as_mut()) {
+                events = self.subscribed(answer)?;
+            }
+        }
         self.list_all(&mut client).await?;
         *listed = true;
         info!(
             endpoint = %self.endpoint.display(),
             runtime = %version.runtime_name,
             runtime_version = %version.runtime_version,
-            events = events.is_some(),
             sandboxes = self.shared.read().len(),
             "following pod sandboxes in the container runtime"
         );
-        if events.is_none() {
-            match self.refresh {
-                Some(every) => info!(
-                    "the container runtime does not stream container events; sandbox changes are \
-                     learned by listing every {every:?}, and at once for a pod the agent cannot name"
-                ),
-                None => warn!(
-                    "the container runtime does not stream container events and \
-                     FELIX_CRIREFRESHINTERVAL is 0: sandbox changes are learned only for pods \
-                     the agent cannot name"
-                ),
-            }
-        }
-        self.shared
-            .events_live
-            .store(events.is_some(), Ordering::Release);
         if let Some(tx) = self.first_outcome.take() {
             let _ = tx.send(true);
         }
@@ -657,14 +664,70 @@ impl Watcher {
         loop {
             tokio::select! {
                 () = tick(&mut resync) => self.list_all(&mut client).await?,
-                event = next_event(&mut events) => match event {
-                    Ok(Some(event)) => self.apply_event(&mut client, &event).await?,
-                    Ok(None) => anyhow::bail!("the runtime ended the CRI event stream"),
-                    Err(status) => return Err(status).context("CRI event stream"),
+                step = events.next() => match step {
+                    EventStep::Subscribed(answer) => {
+                        let refused = answer
+                            .as_ref()
+                            .is_err_and(|status| status.code() != Code::Unimplemented);
+                        events = self.subscribed(answer)?;
+                        // Any other refusal may still hide the runtime going away: a list
+                        // tells (and covers whatever the stream would have said).
+                        if refused {
+                            self.list_all(&mut client).await?;
+                        }
+                    }
+                    EventStep::Event(Ok(Some(event))) => {
+                        self.apply_event(&mut client, &event).await?
+                    }
+                    EventStep::Event(Ok(None)) => {
+                        anyhow::bail!("the runtime ended the CRI event stream")
+                    }
+                    EventStep::Event(Err(status)) => {
+                        return Err(status_error(status)).context("CRI event stream")
+                    }
                 },
                 () = self.shared.wake.notified() => self.lookups(&mut client).await?,
             }
         }
+    }
+
+    /// The runtime answered the subscription: follow the stream, or do without it for this
+    /// session (`Unimplemented`: runtimes before the evented PLEG; any other refusal, e.g.
+    /// pod events disabled in the runtime's configuration, is not worth losing the list over).
+    ///
+    /// `Unavailable` and `Cancelled` are the connection going away: the session ends (a
+    /// request on a connection in that state can hang until its timeout).
+    fn subscribed(&self, answer: Result<EventStream, Status>) -> anyhow::Result<Events> {
+        Ok(match answer {
+            Ok(stream) => {
+                debug!("following the container runtime's events");
+                self.shared.events_live.store(true, Ordering::Release);
+                Events::Live(Box::new(stream))
+            }
+            Err(status) if matches!(status.code(), Code::Unavailable | Code::Cancelled) => {
+                return Err(status_error(status)).context("CRI GetContainerEvents");
+            }
+            Err(status) => {
+                let reason = match status.code() {
+                    Code::Unimplemented => "does not stream container events".to_string(),
+                    _ => format!(
+                        "refused to stream container events ({})",
+                        describe(&status_error(status))
+                    ),
+                };
+                match self.refresh {
+                    Some(every) => info!(
+                        "the container runtime {reason}; sandbox changes are learned by listing \
+                         every {every:?}, and at once for a pod the agent cannot name"
+                    ),
+                    None => warn!(
+                        "the container runtime {reason} and FELIX_CRIREFRESHINTERVAL is 0: \
+                         sandbox changes are learned only for pods the agent cannot name"
+                    ),
+                }
+                Events::Unavailable
+            }
+        })
     }
 
     fn notify_if(&self, changed: bool, why: &str) {
@@ -680,6 +743,7 @@ impl Watcher {
     ) -> anyhow::Result<Vec<SandboxRecord>> {
         let response = call(client.list_pod_sandbox(cri::ListPodSandboxRequest { filter }))
             .await
+            .map_err(status_error)
             .context("CRI ListPodSandbox")?;
         Ok(response
             .items
@@ -775,7 +839,25 @@ async fn connect(path: &Path) -> anyhow::Result<Channel> {
             }
         }))
         .await
-        .with_context(|| format!("connecting to {}", path.display()))
+        .context("connecting")
+}
+
+/// A gRPC status as `Code: message` (its Display also dumps metadata and details).
+fn status_error(status: Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+}
+
+/// An error and its causes on one line, each cause once (tonic's transport errors repeat
+/// their cause).
+fn describe(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if parts.last().is_none_or(|last| !last.ends_with(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
 }
 
 /// A CRI call bounded by [`CALL_TIMEOUT`].
@@ -799,12 +881,32 @@ async fn tick(timer: &mut Option<tokio::time::Interval>) {
     }
 }
 
-async fn next_event(
-    events: &mut Option<Streaming<cri::ContainerEventResponse>>,
-) -> Result<Option<cri::ContainerEventResponse>, Status> {
-    match events {
-        Some(stream) => stream.message().await,
-        None => std::future::pending().await,
+type EventStream = Streaming<cri::ContainerEventResponse>;
+
+/// The `GetContainerEvents` subscription of a session.
+enum Events {
+    /// Asked for, not answered yet (until then pods the agent cannot name are looked up).
+    Pending(Pin<Box<dyn Future<Output = Result<EventStream, Status>> + Send>>),
+    Live(Box<EventStream>),
+    /// Refused: the periodic list and lookups do the work.
+    Unavailable,
+}
+
+// Returned once per step and matched at once: not worth boxing.
+#[allow(clippy::large_enum_variant)]
+enum EventStep {
+    Subscribed(Result<EventStream, Status>),
+    Event(Result<Option<cri::ContainerEventResponse>, Status>),
+}
+
+impl Events {
+    /// The next thing the subscription has to say; cancel-safe (the state stays in `self`).
+    async fn next(&mut self) -> EventStep {
+        match self {
+            Events::Pending(subscribing) => EventStep::Subscribed(subscribing.as_mut().await),
+            Events::Live(stream) => EventStep::Event(stream.message().await),
+            Events::Unavailable => std::future::pending().await,
+        }
     }
 }
 
@@ -1126,6 +1228,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(SandboxRecord::from_sandbox(&no_id), None);
+    }
+
+    #[test]
+    fn errors_read_as_one_line_without_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let error = anyhow::Error::new(io)
+            .context("No such file or directory")
+            .context("connecting");
+        assert_eq!(describe(&error), "connecting: No such file or directory");
+        let status = status_error(Status::unimplemented(
+            "unknown service runtime.v1.RuntimeService",
+        ));
+        assert_eq!(
+            describe(&status.context("CRI v1 RuntimeService.Version")),
+            "CRI v1 RuntimeService.Version: Unimplemented: unknown service runtime.v1.RuntimeService"
+        );
     }
 
     #[test]
