@@ -755,9 +755,9 @@ impl Watcher {
     async fn list_all(&mut self, client: &mut Client) -> anyhow::Result<()> {
         let records = Self::list(client, None).await?;
         let changed = self.shared.write().replace_all(records);
+        // Pending lookups stay: one asked while this list was under way may be about a
+        // sandbox created after the runtime answered it.
         self.shared.synced.store(true, Ordering::Release);
-        // A full list answers every pending lookup.
-        self.shared.lookups().pending.clear();
         self.notify_if(changed, "full list");
         Ok(())
     }
