@@ -10,6 +10,8 @@ command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
 # The bridge-mode tests run small TCP servers and clients in namespaces.
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
+# The k8s-cri crate generates the CRI gRPC bindings at build time with protoc.
+command -v protoc >/dev/null 2>&1 || need_pkgs+=(protobuf-compiler)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -23,7 +23,10 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, ValueEnum};
 
 use crate::calc_graph::model::IpFamily;
-use crate::iface_naming::{build_resolver, parse_prefix_list, InterfaceResolver, ResolverConfig};
+use crate::iface_naming::{
+    build_resolver, parse_cri_endpoint, parse_prefix_list, CriConfig, InterfaceResolver,
+    ResolverConfig, DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
+};
 use crate::iptables_writer::BackendMode;
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
@@ -190,7 +193,8 @@ pub fn parse_datastore(text: &str) -> Result<Datastore, String> {
 pub enum NamingScheme {
     /// `<first prefix> + sha1("<namespace>.<pod>")[:11]`, as Calico's CNI names veths.
     Calico,
-    /// `<first prefix> + the start of the pod's sandbox container ID`.
+    /// `<first prefix> + the start of the pod's sandbox container ID` (run: from the container
+    /// runtime at FELIX_CRIENDPOINT; compile: from the `netpol-agent.io/sandbox-id` annotation).
     Sandbox,
     /// A YAML map `"namespace/pod": interface` (FELIX_INTERFACEMAPFILE).
     Static,
@@ -391,6 +395,15 @@ pub struct AgentOptions {
     /// (Open vSwitch, ipvlan/macvlan, bridged pod ports); the findings are logged as warnings.
     #[arg(long, env = "FELIX_PREFLIGHTOVERRIDE", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub preflight_override: bool,
+    /// The container runtime's CRI socket, where the sandbox naming scheme learns each local
+    /// pod's sandbox ID (containerd: /run/containerd/containerd.sock; CRI-O:
+    /// /var/run/crio/crio.sock; unix://PATH also works).
+    #[arg(long, env = "FELIX_CRIENDPOINT", default_value = DEFAULT_CRI_ENDPOINT, value_parser = parse_cri_endpoint)]
+    pub cri_endpoint: PathBuf,
+    /// Seconds between full listings of the runtime's pod sandboxes: the safety net behind
+    /// its event stream, and how changes are learned when it has none (0: never).
+    #[arg(long, env = "FELIX_CRIREFRESHINTERVAL", default_value = "10", value_parser = parse_interval)]
+    pub cri_refresh_interval: Duration,
 }
 
 impl AgentOptions {
@@ -419,6 +432,15 @@ impl AgentOptions {
     /// A timer value where zero means "never".
     pub fn timer(d: Duration) -> Option<Duration> {
         (!d.is_zero()).then_some(d)
+    }
+
+    /// Where the sandbox scheme finds the container runtime (run only).
+    pub fn cri_config(&self) -> CriConfig {
+        CriConfig {
+            endpoint: self.cri_endpoint.clone(),
+            refresh_interval: Self::timer(self.cri_refresh_interval),
+            initial_sync_timeout: DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
+        }
     }
 }
 
@@ -552,19 +574,38 @@ impl RuleOptions {
         (!name.is_empty()).then(|| name.to_string())
     }
 
+    /// The resolver `compile` uses: the sandbox scheme reads each pod's
+    /// `netpol-agent.io/sandbox-id` annotation (offline, no runtime to ask).
     pub fn resolver(&self) -> anyhow::Result<Box<dyn InterfaceResolver>> {
+        self.build(self.resolver_config(None)?)
+    }
+
+    /// The resolver `run` uses: the sandbox scheme learns sandbox IDs from the container
+    /// runtime at `cri` (started by `InterfaceResolver::start`); the other schemes are the
+    /// same as `compile`'s.
+    pub fn runtime_resolver(&self, cri: &CriConfig) -> anyhow::Result<Box<dyn InterfaceResolver>> {
+        self.build(self.resolver_config(Some(cri))?)
+    }
+
+    fn resolver_config(&self, cri: Option<&CriConfig>) -> anyhow::Result<ResolverConfig> {
         let first_prefix = || -> anyhow::Result<String> {
             Ok(parse_prefix_list(&self.interface_prefix)?
                 .into_iter()
                 .next()
                 .unwrap_or_default())
         };
-        let cfg = match self.interface_name_scheme {
+        Ok(match self.interface_name_scheme {
             NamingScheme::Calico => ResolverConfig::Calico {
                 prefixes: self.interface_prefix.clone(),
             },
-            NamingScheme::Sandbox => ResolverConfig::Sandbox {
-                prefix: first_prefix()?,
+            NamingScheme::Sandbox => match cri {
+                Some(cri) => ResolverConfig::CriSandbox {
+                    prefix: first_prefix()?,
+                    cri: cri.clone(),
+                },
+                None => ResolverConfig::Sandbox {
+                    prefix: first_prefix()?,
+                },
             },
             NamingScheme::Routes => ResolverConfig::Routes {
                 prefixes: self.interface_prefix.clone(),
@@ -592,7 +633,10 @@ impl RuleOptions {
                     .into())
                 }
             },
-        };
+        })
+    }
+
+    fn build(&self, cfg: ResolverConfig) -> anyhow::Result<Box<dyn InterfaceResolver>> {
         build_resolver(&cfg).map_err(|e| {
             ConfigError(format!(
                 "interface naming (FELIX_INTERFACENAMESCHEME --interface-name-scheme, FELIX_INTERFACEPREFIX --interface-prefix, FELIX_INTERFACEMAPFILE --interface-map-file, FELIX_BRIDGEINTERFACE --bridge-interface): {e:#}"

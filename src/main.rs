@@ -192,7 +192,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let opts = &args.agent;
     let node = opts.node_name()?;
     let rules = args.rules.rule_config()?;
-    let resolver = args.rules.resolver()?;
+    // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
+    let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
     if let Some(bridge) = &rules.bridge {
         netpol_agent::rules::bridge::check_br_netfilter(
             std::path::Path::new("/proc/sys/net/bridge"),

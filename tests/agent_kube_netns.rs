@@ -55,10 +55,9 @@ impl Drop for Agent {
 /// Every document of the demo, one object each (the API has no `kind: List`).
 fn demo_objects() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo");
-    let cluster: serde_json::Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(root.join("cluster.yaml")).unwrap(),
-    )
-    .unwrap();
+    let cluster: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(root.join("cluster.yaml")).unwrap())
+            .unwrap();
     let mut docs: Vec<String> = cluster["items"]
         .as_array()
         .unwrap()
@@ -106,7 +105,10 @@ fn the_agent_on_the_api_converges_follows_changes_and_survives_a_410_relist() {
         .filter(|doc| !doc.contains("name: web-from-anywhere"))
         .collect();
     let changed = demo_objects().replace(&policies, &without_web.join("\n---\n"));
-    assert_ne!(changed, objects, "the policy was removed from the expectation");
+    assert_ne!(
+        changed, objects,
+        "the policy was removed from the expectation"
+    );
     std::fs::write(manifests.path.join("all.yaml"), &changed).unwrap();
     wait_converged(&ns, &manifests.path, "legacy", &log);
 
@@ -120,7 +122,11 @@ fn the_agent_on_the_api_converges_follows_changes_and_survives_a_410_relist() {
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < deadline {
-        assert_eq!(observed(&ns, "legacy", false), before, "the relist changed the kernel");
+        assert_eq!(
+            observed(&ns, "legacy", false),
+            before,
+            "the relist changed the kernel"
+        );
         std::thread::sleep(Duration::from_millis(25));
     }
     let relists = api
@@ -128,6 +134,9 @@ fn the_agent_on_the_api_converges_follows_changes_and_survives_a_410_relist() {
         .iter()
         .filter(|r| !r.watch && r.res == Res::Policies)
         .count();
-    assert!(relists >= 2, "the agent relisted after the 410 ({relists} lists)");
+    assert!(
+        relists >= 2,
+        "the agent relisted after the 410 ({relists} lists)"
+    );
     drop(agent);
 }

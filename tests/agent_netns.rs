@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{NetNs, TempDir};
 use common::converge::{expected, observed, wait_converged};
+use common::{NetNs, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 

@@ -459,6 +459,24 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             "--datastore",
             "kubernetes, or dir:PATH",
         ),
+        (
+            "FELIX_CRIENDPOINT",
+            "tcp://127.0.0.1:10010",
+            "--cri-endpoint",
+            "CRI unix socket",
+        ),
+        (
+            "FELIX_CRIENDPOINT",
+            "run/containerd/containerd.sock",
+            "--cri-endpoint",
+            "absolute path",
+        ),
+        (
+            "FELIX_CRIREFRESHINTERVAL",
+            "10s",
+            "--cri-refresh-interval",
+            "seconds ≥ 0",
+        ),
     ];
     for (var, value, flag, accepted) in cases {
         rejects(var, value, flag, accepted, &[]);
@@ -523,6 +541,8 @@ fn help_documents_every_variable_and_default() {
         "FELIX_INTERFACENAMESCHEME",
         "FELIX_INTERFACEMAPFILE",
         "FELIX_BRIDGEINTERFACE",
+        "FELIX_CRIENDPOINT",
+        "FELIX_CRIREFRESHINTERVAL",
         "FELIX_IPTABLESREFRESHINTERVAL",
         "FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS",
         "FELIX_IPSETSREFRESHINTERVAL",
@@ -554,6 +574,7 @@ fn help_documents_every_variable_and_default() {
         "[default: 9091]",
         "[default: 9099]",
         "[default: 0xffff0000]",
+        "[default: /run/containerd/containerd.sock]",
     ] {
         assert!(help.contains(default), "{default} missing from help");
     }

@@ -1,6 +1,7 @@
 //! Pod → host-side veth interface name, behind a pluggable [`InterfaceResolver`].
 //!
-//! Owns the naming schemes (Calico/felix hash, sandbox container ID, static map, host
+//! Owns the naming schemes (Calico/felix hash, sandbox container ID — from the pod's
+//! annotation offline, from the container runtime's CRI API at run time — static map, host
 //! routes learned over netlink, bridge ports), the validation every produced name goes
 //! through, and building a resolver from configuration.
 //! Names that do not fit the kernel's limits are refused, never truncated: a truncated name
@@ -8,6 +9,7 @@
 
 mod bridge;
 mod calico;
+mod cri;
 mod routes;
 mod sandbox;
 mod static_map;
@@ -24,6 +26,11 @@ use crate::calc_graph::model::{ObjectKey, PodInfo};
 
 pub use bridge::BridgeResolver;
 pub use calico::{CalicoResolver, DEFAULT_CALICO_PREFIX};
+pub use cri::{
+    parse_cri_endpoint, select_sandbox, CriConfig, CriSandboxResolver, SandboxRecord,
+    CRIO_CRI_ENDPOINT, DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
+    DEFAULT_CRI_REFRESH_INTERVAL, POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL,
+};
 pub use routes::{
     read_state, resolve_from_map, table_name, Followup, PodRoute, RouteMap, RouteState,
     RouteTarget, RoutesResolver,
@@ -111,6 +118,11 @@ pub enum NamingError {
     EmptySandboxPrefix,
     #[error("pod {pod}: its sandbox ID is not known yet, so its interface name cannot be derived")]
     SandboxIdUnknown { pod: ObjectKey },
+    #[error(
+        "pod {pod}: the container runtime has {not_ready} sandbox(es) for it and none is READY \
+         (still being set up, or its network setup failed), so it has no interface yet"
+    )]
+    NoReadySandbox { pod: ObjectKey, not_ready: usize },
     #[error(
         "pod {pod}: sandbox ID {sandbox_id:?} has {len} characters; at least {needed} are needed"
     )]
@@ -228,6 +240,13 @@ pub trait InterfaceResolver: Send + Sync + fmt::Debug {
         let _ = (changed, stop);
         Ok(())
     }
+    /// Whether the resolver has learned what it learns at least once since `start` (the
+    /// container runtime answered its first listing). Until then every pod it cannot name
+    /// fails closed; the agent may hold readiness on this. Schemes that derive names from the
+    /// pod alone always are.
+    fn in_sync(&self) -> bool {
+        true
+    }
 }
 
 /// Called by a resolver when it learned something; cheap and callable from any thread.
@@ -315,8 +334,12 @@ pub fn parse_prefix_list(list: &str) -> Result<Vec<String>, NamingError> {
 pub enum ResolverConfig {
     /// felix's hash scheme; `prefixes` is a comma-separated list, the first one names veths.
     Calico { prefixes: String },
-    /// Prefix + the start of the pod's sandbox container ID.
+    /// Prefix + the start of the pod's sandbox container ID, read from the pod's
+    /// `netpol-agent.io/sandbox-id` annotation (`compile`, offline).
     Sandbox { prefix: String },
+    /// Prefix + the start of the pod's sandbox container ID, learned from the container
+    /// runtime over CRI (`run`).
+    CriSandbox { prefix: String, cri: CriConfig },
     /// A YAML file mapping `"namespace/pod"` to interface names.
     Static { map_file: PathBuf },
     /// The output interface of the host route to the pod's IP, in any routing table, learned
@@ -348,6 +371,10 @@ pub fn build_resolver(cfg: &ResolverConfig) -> anyhow::Result<Box<dyn InterfaceR
         ResolverConfig::Bridge { bridge, prefixes } => Box::new(
             BridgeResolver::new(bridge, prefixes)
                 .context("configuring the bridge interface naming")?,
+        ),
+        ResolverConfig::CriSandbox { prefix, cri } => Box::new(
+            CriSandboxResolver::new(prefix, cri.clone())
+                .context("configuring the sandbox interface naming")?,
         ),
         ResolverConfig::Static { map_file } => {
             let text = std::fs::read_to_string(map_file)

@@ -4,7 +4,7 @@ use super::{
     forbidden_char_problem, validate_pod_interface_name, InterfaceResolver, NamingError,
     MAX_IFACE_NAME_LEN,
 };
-use crate::calc_graph::model::PodInfo;
+use crate::calc_graph::model::{ObjectKey, PodInfo};
 
 /// Sandbox-ID characters every name must keep: one team saw two sandboxes on a node share
 /// their first 9, so 10 is the least that has kept names apart.
@@ -50,17 +50,20 @@ impl SandboxResolver {
     }
 }
 
-impl InterfaceResolver for SandboxResolver {
-    fn resolve(&self, pod: &PodInfo) -> Result<String, NamingError> {
+impl SandboxResolver {
+    /// The interface name of `pod` whose sandbox ID is `sandbox_id`, with every check the
+    /// scheme makes: whatever told us the ID (the annotation, the container runtime), the
+    /// name comes out of here.
+    pub fn name_for(
+        &self,
+        pod: &ObjectKey,
+        sandbox_id: Option<&str>,
+    ) -> Result<String, NamingError> {
         // An empty ID (e.g. an annotation set before the runtime filled it in) means the same
         // as no ID.
-        let sandbox_id = pod
-            .sandbox_id
-            .as_deref()
+        let sandbox_id = sandbox_id
             .filter(|id| !id.is_empty())
-            .ok_or_else(|| NamingError::SandboxIdUnknown {
-                pod: pod.key.clone(),
-            })?;
+            .ok_or_else(|| NamingError::SandboxIdUnknown { pod: pod.clone() })?;
         // The whole ID is checked, not just the part used: anything else in it (a
         // `containerd://` scheme, upper case) means it is not the ID the CNI named the veth by.
         if let Some(found) = sandbox_id
@@ -68,22 +71,30 @@ impl InterfaceResolver for SandboxResolver {
             .find(|c| !matches!(c, '0'..='9' | 'a'..='f'))
         {
             return Err(NamingError::SandboxIdNotHex {
-                pod: pod.key.clone(),
+                pod: pod.clone(),
                 sandbox_id: sandbox_id.to_string(),
                 found,
             });
         }
         let needed = self.id_chars();
         let too_short = || NamingError::SandboxIdTooShort {
-            pod: pod.key.clone(),
+            pod: pod.clone(),
             sandbox_id: sandbox_id.to_string(),
             len: sandbox_id.len(),
             needed,
         };
         let id_part = sandbox_id.get(..needed).ok_or_else(too_short)?;
         let name = format!("{}{id_part}", self.prefix);
-        validate_pod_interface_name(&pod.key, &name)?;
+        validate_pod_interface_name(pod, &name)?;
         Ok(name)
+    }
+}
+
+impl InterfaceResolver for SandboxResolver {
+    /// Reads the ID from the pod itself (`compile`: the `netpol-agent.io/sandbox-id`
+    /// annotation).
+    fn resolve(&self, pod: &PodInfo) -> Result<String, NamingError> {
+        self.name_for(&pod.key, pod.sandbox_id.as_deref())
     }
 
     fn scheme(&self) -> &'static str {
@@ -95,7 +106,6 @@ impl InterfaceResolver for SandboxResolver {
 mod tests {
     use super::super::test_support::pod;
     use super::*;
-    use crate::calc_graph::model::ObjectKey;
 
     const SANDBOX_ID: &str = "13dd25c5cb7e0f4a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a";
 

@@ -79,4 +79,3 @@ pub fn wait_converged(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Dura
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-

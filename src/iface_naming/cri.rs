@@ -1,0 +1,1295 @@
+//! The sandbox naming scheme at run time: each local pod's sandbox (pause container) ID,
+//! learned from the node's container runtime over the CRI API.
+//!
+//! **What it owns**: the connection to the runtime's CRI socket (`FELIX_CRIENDPOINT`), a
+//! table of the node's pod sandboxes (ID, pod namespace/name/UID, attempt, READY or not,
+//! creation time), the rule that picks a pod's sandbox, and following the runtime's changes.
+//! The name itself comes from [`SandboxResolver::name_for`], so the scheme's rules (15
+//! characters, a prefix of at most 5 so that at least 10 ID characters remain, lowercase hex
+//! IDs) live in one place for this resolver and the offline one.
+//!
+//! **Why CRI**: CNIs that name the host veth after the sandbox were handed that ID by the
+//! runtime (`CNI_CONTAINERID`). The Pod object does not carry it: `status.containerStatuses`
+//! lists the application containers, never the pause container. Only the kubelet and the
+//! runtime know it, and the runtime answers `RuntimeService.ListPodSandbox` on the socket the
+//! kubelet uses, so no help from the CNI or an admission webhook is needed. (`compile`, which
+//! is offline, reads the `netpol-agent.io/sandbox-id` annotation instead; at run time the
+//! runtime is the only source and the annotation is ignored.)
+//!
+//! **Selection rule**: a pod's candidates are the sandboxes whose metadata namespace and name
+//! are the pod's, and, when the pod's UID is known (always, from the API server), whose
+//! metadata UID (else label `io.kubernetes.pod.uid`) is the pod's: a pod deleted and
+//! recreated under the same name (a StatefulSet) never gets its predecessor's sandbox. Among
+//! them only READY sandboxes count, and the one created last wins (ties: higher attempt, then
+//! ID, so the choice is deterministic). The kubelet may leave a failed sandbox behind while it
+//! creates the next one (seed 004: sandbox 1's CNI ADD failed but left its veth, sandbox 2
+//! succeeded, then sandbox 1's CNI DEL ran): an older NOTREADY sandbox must never name the
+//! interface, and does not; a newer NOTREADY one (an attempt still being set up) does not
+//! displace the READY one either. With no READY candidate the pod has no interface yet:
+//! [`NamingError::NoReadySandbox`] (or [`NamingError::SandboxIdUnknown`] when the runtime has
+//! no sandbox for it at all), so it gets no chains and its traffic meets the dispatch chains'
+//! "Unknown interface" DROP: fail closed.
+//!
+//! **Following changes**: one thread with its own single-threaded tokio runtime. Each
+//! session connects, asks `Version`, sends the `GetContainerEvents` subscription *before* the
+//! full `ListPodSandbox` (so nothing happening between the two is missed) without waiting for
+//! its answer (containerd's grpc-go server sends a stream's headers only with its first
+//! event), then applies events one by one: an event carrying `pod_sandbox_status` updates
+//! that sandbox (a `CONTAINER_DELETED_EVENT` for the sandbox's own ID removes it); an event
+//! without a status (containerd sends none once a sandbox is gone) removes a known sandbox on
+//! delete and otherwise asks the runtime for that one ID (`PodSandboxFilter.id`). Application
+//! container events carry their sandbox's status, which usually changes nothing. A full list
+//! every `FELIX_CRIREFRESHINTERVAL` is the safety net. Until the stream is answered, and for
+//! the whole session when the runtime refuses it (`Unimplemented`, or any other refusal
+//! except the connection going away), the periodic list is the main mechanism, and a pod that
+//! `resolve` cannot name is looked up at once with a targeted list (label selector
+//! `io.kubernetes.pod.uid`, else namespace and name; at most once a second per pod), so a new
+//! pod does not wait for the next period. A stream that ends or fails ends the session: the
+//! next one lists everything again. Each time the table changes the `changed` notifier runs,
+//! and the agent resolves its local pods again.
+//!
+//! `resolve` only reads the shared table (a read lock held for a lookup, never across I/O).
+//!
+//! **When the runtime is unreachable** the agent still starts, felix-like: on a booting node
+//! the runtime may come up after the agent, and a runtime restart must not crash-loop it.
+//! `start` waits a bounded time (`initial_sync_timeout`, 5 s) for the first listing, so the
+//! first apply already knows the local pods, and returns at once if the first connection
+//! fails. Failures are logged as errors naming the socket (the first of a streak, then each
+//! time the back-off is at its ceiling, and every lost session); connecting is retried with
+//! exponential back-off (0.2 s doubling to 30 s, reset by a session that lasted 10 s); unary
+//! calls time out after 10 s. While the runtime is away the table learned so far stays in use
+//! (sandbox IDs do not change because the runtime restarted; the veths are still there), and
+//! the next session's full list replaces it. Until the first listing every local pod fails
+//! closed; [`InterfaceResolver::in_sync`] says so, for readiness.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status, Streaming};
+use tracing::{debug, error, info, warn};
+
+use super::{ChangeNotifier, InterfaceResolver, NamingError, SandboxResolver};
+use crate::calc_graph::model::{ObjectKey, PodInfo};
+
+/// containerd's CRI socket, the default `FELIX_CRIENDPOINT`.
+pub const DEFAULT_CRI_ENDPOINT: &str = "/run/containerd/containerd.sock";
+/// CRI-O's CRI socket.
+pub const CRIO_CRI_ENDPOINT: &str = "/var/run/crio/crio.sock";
+/// Default seconds between full sandbox listings (`FELIX_CRIREFRESHINTERVAL`).
+pub const DEFAULT_CRI_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
+/// How long `start` waits for the runtime's first listing before the agent goes on.
+pub const DEFAULT_CRI_INITIAL_SYNC_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Labels the kubelet puts on every sandbox it creates.
+pub const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+pub const POD_NAMESPACE_LABEL: &str = "io.kubernetes.pod.namespace";
+pub const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
+
+/// Bound on one unary CRI call, so a hung runtime cannot hang the watcher.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A session that lasted this long resets the back-off when it ends.
+const STABLE_SESSION: Duration = Duration::from_secs(10);
+/// A pod `resolve` cannot name is looked up at most this often (no event stream only).
+const LOOKUP_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the watcher looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Where the runtime is and how often it is listed in full.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CriConfig {
+    /// Path of the runtime's CRI unix socket.
+    pub endpoint: PathBuf,
+    /// Full `ListPodSandbox` period; `None`: never (events and lookups only).
+    pub refresh_interval: Option<Duration>,
+    /// How long `start` waits for the first listing.
+    pub initial_sync_timeout: Duration,
+}
+
+impl CriConfig {
+    /// `endpoint` with the default refresh interval and initial wait.
+    pub fn new(endpoint: impl Into<PathBuf>) -> CriConfig {
+        CriConfig {
+            endpoint: endpoint.into(),
+            refresh_interval: Some(DEFAULT_CRI_REFRESH_INTERVAL),
+            initial_sync_timeout: DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
+        }
+    }
+}
+
+impl Default for CriConfig {
+    fn default() -> Self {
+        CriConfig::new(DEFAULT_CRI_ENDPOINT)
+    }
+}
+
+/// `FELIX_CRIENDPOINT`: an absolute socket path, or the same as `unix://PATH` (crictl's and
+/// the kubelet's `--container-runtime-endpoint` form).
+pub fn parse_cri_endpoint(text: &str) -> Result<PathBuf, String> {
+    const FORMS: &str = "accepted values: the absolute path of the runtime's CRI unix socket, \
+                         optionally as unix://PATH, e.g. /run/containerd/containerd.sock \
+                         (containerd) or /var/run/crio/crio.sock (CRI-O)";
+    let t = text.trim();
+    let path = t.strip_prefix("unix://").unwrap_or(t);
+    if path.contains("://") || t.starts_with("tcp:") || t.starts_with("npipe:") {
+        return Err(format!("only unix sockets are supported; {FORMS}"));
+    }
+    if !path.starts_with('/') {
+        return Err(format!("not an absolute path; {FORMS}"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+// ---------------------------------------------------------------- sandboxes and selection
+
+/// One pod sandbox as the runtime reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// The pod's namespace and name (sandbox metadata, else the kubelet's labels).
+    pub pod: ObjectKey,
+    /// The pod's UID (metadata, else label `io.kubernetes.pod.uid`); empty when neither says.
+    pub uid: String,
+    /// The kubelet's attempt counter: 0 for a pod's first sandbox, +1 for each re-creation.
+    pub attempt: u32,
+    /// `SANDBOX_READY`: the sandbox is running and its network was set up.
+    pub ready: bool,
+    /// Creation time, nanoseconds since the epoch.
+    pub created_at_ns: i64,
+}
+
+impl SandboxRecord {
+    fn new(
+        id: &str,
+        metadata: Option<&cri::PodSandboxMetadata>,
+        labels: &HashMap<String, String>,
+        state: i32,
+        created_at_ns: i64,
+    ) -> Option<SandboxRecord> {
+        let pick = |from_metadata: Option<&str>, label: &str| {
+            from_metadata
+                .filter(|s| !s.is_empty())
+                .or_else(|| labels.get(label).map(String::as_str))
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        if id.is_empty() {
+            return None;
+        }
+        let namespace = pick(metadata.map(|m| m.namespace.as_str()), POD_NAMESPACE_LABEL)?;
+        let name = pick(metadata.map(|m| m.name.as_str()), POD_NAME_LABEL)?;
+        Some(SandboxRecord {
+            id: id.to_string(),
+            pod: ObjectKey::new(namespace, name),
+            uid: pick(metadata.map(|m| m.uid.as_str()), POD_UID_LABEL).unwrap_or_default(),
+            attempt: metadata.map_or(0, |m| m.attempt),
+            ready: state == cri::PodSandboxState::SandboxReady as i32,
+            created_at_ns,
+        })
+    }
+
+    /// From a `ListPodSandbox` item; `None` when it names no pod (not the kubelet's).
+    pub fn from_sandbox(s: &cri::PodSandbox) -> Option<SandboxRecord> {
+        Self::new(&s.id, s.metadata.as_ref(), &s.labels, s.state, s.created_at)
+    }
+
+    /// From the `pod_sandbox_status` of a container event.
+    pub fn from_status(s: &cri::PodSandboxStatus) -> Option<SandboxRecord> {
+        Self::new(&s.id, s.metadata.as_ref(), &s.labels, s.state, s.created_at)
+    }
+
+    fn belongs_to(&self, pod_uid: Option<&str>) -> bool {
+        match pod_uid {
+            Some(uid) if !uid.is_empty() => self.uid == uid,
+            _ => true,
+        }
+    }
+}
+
+/// The sandbox that names a pod's interface: among `sandboxes` (those of the pod's namespace
+/// and name) the READY ones of the pod's UID (any UID when it is unknown), the one created
+/// last; ties go to the higher attempt, then the greater ID. `None`: no READY sandbox, no
+/// interface.
+pub fn select_sandbox<'a>(
+    sandboxes: impl IntoIterator<Item = &'a SandboxRecord>,
+    pod_uid: Option<&str>,
+) -> Option<&'a SandboxRecord> {
+    sandboxes
+        .into_iter()
+        .filter(|s| s.ready && s.belongs_to(pod_uid))
+        .max_by(|a, b| {
+            (a.created_at_ns, a.attempt, &a.id).cmp(&(b.created_at_ns, b.attempt, &b.id))
+        })
+}
+
+/// The node's sandboxes, by pod. Every change reports whether anything changed, so the
+/// notifier runs only when a resolution may have.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SandboxTable {
+    /// Each pod's sandboxes, sorted by ID.
+    by_pod: HashMap<ObjectKey, Vec<SandboxRecord>>,
+    pod_of: HashMap<String, ObjectKey>,
+}
+
+impl SandboxTable {
+    fn from_records(records: impl IntoIterator<Item = SandboxRecord>) -> SandboxTable {
+        let mut table = SandboxTable::default();
+        for record in records {
+            table.upsert(record);
+        }
+        table
+    }
+
+    fn of_pod(&self, pod: &ObjectKey) -> &[SandboxRecord] {
+        self.by_pod.get(pod).map_or(&[], Vec::as_slice)
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.pod_of.contains_key(id)
+    }
+
+    fn len(&self) -> usize {
+        self.pod_of.len()
+    }
+
+    fn upsert(&mut self, record: SandboxRecord) -> bool {
+        if self
+            .pod_of
+            .get(&record.id)
+            .is_some_and(|pod| *pod != record.pod)
+        {
+            // An ID never moves between pods; if a runtime says so, believe the news.
+            self.remove(&record.id);
+        }
+        let list = self.by_pod.entry(record.pod.clone()).or_default();
+        match list.binary_search_by(|r| r.id.cmp(&record.id)) {
+            Ok(i) if list[i] == record => false,
+            Ok(i) => {
+                list[i] = record;
+                true
+            }
+            Err(i) => {
+                self.pod_of.insert(record.id.clone(), record.pod.clone());
+                list.insert(i, record);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        let Some(pod) = self.pod_of.remove(id) else {
+            return false;
+        };
+        if let Some(list) = self.by_pod.get_mut(&pod) {
+            list.retain(|r| r.id != id);
+            if list.is_empty() {
+                self.by_pod.remove(&pod);
+            }
+        }
+        true
+    }
+
+    /// A full listing replaces everything.
+    fn replace_all(&mut self, records: impl IntoIterator<Item = SandboxRecord>) -> bool {
+        let new = SandboxTable::from_records(records);
+        let changed = new != *self;
+        *self = new;
+        changed
+    }
+
+    /// A targeted listing: the sandboxes of `pod` (of `uid` when given) are exactly `records`.
+    fn replace_pod(
+        &mut self,
+        pod: &ObjectKey,
+        uid: Option<&str>,
+        records: Vec<SandboxRecord>,
+    ) -> bool {
+        let gone: Vec<String> = self
+            .of_pod(pod)
+            .iter()
+            .filter(|r| r.belongs_to(uid) && !records.iter().any(|n| n.id == r.id))
+            .map(|r| r.id.clone())
+            .collect();
+        let mut changed = false;
+        for id in gone {
+            changed |= self.remove(&id);
+        }
+        for record in records {
+            if record.pod == *pod && record.belongs_to(uid) {
+                changed |= self.upsert(record);
+            }
+        }
+        changed
+    }
+}
+
+/// What a container event means for the table.
+#[derive(Debug, PartialEq, Eq)]
+enum EventAction {
+    Upsert(SandboxRecord),
+    Remove(String),
+    /// No usable status: ask the runtime for this ID.
+    Lookup(String),
+}
+
+fn event_action(table: &SandboxTable, event: &cri::ContainerEventResponse) -> EventAction {
+    let deleted =
+        event.container_event_type == cri::ContainerEventType::ContainerDeletedEvent as i32;
+    let id = &event.container_id;
+    if let Some(status) = &event.pod_sandbox_status {
+        if deleted && status.id == *id {
+            return EventAction::Remove(id.clone());
+        }
+        if let Some(record) = SandboxRecord::from_status(status) {
+            return EventAction::Upsert(record);
+        }
+    }
+    if deleted && table.contains(id) {
+        EventAction::Remove(id.clone())
+    } else {
+        EventAction::Lookup(id.clone())
+    }
+}
+
+// ---------------------------------------------------------------- the resolver
+
+/// State shared by `resolve` and the watcher thread.
+#[derive(Debug, Default)]
+struct Shared {
+    table: RwLock<SandboxTable>,
+    /// The runtime answered a full listing at least once.
+    synced: AtomicBool,
+    /// The event stream is being followed (then a pod `resolve` misses needs no lookup).
+    events_live: AtomicBool,
+    started: AtomicBool,
+    lookups: Mutex<Lookups>,
+    wake: tokio::sync::Notify,
+}
+
+/// Pods `resolve` could not name, for the watcher's targeted lists.
+#[derive(Debug, Default)]
+struct Lookups {
+    /// Pod → its UID, if known.
+    pending: BTreeMap<ObjectKey, Option<String>>,
+    last: HashMap<ObjectKey, Instant>,
+}
+
+impl Shared {
+    fn read(&self) -> RwLockReadGuard<'_, SandboxTable> {
+        self.table.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, SandboxTable> {
+        self.table.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lookups(&self) -> std::sync::MutexGuard<'_, Lookups> {
+        self.lookups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The sandbox scheme fed by the container runtime: see the module documentation.
+#[derive(Debug)]
+pub struct CriSandboxResolver {
+    naming: SandboxResolver,
+    cfg: CriConfig,
+    shared: Arc<Shared>,
+}
+
+impl CriSandboxResolver {
+    /// Checks the prefix (the sandbox scheme's rules); connects nothing until `start`.
+    pub fn new(prefix: &str, cfg: CriConfig) -> Result<CriSandboxResolver, NamingError> {
+        Ok(CriSandboxResolver {
+            naming: SandboxResolver::new(prefix)?,
+            cfg,
+            shared: Arc::default(),
+        })
+    }
+
+    pub fn config(&self) -> &CriConfig {
+        &self.cfg
+    }
+
+    pub fn prefix(&self) -> &str {
+        self.naming.prefix()
+    }
+
+    /// The sandbox that names `pod`'s interface now, if any.
+    pub fn sandbox_of(&self, pod: &ObjectKey, uid: Option<&str>) -> Option<SandboxRecord> {
+        select_sandbox(self.shared.read().of_pod(pod), uid).cloned()
+    }
+
+    /// Sandboxes known, on every pod.
+    pub fn sandbox_count(&self) -> usize {
+        self.shared.read().len()
+    }
+
+    /// Asks the watcher for a targeted list of `pod`, when only the periodic list would
+    /// otherwise learn about it. Never waits for I/O.
+    fn lookup_later(&self, pod: &PodInfo) {
+        let shared = &self.shared;
+        if !shared.synced.load(Ordering::Acquire) || shared.events_live.load(Ordering::Acquire) {
+            return;
+        }
+        let now = Instant::now();
+        let mut lookups = shared.lookups();
+        if lookups
+            .last
+            .get(&pod.key)
+            .is_some_and(|at| now.duration_since(*at) < LOOKUP_MIN_INTERVAL)
+        {
+            return;
+        }
+        lookups
+            .last
+            .retain(|_, at| now.duration_since(*at) < LOOKUP_MIN_INTERVAL);
+        lookups.last.insert(pod.key.clone(), now);
+        lookups.pending.insert(pod.key.clone(), pod.uid.clone());
+        drop(lookups);
+        shared.wake.notify_one();
+    }
+
+    #[cfg(test)]
+    fn with_records(prefix: &str, records: Vec<SandboxRecord>) -> CriSandboxResolver {
+        let resolver = CriSandboxResolver::new(prefix, CriConfig::default()).unwrap();
+        resolver.shared.write().replace_all(records);
+        resolver.shared.synced.store(true, Ordering::Release);
+        resolver
+    }
+}
+
+impl InterfaceResolver for CriSandboxResolver {
+    fn resolve(&self, pod: &PodInfo) -> Result<String, NamingError> {
+        let uid = pod.uid.as_deref();
+        let not_ready = {
+            let table = self.shared.read();
+            let sandboxes = table.of_pod(&pod.key);
+            if let Some(sandbox) = select_sandbox(sandboxes, uid) {
+                return self.naming.name_for(&pod.key, Some(&sandbox.id));
+            }
+            sandboxes.iter().filter(|s| s.belongs_to(uid)).count()
+        };
+        self.lookup_later(pod);
+        Err(if not_ready > 0 {
+            NamingError::NoReadySandbox {
+                pod: pod.key.clone(),
+                not_ready,
+            }
+        } else {
+            NamingError::SandboxIdUnknown {
+                pod: pod.key.clone(),
+            }
+        })
+    }
+
+    fn scheme(&self) -> &'static str {
+        "sandbox"
+    }
+
+    fn in_sync(&self) -> bool {
+        self.shared.synced.load(Ordering::Acquire)
+    }
+
+    /// Starts the watcher thread, then waits up to `initial_sync_timeout` for the first
+    /// listing (not at all once the first connection failed). An unreachable runtime is
+    /// logged and retried, never an error here.
+    fn start(&self, changed: ChangeNotifier, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+        if self.shared.started.swap(true, Ordering::AcqRel) {
+            anyhow::bail!("the CRI sandbox resolver was already started");
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the CRI watcher's runtime")?;
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        let watcher = Watcher {
+            endpoint: self.cfg.endpoint.clone(),
+            refresh: self.cfg.refresh_interval.filter(|d| !d.is_zero()),
+            shared: self.shared.clone(),
+            changed,
+            stop,
+            first_outcome: Some(first_tx),
+        };
+        std::thread::Builder::new()
+            .name("cri-sandboxes".into())
+            .spawn(move || runtime.block_on(watcher.run()))
+            .context("starting the CRI watcher thread")?;
+        let endpoint = self.cfg.endpoint.display();
+        match first_rx.recv_timeout(self.cfg.initial_sync_timeout) {
+            Ok(true) => info!(
+                endpoint = %endpoint,
+                sandboxes = self.sandbox_count(),
+                "learned the pod sandboxes from the container runtime"
+            ),
+            // The watcher logged why; it keeps retrying.
+            Ok(false) => {}
+            Err(_) => warn!(
+                endpoint = %endpoint,
+                "the container runtime has not listed its pod sandboxes within {:?}; the agent \
+                 goes on, and local pods get their interfaces once it does",
+                self.cfg.initial_sync_timeout
+            ),
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- the watcher
+
+type Client = RuntimeServiceClient<Channel>;
+
+struct Watcher {
+    endpoint: PathBuf,
+    refresh: Option<Duration>,
+    shared: Arc<Shared>,
+    changed: ChangeNotifier,
+    stop: Arc<AtomicBool>,
+    /// Told once whether the first session listed the sandboxes.
+    first_outcome: Option<std::sync::mpsc::Sender<bool>>,
+}
+
+impl Watcher {
+    async fn run(mut self) {
+        let stop = self.stop.clone();
+        let mut delay = BACKOFF_MIN;
+        let mut failures = 0u32;
+        loop {
+            let mut listed = false;
+            let began = Instant::now();
+            let error = tokio::select! {
+                error = self.session(&mut listed) => error,
+                () = stopped(&stop) => return,
+            };
+            self.shared.events_live.store(false, Ordering::Release);
+            let endpoint = self.endpoint.display();
+            let error = describe(&error);
+            if listed {
+                // A runtime that answers and then drops us at once must not be hammered.
+                if began.elapsed() >= STABLE_SESSION {
+                    delay = BACKOFF_MIN;
+                    failures = 0;
+                }
+                error!(
+                    endpoint = %endpoint,
+                    "lost the container runtime: {error}; reconnecting in {delay:?} (the \
+                     sandboxes learned so far stay in use)"
+                );
+            } else {
+                failures += 1;
+                if failures == 1 || delay == BACKOFF_MAX {
+                    error!(
+                        endpoint = %endpoint,
+                        "cannot list pod sandboxes from the container runtime at {endpoint}: \
+                         {error}; retrying in {delay:?} (pods on this node whose sandbox is \
+                         not known get no interface)"
+                    );
+                } else {
+                    debug!(endpoint = %endpoint, "container runtime still unreachable: {error}");
+                }
+            }
+            // After the log line, so `start` returns with the reason already told.
+            if let Some(tx) = self.first_outcome.take() {
+                let _ = tx.send(false);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stopped(&stop) => return,
+            }
+            delay = (delay * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One connection, until it fails; `listed` tells whether it got as far as a full list.
+    async fn session(&mut self, listed: &mut bool) -> anyhow::Error {
+        match self.follow(listed).await {
+            Ok(never) => match never {},
+            Err(error) => error,
+        }
+    }
+
+    async fn follow(&mut self, listed: &mut bool) -> anyhow::Result<Infallible> {
+        let mut client = RuntimeServiceClient::new(connect(&self.endpoint).await?);
+        let version = call(client.version(cri::VersionRequest {
+            version: "v1".into(),
+        }))
+        .await
+        .map_err(status_error)
+        .context("CRI v1 RuntimeService.Version")?;
+        // Subscribe before listing, so that what happens between the list and the first
+        // event is in the stream. The call is only started here (its request is queued on
+        // the connection ahead of the list's), not awaited: grpc-go runtimes send a stream's
+        // headers with its first event, which on a quiet node may be a long while.
+        let mut events_client = client.clone();
+        let mut events = Events::Pending(Box::pin(async move {
+            events_client
+                .get_container_events(cri::GetEventsRequest {})
+                .await
+                .map(tonic::Response::into_inner)
+        }));
+        if let Events::Pending(subscribing) = &mut events {
+            if let std::task::Poll::Ready(answer) = futures::poll!(subscribing.as_mut()) {
+                events = self.subscribed(answer)?;
+            }
+        }
+        self.list_all(&mut client).await?;
+        *listed = true;
+        info!(
+            endpoint = %self.endpoint.display(),
+            runtime = %version.runtime_name,
+            runtime_version = %version.runtime_version,
+            sandboxes = self.shared.read().len(),
+            "following pod sandboxes in the container runtime"
+        );
+        if let Some(tx) = self.first_outcome.take() {
+            let _ = tx.send(true);
+        }
+        let mut resync = self.refresh.map(|every| {
+            let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            timer
+        });
+        loop {
+            tokio::select! {
+                () = tick(&mut resync) => self.list_all(&mut client).await?,
+                step = events.next() => match step {
+                    EventStep::Subscribed(answer) => {
+                        let refused = answer
+                            .as_ref()
+                            .is_err_and(|status| status.code() != Code::Unimplemented);
+                        events = self.subscribed(answer)?;
+                        // Any other refusal may still hide the runtime going away: a list
+                        // tells (and covers whatever the stream would have said).
+                        if refused {
+                            self.list_all(&mut client).await?;
+                        }
+                    }
+                    EventStep::Event(Ok(Some(event))) => {
+                        self.apply_event(&mut client, &event).await?
+                    }
+                    EventStep::Event(Ok(None)) => {
+                        anyhow::bail!("the runtime ended the CRI event stream")
+                    }
+                    EventStep::Event(Err(status)) => {
+                        return Err(status_error(status)).context("CRI event stream")
+                    }
+                },
+                () = self.shared.wake.notified() => self.lookups(&mut client).await?,
+            }
+        }
+    }
+
+    /// The runtime answered the subscription: follow the stream, or do without it for this
+    /// session (`Unimplemented`: runtimes before the evented PLEG; any other refusal, e.g.
+    /// pod events disabled in the runtime's configuration, is not worth losing the list over).
+    ///
+    /// `Unavailable` and `Cancelled` are the connection going away: the session ends (a
+    /// request on a connection in that state can hang until its timeout).
+    fn subscribed(&self, answer: Result<EventStream, Status>) -> anyhow::Result<Events> {
+        Ok(match answer {
+            Ok(stream) => {
+                debug!("following the container runtime's events");
+                self.shared.events_live.store(true, Ordering::Release);
+                Events::Live(Box::new(stream))
+            }
+            Err(status) if matches!(status.code(), Code::Unavailable | Code::Cancelled) => {
+                return Err(status_error(status)).context("CRI GetContainerEvents");
+            }
+            Err(status) => {
+                let reason = match status.code() {
+                    Code::Unimplemented => "does not stream container events".to_string(),
+                    _ => format!(
+                        "refused to stream container events ({})",
+                        describe(&status_error(status))
+                    ),
+                };
+                match self.refresh {
+                    Some(every) => info!(
+                        "the container runtime {reason}; sandbox changes are learned by listing \
+                         every {every:?}, and at once for a pod the agent cannot name"
+                    ),
+                    None => warn!(
+                        "the container runtime {reason} and FELIX_CRIREFRESHINTERVAL is 0: \
+                         sandbox changes are learned only for pods the agent cannot name"
+                    ),
+                }
+                Events::Unavailable
+            }
+        })
+    }
+
+    fn notify_if(&self, changed: bool, why: &str) {
+        if changed {
+            debug!(why, "pod sandboxes changed");
+            (self.changed)();
+        }
+    }
+
+    async fn list(
+        client: &mut Client,
+        filter: Option<cri::PodSandboxFilter>,
+    ) -> anyhow::Result<Vec<SandboxRecord>> {
+        let response = call(client.list_pod_sandbox(cri::ListPodSandboxRequest { filter }))
+            .await
+            .map_err(status_error)
+            .context("CRI ListPodSandbox")?;
+        Ok(response
+            .items
+            .iter()
+            .filter_map(SandboxRecord::from_sandbox)
+            .collect())
+    }
+
+    async fn list_all(&mut self, client: &mut Client) -> anyhow::Result<()> {
+        let records = Self::list(client, None).await?;
+        let changed = self.shared.write().replace_all(records);
+        // Pending lookups stay: one asked while this list was under way may be about a
+        // sandbox created after the runtime answered it.
+        self.shared.synced.store(true, Ordering::Release);
+        self.notify_if(changed, "full list");
+        Ok(())
+    }
+
+    async fn apply_event(
+        &mut self,
+        client: &mut Client,
+        event: &cri::ContainerEventResponse,
+    ) -> anyhow::Result<()> {
+        let action = event_action(&self.shared.read(), event);
+        let changed = match action {
+            EventAction::Upsert(record) => self.shared.write().upsert(record),
+            EventAction::Remove(id) => self.shared.write().remove(&id),
+            EventAction::Lookup(id) => {
+                let filter = cri::PodSandboxFilter {
+                    id: id.clone(),
+                    ..Default::default()
+                };
+                let found: Vec<SandboxRecord> = Self::list(client, Some(filter))
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.id == id)
+                    .collect();
+                let mut table = self.shared.write();
+                if found.is_empty() {
+                    // Not a sandbox (an application container), or one already gone.
+                    table.remove(&id)
+                } else {
+                    let mut changed = false;
+                    for record in found {
+                        changed |= table.upsert(record);
+                    }
+                    changed
+                }
+            }
+        };
+        self.notify_if(changed, "container event");
+        Ok(())
+    }
+
+    async fn lookups(&mut self, client: &mut Client) -> anyhow::Result<()> {
+        let pending = std::mem::take(&mut self.shared.lookups().pending);
+        let mut changed = false;
+        for (pod, uid) in pending {
+            let label_selector = match &uid {
+                Some(uid) => HashMap::from([(POD_UID_LABEL.to_string(), uid.clone())]),
+                None => HashMap::from([
+                    (POD_NAMESPACE_LABEL.to_string(), pod.namespace.clone()),
+                    (POD_NAME_LABEL.to_string(), pod.name.clone()),
+                ]),
+            };
+            let filter = cri::PodSandboxFilter {
+                label_selector,
+                ..Default::default()
+            };
+            let records = Self::list(client, Some(filter))
+                .await
+                .with_context(|| format!("looking up pod {pod}"))?;
+            changed |= self
+                .shared
+                .write()
+                .replace_pod(&pod, uid.as_deref(), records);
+        }
+        self.notify_if(changed, "pod lookup");
+        Ok(())
+    }
+}
+
+/// A gRPC channel over the unix socket (the URI is a placeholder the connector ignores).
+async fn connect(path: &Path) -> anyhow::Result<Channel> {
+    let socket = path.to_path_buf();
+    Endpoint::from_static("http://cri.invalid")
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&socket).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .context("connecting")
+}
+
+/// A gRPC status as `Code: message` (its Display also dumps metadata and details).
+fn status_error(status: Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+}
+
+/// An error and its causes on one line, each cause once (tonic's transport errors repeat
+/// their cause).
+fn describe(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if parts.last().is_none_or(|last| !last.ends_with(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// A CRI call bounded by [`CALL_TIMEOUT`].
+async fn call<T>(
+    request: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, Status> {
+    match tokio::time::timeout(CALL_TIMEOUT, request).await {
+        Ok(response) => response.map(tonic::Response::into_inner),
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "no answer within {CALL_TIMEOUT:?}"
+        ))),
+    }
+}
+
+async fn tick(timer: &mut Option<tokio::time::Interval>) {
+    match timer {
+        Some(timer) => {
+            timer.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+type EventStream = Streaming<cri::ContainerEventResponse>;
+
+/// The `GetContainerEvents` subscription of a session.
+enum Events {
+    /// Asked for, not answered yet (until then pods the agent cannot name are looked up).
+    Pending(Pin<Box<dyn Future<Output = Result<EventStream, Status>> + Send>>),
+    Live(Box<EventStream>),
+    /// Refused: the periodic list and lookups do the work.
+    Unavailable,
+}
+
+// Returned once per step and matched at once: not worth boxing.
+#[allow(clippy::large_enum_variant)]
+enum EventStep {
+    Subscribed(Result<EventStream, Status>),
+    Event(Result<Option<cri::ContainerEventResponse>, Status>),
+}
+
+impl Events {
+    /// The next thing the subscription has to say; cancel-safe (the state stays in `self`).
+    async fn next(&mut self) -> EventStep {
+        match self {
+            Events::Pending(subscribing) => EventStep::Subscribed(subscribing.as_mut().await),
+            Events::Live(stream) => EventStep::Event(stream.message().await),
+            Events::Unavailable => std::future::pending().await,
+        }
+    }
+}
+
+async fn stopped(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(STOP_POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "aaaaaaaaaa11111111111111111111111111111111111111111111111111111111";
+    const B: &str = "bbbbbbbbbb22222222222222222222222222222222222222222222222222222222";
+    const C: &str = "cccccccccc33333333333333333333333333333333333333333333333333333333";
+
+    fn sandbox(id: &str, uid: &str, ready: bool, created_at_ns: i64) -> SandboxRecord {
+        SandboxRecord {
+            id: id.to_string(),
+            pod: ObjectKey::new("default", "web-1"),
+            uid: uid.to_string(),
+            attempt: 0,
+            ready,
+            created_at_ns,
+        }
+    }
+
+    fn pod(uid: Option<&str>) -> PodInfo {
+        let mut pod = super::super::test_support::pod("default", "web-1", None);
+        pod.uid = uid.map(str::to_string);
+        pod
+    }
+
+    fn selected(records: &[SandboxRecord], uid: Option<&str>) -> Option<String> {
+        select_sandbox(records, uid).map(|s| s.id.clone())
+    }
+
+    #[test]
+    fn older_notready_sandbox_never_wins() {
+        // Seed 004: sandbox 1's CNI ADD failed (NOTREADY), sandbox 2 succeeded.
+        let records = [sandbox(A, "u1", false, 100), sandbox(B, "u1", true, 200)];
+        assert_eq!(selected(&records, Some("u1")), Some(B.into()));
+        // Listed in the other order, the same answer.
+        let reversed = [records[1].clone(), records[0].clone()];
+        assert_eq!(selected(&reversed, Some("u1")), Some(B.into()));
+    }
+
+    #[test]
+    fn newer_notready_attempt_does_not_displace_the_ready_one() {
+        let records = [sandbox(A, "u1", true, 100), sandbox(B, "u1", false, 200)];
+        assert_eq!(selected(&records, Some("u1")), Some(A.into()));
+    }
+
+    #[test]
+    fn of_two_ready_sandboxes_the_newest_wins() {
+        let records = [
+            sandbox(B, "u1", true, 100),
+            sandbox(A, "u1", true, 300),
+            sandbox(C, "u1", false, 400),
+        ];
+        assert_eq!(selected(&records, Some("u1")), Some(A.into()));
+        // Same creation time: the higher attempt, then the greater ID.
+        let mut tie = [sandbox(A, "u1", true, 100), sandbox(B, "u1", true, 100)];
+        assert_eq!(selected(&tie, Some("u1")), Some(B.into()));
+        tie[0].attempt = 1;
+        assert_eq!(selected(&tie, Some("u1")), Some(A.into()));
+    }
+
+    #[test]
+    fn none_ready_is_no_sandbox_and_the_pod_is_reported() {
+        let records = vec![sandbox(A, "u1", false, 100), sandbox(B, "u1", false, 200)];
+        assert_eq!(selected(&records, Some("u1")), None);
+        assert_eq!(selected(&[], None), None);
+        let resolver = CriSandboxResolver::with_records("veth-", records);
+        let err = resolver.resolve(&pod(Some("u1"))).unwrap_err();
+        assert_eq!(
+            err,
+            NamingError::NoReadySandbox {
+                pod: ObjectKey::new("default", "web-1"),
+                not_ready: 2,
+            }
+        );
+        let message = err.to_string();
+        assert!(message.contains("default/web-1"), "{message}");
+        assert!(message.contains("none is READY"), "{message}");
+        let empty = CriSandboxResolver::with_records("veth-", vec![]);
+        assert_eq!(
+            empty.resolve(&pod(Some("u1"))),
+            Err(NamingError::SandboxIdUnknown {
+                pod: ObjectKey::new("default", "web-1"),
+            })
+        );
+    }
+
+    #[test]
+    fn another_pod_uid_under_the_same_name_is_not_a_candidate() {
+        // A StatefulSet pod deleted and recreated: the old pod's sandbox is still READY.
+        let records = vec![sandbox(A, "old", true, 300), sandbox(B, "new", true, 200)];
+        assert_eq!(selected(&records, Some("new")), Some(B.into()));
+        assert_eq!(selected(&records, Some("gone")), None);
+        // Without a UID (manifests that carry none), namespace and name decide.
+        assert_eq!(selected(&records, None), Some(A.into()));
+        assert_eq!(selected(&records, Some("")), Some(A.into()));
+        let resolver = CriSandboxResolver::with_records("veth-", records);
+        assert_eq!(
+            resolver.resolve(&pod(Some("gone"))),
+            Err(NamingError::SandboxIdUnknown {
+                pod: ObjectKey::new("default", "web-1"),
+            })
+        );
+    }
+
+    #[test]
+    fn restart_replaces_the_id() {
+        let resolver = CriSandboxResolver::with_records("veth-", vec![sandbox(A, "u1", true, 100)]);
+        assert_eq!(
+            resolver.resolve(&pod(Some("u1"))),
+            Ok("veth-aaaaaaaaaa".into())
+        );
+        let mut table = resolver.shared.write();
+        assert!(table.upsert(sandbox(A, "u1", false, 100)));
+        let mut restarted = sandbox(B, "u1", true, 200);
+        restarted.attempt = 1;
+        assert!(table.upsert(restarted));
+        drop(table);
+        assert_eq!(
+            resolver.resolve(&pod(Some("u1"))),
+            Ok("veth-bbbbbbbbbb".into())
+        );
+        assert!(resolver.shared.write().remove(B));
+        assert!(matches!(
+            resolver.resolve(&pod(Some("u1"))),
+            Err(NamingError::NoReadySandbox { not_ready: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn names_follow_the_sandbox_scheme_rules() {
+        let records = vec![sandbox(A, "u1", true, 100)];
+        // Prefix of 4: 11 ID characters, 15 in all.
+        let resolver = CriSandboxResolver::with_records("hybr", records.clone());
+        assert_eq!(resolver.resolve(&pod(None)), Ok("hybraaaaaaaaaa1".into()));
+        assert_eq!(resolver.prefix(), "hybr");
+        // The prefix rules are the sandbox scheme's.
+        assert_eq!(
+            CriSandboxResolver::new("veth--", CriConfig::default()).unwrap_err(),
+            NamingError::SandboxPrefixTooLong {
+                prefix: "veth--".into(),
+                len: 6,
+            }
+        );
+        assert_eq!(
+            CriSandboxResolver::new("", CriConfig::default()).unwrap_err(),
+            NamingError::EmptySandboxPrefix
+        );
+        // An ID from the runtime that cannot name a veth is refused, not truncated.
+        let short =
+            CriSandboxResolver::with_records("veth-", vec![sandbox("abc123", "u1", true, 100)]);
+        assert!(matches!(
+            short.resolve(&pod(None)),
+            Err(NamingError::SandboxIdTooShort {
+                len: 6,
+                needed: 10,
+                ..
+            })
+        ));
+        let upper = CriSandboxResolver::with_records(
+            "veth-",
+            vec![sandbox("ABCDEF0123456789", "u1", true, 100)],
+        );
+        assert!(matches!(
+            upper.resolve(&pod(None)),
+            Err(NamingError::SandboxIdNotHex { found: 'A', .. })
+        ));
+    }
+
+    #[test]
+    fn table_reports_only_real_changes() {
+        let mut table = SandboxTable::default();
+        assert!(table.upsert(sandbox(A, "u1", true, 100)));
+        assert!(!table.upsert(sandbox(A, "u1", true, 100)));
+        assert!(table.upsert(sandbox(A, "u1", false, 100)));
+        assert!(!table.remove(B));
+        assert!(!table.replace_all(vec![sandbox(A, "u1", false, 100)]));
+        assert!(table.replace_all(vec![sandbox(B, "u1", true, 200)]));
+        assert!(!table.contains(A) && table.contains(B));
+        assert!(table.remove(B));
+        assert!(table.by_pod.is_empty() && table.pod_of.is_empty());
+    }
+
+    #[test]
+    fn targeted_list_replaces_only_that_pods_sandboxes() {
+        let mut other = sandbox(C, "u2", true, 100);
+        other.pod = ObjectKey::new("default", "db-0");
+        let mut table = SandboxTable::from_records([
+            sandbox(A, "u1", true, 100),
+            sandbox(B, "old", true, 50),
+            other,
+        ]);
+        let web = ObjectKey::new("default", "web-1");
+        // The runtime now has only a newer sandbox of u1: A went, B (another UID) stays.
+        assert!(table.replace_pod(
+            &web,
+            Some("u1"),
+            vec![sandbox(B.replace('b', "d").as_str(), "u1", true, 200)]
+        ));
+        assert!(!table.contains(A) && table.contains(B) && table.contains(C));
+        assert!(!table.replace_pod(
+            &web,
+            Some("u1"),
+            vec![sandbox(B.replace('b', "d").as_str(), "u1", true, 200)]
+        ));
+        // By namespace and name: every sandbox of the pod is in scope.
+        assert!(table.replace_pod(&web, None, vec![]));
+        assert!(table.of_pod(&web).is_empty() && table.contains(C));
+    }
+
+    fn event(
+        kind: cri::ContainerEventType,
+        container_id: &str,
+        status: Option<(&str, cri::PodSandboxState)>,
+    ) -> cri::ContainerEventResponse {
+        cri::ContainerEventResponse {
+            container_id: container_id.to_string(),
+            container_event_type: kind as i32,
+            created_at: 1,
+            pod_sandbox_status: status.map(|(id, state)| cri::PodSandboxStatus {
+                id: id.to_string(),
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: "web-1".into(),
+                    uid: "u1".into(),
+                    namespace: "default".into(),
+                    attempt: 2,
+                }),
+                state: state as i32,
+                created_at: 100,
+                ..Default::default()
+            }),
+            containers_statuses: vec![],
+        }
+    }
+
+    #[test]
+    fn events_update_remove_or_ask() {
+        use cri::ContainerEventType::*;
+        use cri::PodSandboxState::*;
+        let table = SandboxTable::from_records([sandbox(A, "u1", true, 100)]);
+        let mut expected = sandbox(B, "u1", true, 100);
+        expected.attempt = 2;
+        // A sandbox started, or an application container in it: the status is the news.
+        for (kind, container) in [(ContainerStartedEvent, B), (ContainerStoppedEvent, "app-1")] {
+            assert_eq!(
+                event_action(&table, &event(kind, container, Some((B, SandboxReady)))),
+                EventAction::Upsert(expected.clone())
+            );
+        }
+        let mut stopped = expected.clone();
+        stopped.ready = false;
+        assert_eq!(
+            event_action(
+                &table,
+                &event(ContainerStoppedEvent, B, Some((B, SandboxNotready)))
+            ),
+            EventAction::Upsert(stopped)
+        );
+        // The sandbox itself deleted, with or without a status.
+        assert_eq!(
+            event_action(
+                &table,
+                &event(ContainerDeletedEvent, B, Some((B, SandboxNotready)))
+            ),
+            EventAction::Remove(B.into())
+        );
+        assert_eq!(
+            event_action(&table, &event(ContainerDeletedEvent, A, None)),
+            EventAction::Remove(A.into())
+        );
+        // No status and nothing known: ask the runtime.
+        assert_eq!(
+            event_action(&table, &event(ContainerCreatedEvent, C, None)),
+            EventAction::Lookup(C.into())
+        );
+        assert_eq!(
+            event_action(&table, &event(ContainerStartedEvent, A, None)),
+            EventAction::Lookup(A.into())
+        );
+    }
+
+    #[test]
+    fn records_fall_back_to_the_kubelets_labels() {
+        let labels = HashMap::from([
+            (POD_NAMESPACE_LABEL.to_string(), "prod".to_string()),
+            (POD_NAME_LABEL.to_string(), "api-0".to_string()),
+            (POD_UID_LABEL.to_string(), "u9".to_string()),
+        ]);
+        let listed = cri::PodSandbox {
+            id: A.into(),
+            metadata: None,
+            state: cri::PodSandboxState::SandboxReady as i32,
+            created_at: 7,
+            labels: labels.clone(),
+            ..Default::default()
+        };
+        let record = SandboxRecord::from_sandbox(&listed).unwrap();
+        assert_eq!(record.pod, ObjectKey::new("prod", "api-0"));
+        assert_eq!(
+            (record.uid.as_str(), record.ready, record.created_at_ns),
+            ("u9", true, 7)
+        );
+        // Naming no pod, or no ID: not a kubelet sandbox.
+        let anonymous = cri::PodSandbox {
+            id: A.into(),
+            ..Default::default()
+        };
+        assert_eq!(SandboxRecord::from_sandbox(&anonymous), None);
+        let no_id = cri::PodSandbox {
+            labels,
+            ..Default::default()
+        };
+        assert_eq!(SandboxRecord::from_sandbox(&no_id), None);
+    }
+
+    #[test]
+    fn errors_read_as_one_line_without_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let error = anyhow::Error::new(io)
+            .context("No such file or directory")
+            .context("connecting");
+        assert_eq!(describe(&error), "connecting: No such file or directory");
+        let status = status_error(Status::unimplemented(
+            "unknown service runtime.v1.RuntimeService",
+        ));
+        assert_eq!(
+            describe(&status.context("CRI v1 RuntimeService.Version")),
+            "CRI v1 RuntimeService.Version: Unimplemented: unknown service runtime.v1.RuntimeService"
+        );
+    }
+
+    #[test]
+    fn endpoints_are_unix_socket_paths() {
+        assert_eq!(
+            parse_cri_endpoint("/run/containerd/containerd.sock"),
+            Ok(PathBuf::from(DEFAULT_CRI_ENDPOINT))
+        );
+        assert_eq!(
+            parse_cri_endpoint("unix:///var/run/crio/crio.sock"),
+            Ok(PathBuf::from(CRIO_CRI_ENDPOINT))
+        );
+        for bad in [
+            "",
+            "run/containerd.sock",
+            "tcp://127.0.0.1:1234",
+            "npipe:////./pipe/x",
+        ] {
+            let err = parse_cri_endpoint(bad).unwrap_err();
+            assert!(err.contains("accepted values"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn lookups_are_asked_only_without_events_and_at_most_once_a_second() {
+        let resolver = CriSandboxResolver::with_records("veth-", vec![]);
+        let web = pod(Some("u1"));
+        assert!(resolver.resolve(&web).is_err());
+        assert!(resolver.resolve(&web).is_err());
+        assert_eq!(
+            resolver.shared.lookups().pending,
+            BTreeMap::from([(web.key.clone(), Some("u1".to_string()))])
+        );
+        resolver.shared.lookups().pending.clear();
+        assert!(resolver.resolve(&web).is_err());
+        assert!(
+            resolver.shared.lookups().pending.is_empty(),
+            "within a second"
+        );
+        let mut other = web.clone();
+        other.key = ObjectKey::new("default", "web-2");
+        resolver.shared.events_live.store(true, Ordering::Release);
+        assert!(resolver.resolve(&other).is_err());
+        assert!(
+            resolver.shared.lookups().pending.is_empty(),
+            "events are live"
+        );
+    }
+}
