@@ -18,9 +18,10 @@ use netpol_agent::calc_graph::model::IpFamily;
 use netpol_agent::verify::OwnedState;
 use serde_json::json;
 
-use crate::cni::Cni;
+use crate::cni::{Cni, Wiring, BRIDGE};
 use crate::netns::{Netns, PREFIX};
 use crate::scenario::{node_pod_cidr, Pod, World};
+use crate::runtime::NodeRuntime;
 use crate::servers::{PodServers, SctpLog};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -49,6 +50,8 @@ pub struct ClusterConfig {
 
 struct Node {
     name: String,
+    /// The container runtime's CRI endpoint on this node (`--cni sandbox`).
+    runtime: Option<NodeRuntime>,
     netns: Netns,
     agent: Option<Child>,
     log: PathBuf,
@@ -72,6 +75,11 @@ pub struct Cluster {
     pub pods: BTreeMap<String, PodNet>,
     written: World,
     pub sctp: Arc<SctpLog>,
+}
+
+/// The bridge address of node `i` in `--cni bridge`, the pods' gateway.
+fn bridge_gateway(node: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(10, 244, node as u8, 1)
 }
 
 fn underlay_ip(node: usize) -> String {
@@ -116,9 +124,29 @@ impl Cluster {
             netns.ip_batch(
                 "link add dummy0 type bridge\nlink set dummy0 up\nroute add default dev dummy0\n",
             )?;
+            match cluster.cfg.cni.wiring() {
+                Wiring::Routed { table: Some(table) } => {
+                    netns.ip_batch(&format!("rule add from all lookup {table} pref 1\n"))?;
+                }
+                Wiring::Routed { table: None } => {}
+                Wiring::Bridged => {
+                    let gateway = bridge_gateway(i);
+                    netns.ip_batch(&format!(
+                        "link add {BRIDGE} type bridge\naddr add {gateway}/24 dev {BRIDGE}\nlink set {BRIDGE} up\n"
+                    ))?;
+                    // Bridged frames must traverse iptables (br_netfilter, per namespace).
+                    netns.sysctl("net/bridge/bridge-nf-call-iptables", "1")?;
+                }
+            }
             cluster.nodes.push(Node {
                 name: node_name(i),
                 log: cluster.work.join(format!("agent-{}.log", node_name(i))),
+                runtime: match cluster.cfg.cni {
+                    Cni::Sandbox => Some(NodeRuntime::start(
+                        &cluster.work.join(format!("cri-{}.sock", node_name(i))),
+                    )?),
+                    _ => None,
+                },
                 netns,
                 agent: None,
             });
@@ -158,7 +186,7 @@ impl Cluster {
             cmd.args(["run", "--datastore"])
                 .arg(format!("dir:{}", self.manifests.display()))
                 .args(["--node", &node.name])
-                .envs(agent_env(&self.cfg))
+                .envs(agent_env(&self.cfg, node))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
@@ -193,6 +221,9 @@ impl Cluster {
             remove_if_present(&pod_dir.join(file_name(&key)))?;
             if let Some(mut net) = self.pods.remove(&key) {
                 net.servers.stop();
+                if let Some(runtime) = self.nodes[net.pod.node].runtime.as_ref() {
+                    runtime.remove_pod(&self.tag, &net.pod)?;
+                }
             }
             pods_changed = true;
         }
@@ -223,6 +254,7 @@ impl Cluster {
         }
         if pods_changed || self.written.pods.is_empty() {
             self.write_services()?;
+            self.write_interface_map()?;
         }
         self.written = target.clone();
         Ok(())
@@ -231,13 +263,14 @@ impl Cluster {
     fn add_pod(&mut self, pod: &Pod) -> anyhow::Result<()> {
         let node = &self.nodes[pod.node];
         let netns = Netns::create(&format!("{}-p{}", self.tag, pod.uid))?;
-        let iface = self.cfg.cni.host_iface(pod);
-        match self.cfg.cni {
-            Cni::Calico => {
+        let iface = self.cfg.cni.host_iface(&self.tag, pod);
+        match self.cfg.cni.wiring() {
+            Wiring::Routed { table } => {
+                let table = table.map(|t| format!(" table {t}")).unwrap_or_default();
                 node.netns.ip_batch(&format!(
                     "link add {iface} type veth peer name eth0 netns {pod_ns}\n\
                      link set {iface} up\n\
-                     route add {ip}/32 dev {iface}\n",
+                     route add {ip}/32 dev {iface}{table}\n",
                     pod_ns = netns.name,
                     ip = pod.ip
                 ))?;
@@ -252,6 +285,23 @@ impl Cluster {
                     ip = pod.ip
                 ))?;
             }
+            Wiring::Bridged => {
+                node.netns.ip_batch(&format!(
+                    "link add {iface} type veth peer name eth0 netns {pod_ns}\n\
+                     link set {iface} master {BRIDGE}\n\
+                     link set {iface} up\n",
+                    pod_ns = netns.name
+                ))?;
+                netns.ip_batch(&format!(
+                    "addr add {ip}/24 dev eth0\nlink set eth0 up\n\
+                     route add default via {gw} dev eth0\n",
+                    ip = pod.ip,
+                    gw = bridge_gateway(pod.node)
+                ))?;
+            }
+        }
+        if let Some(runtime) = self.nodes[pod.node].runtime.as_ref() {
+            runtime.add_pod(&self.tag, pod)?;
         }
         let handle = Arc::new(netns.handle.try_clone()?);
         let servers = PodServers::start(&netns.handle, pod, self.sctp.clone())?;
@@ -296,6 +346,20 @@ impl Cluster {
             "status": {"phase": "Running", "podIP": pod.ip.to_string(),
                        "podIPs": [{"ip": pod.ip.to_string()}]},
         })
+    }
+
+    /// The pod → interface map `compile` uses to know what every node must hold.
+    fn write_interface_map(&self) -> anyhow::Result<()> {
+        let mut map = String::new();
+        for net in self.pods.values() {
+            let _ = writeln!(
+                map,
+                "\"{}\": {}",
+                net.pod.key(),
+                self.cfg.cni.host_iface(&self.tag, &net.pod)
+            );
+        }
+        write_atomic(&self.work.join("interfaces.yaml"), &map)
     }
 
     /// kube-proxy's part: a ClusterIP per pod, DNATed to the pod for each port it serves,
@@ -403,7 +467,7 @@ impl Cluster {
             .arg(&sets)
             .arg("--iptables-out")
             .arg(&rules)
-            .envs(agent_env(&self.cfg))
+            .envs(compile_env(&self.cfg, &self.work.join("interfaces.yaml")))
             .stdin(Stdio::null())
             .output()?;
         if !out.status.success() {
@@ -424,11 +488,45 @@ impl Cluster {
     }
 }
 
-fn agent_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
-    let mut env = cfg.cni.agent_env();
-    env.push(("FELIX_IPV6SUPPORT", "false".into()));
-    env.push(("FELIX_IPTABLESBACKEND", "auto".into()));
-    env.push(("FELIX_LOGSEVERITYSCREEN", "INFO".into()));
+/// What `netpol-agent run` on `node` is configured with.
+fn agent_env(cfg: &ClusterConfig, node: &Node) -> Vec<(&'static str, String)> {
+    let mut env = common_env(cfg);
+    let scheme = match cfg.cni {
+        Cni::Calico => "calico",
+        Cni::Sandbox => "sandbox",
+        Cni::Hybridnet => "routes",
+        Cni::Bridge => "bridge",
+    };
+    env.push(("FELIX_INTERFACENAMESCHEME", scheme.into()));
+    if let Some(runtime) = &node.runtime {
+        env.push(("FELIX_CRIENDPOINT", runtime.socket().display().to_string()));
+    }
+    env
+}
+
+/// What `compile` is configured with: the names the harness gave the interfaces, so a
+/// resolver that learns them at run time is checked against the truth.
+fn compile_env(cfg: &ClusterConfig, map_file: &Path) -> Vec<(&'static str, String)> {
+    let mut env = common_env(cfg);
+    if cfg.cni == Cni::Calico {
+        env.push(("FELIX_INTERFACENAMESCHEME", "calico".into()));
+    } else {
+        env.push(("FELIX_INTERFACENAMESCHEME", "static".into()));
+        env.push(("FELIX_INTERFACEMAPFILE", map_file.display().to_string()));
+    }
+    env
+}
+
+fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("FELIX_INTERFACEPREFIX", cfg.cni.prefix().to_string()),
+        ("FELIX_IPV6SUPPORT", "false".into()),
+        ("FELIX_IPTABLESBACKEND", "auto".into()),
+        ("FELIX_LOGSEVERITYSCREEN", "INFO".into()),
+    ];
+    if cfg.cni.wiring() == Wiring::Bridged {
+        env.push(("FELIX_BRIDGEINTERFACE", BRIDGE.into()));
+    }
     env
 }
 

@@ -4,10 +4,12 @@
 
 mod cluster;
 mod cni;
+mod cri_server;
 mod demo;
 mod expect;
 mod netns;
 mod probe;
+mod runtime;
 mod runner;
 mod scenario;
 mod sctp;
