@@ -23,7 +23,6 @@ use common::{NetNs, TempDir};
 use netpol_agent::calc_graph::model::{ObjectKey, PodInfo};
 use netpol_agent::iface_naming::{BridgeResolver, InterfaceResolver};
 
-const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 static VETHS: AtomicUsize = AtomicUsize::new(0);
 
 /// `veth` + 8 hex characters, as flannel and the bridge plugin name host veths.
@@ -297,14 +296,9 @@ struct Agent(Child);
 
 impl Agent {
     fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
-        let mut cmd = Command::new("ip");
-        for (k, _) in std::env::vars() {
-            if k.starts_with("FELIX_") || k == "NODENAME" {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = common::agent_in(&ns.name);
         let child = cmd
-            .args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+            .args(["run", "--node", "node-1"])
             .arg("--datastore")
             .arg(format!("dir:{}", dir.display()))
             .args(["--iptables-backend", backend])

@@ -590,13 +590,8 @@ struct Agent {
 impl Agent {
     /// `run` inside `ns` configured only through the environment.
     fn start(ns: &NetNs, log: &Path, vars: &[(&str, &str)]) -> Agent {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns.name, BIN, "run"]);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("FELIX_") || k == "NODENAME" {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = common::agent_in(&ns.name);
+        cmd.args(["run"]);
         let child = cmd
             .envs(vars.iter().copied())
             .stdin(Stdio::null())

@@ -12,13 +12,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{NetNs, TempDir};
+use common::{http_get, NetNs, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 const METRICS_PORT: u16 = 9091;
@@ -26,41 +24,6 @@ const HEALTH_PORT: u16 = 9099;
 
 fn demo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/demo")
-}
-
-/// `GET path` on 127.0.0.1:port inside network namespace `ns`: (status, body).
-fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let (ns, path) = (ns.to_string(), path.to_string());
-    std::thread::spawn(move || -> std::io::Result<(u16, String)> {
-        // Only this thread enters the namespace; it ends with the request.
-        let netns = std::fs::File::open(format!("/run/netns/{ns}"))?;
-        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(std::io::Error::from)?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw)?;
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("bad response: {head}")))?;
-        assert!(
-            !head
-                .to_ascii_lowercase()
-                .contains("transfer-encoding: chunked"),
-            "{head}"
-        );
-        Ok((status, body.to_string()))
-    })
-    .join()
-    .expect("http client thread")
 }
 
 struct Agent {
@@ -82,15 +45,10 @@ impl Drop for Agent {
 }
 
 fn start_agent(ns: &NetNs, dir: &Path, log: &Path) -> Agent {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run", "--node", "node-1"])
         .arg("--datastore")
         .arg(format!("dir:{}", dir.display()));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FELIX_") || k == "NODENAME" {
-            cmd.env_remove(k);
-        }
-    }
     let child = cmd
         .envs([
             ("FELIX_IPTABLESBACKEND", "legacy"),

@@ -10,16 +10,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{NetNs, TempDir};
 use netpol_agent::preflight::{self, BrNetfilter, Finding, PreflightConfig};
 
-const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 const HEALTH_PORT: u16 = 9099;
 
 fn in_netns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
@@ -137,15 +134,10 @@ impl Agent {
         let log = dir.path.join("agent.log");
         let datastore = dir.path.join("manifests");
         std::fs::create_dir_all(&datastore).unwrap();
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+        let mut cmd = common::agent_in(&ns.name);
+        cmd.args(["run", "--node", "node-1"])
             .arg("--datastore")
             .arg(format!("dir:{}", datastore.display()));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("FELIX_") || k == "NODENAME" {
-                cmd.env_remove(k);
-            }
-        }
         let child = cmd
             .envs([
                 ("FELIX_IPTABLESBACKEND", "legacy"),
@@ -200,33 +192,18 @@ impl Drop for Agent {
 
 /// `GET path` on the health port inside `ns`: (status, body).
 fn http_get(ns: &NetNs, path: &str) -> std::io::Result<(u16, String)> {
-    in_netns(ns, || {
-        let addr = SocketAddr::from(([127, 0, 0, 1], HEALTH_PORT));
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw)?;
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("bad response: {head}")))?;
-        Ok((status, body.to_string()))
-    })
+    common::http_get(&ns.name, HEALTH_PORT, path)
 }
 
 /// Polls `path` until its status is `status`; returns the body.
+/// Waits for `status` on `path`; for a 503 also for the refusal itself, since readiness is
+/// 503 ("not in sync yet") for a moment before the preflight check has run.
 fn wait_status(ns: &NetNs, agent: &Agent, path: &str, status: u16, within: Duration) -> String {
     let start = Instant::now();
     loop {
         let got = http_get(ns, path);
         if let Ok((s, body)) = &got {
-            if *s == status {
+            if *s == status && (status != 503 || body.contains("refused to run")) {
                 return body.clone();
             }
         }

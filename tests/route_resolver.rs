@@ -348,15 +348,10 @@ items:
     )
     .unwrap();
     let log = dir.path.join("agent.log");
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run", "--node", "node-1"])
         .arg("--datastore")
         .arg(format!("dir:{}", manifests.display()));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FELIX_") || k == "NODENAME" {
-            cmd.env_remove(k);
-        }
-    }
     let child = cmd
         .envs([
             ("FELIX_INTERFACENAMESCHEME", "routes"),

@@ -20,8 +20,8 @@ use serde_json::json;
 
 use crate::cni::{Cni, Wiring, BRIDGE};
 use crate::netns::{Netns, PREFIX};
-use crate::scenario::{node_pod_cidr, Pod, World};
 use crate::runtime::NodeRuntime;
+use crate::scenario::{node_pod_cidr, Pod, World};
 use crate::servers::{PodServers, SctpLog};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

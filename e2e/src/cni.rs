@@ -85,7 +85,10 @@ impl Cni {
                 format!("hybr{}", &digest[..11])
             }
             // Random per pod incarnation, as the bridge plugin's names are.
-            Cni::Bridge => format!("veth{}", &hex_digest(&format!("{run_tag}/{}", pod.uid))[..8]),
+            Cni::Bridge => format!(
+                "veth{}",
+                &hex_digest(&format!("{run_tag}/{}", pod.uid))[..8]
+            ),
         }
     }
 

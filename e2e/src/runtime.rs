@@ -44,7 +44,7 @@ impl NodeRuntime {
     pub fn add_pod(&self, run_tag: &str, pod: &Pod) -> anyhow::Result<()> {
         let uid = pod_uid(pod);
         let created = now_ns();
-        if pod.uid % 3 == 0 {
+        if pod.uid.is_multiple_of(3) {
             let failed = Cni::sandbox_id(run_tag, pod, 0);
             self.server.add_sandbox(
                 &pod.namespace,

@@ -5,9 +5,12 @@
 
 pub mod converge;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -118,4 +121,53 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// `netpol-agent` inside network namespace `ns` (`ip netns exec`), with no `FELIX_*` or
+/// `NODENAME` from the test's own environment; the caller adds the subcommand and options.
+pub fn agent_in(ns: &str) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_netpol-agent")]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FELIX_") || k == "NODENAME" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// `GET path` on 127.0.0.1:port inside network namespace `ns`: (status, body).
+pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let (ns, path) = (ns.to_string(), path.to_string());
+    std::thread::spawn(move || -> std::io::Result<(u16, String)> {
+        // Only this thread enters the namespace; it ends with the request.
+        let netns = std::fs::File::open(format!("/run/netns/{ns}"))?;
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(std::io::Error::from)?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw)?;
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad response: {head}")))?;
+        // Our servers answer with a length; a chunked body would be read as garbage here.
+        assert!(
+            !head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        Ok((status, body.to_string()))
+    })
+    .join()
+    .expect("http client thread")
 }
