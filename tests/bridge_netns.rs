@@ -345,10 +345,15 @@ fn wait_for(what: &str, log: &Path, mut done: impl FnMut() -> bool) {
 }
 
 /// Packets counted by the rule of `chain` containing `needle`, from `iptables-save -c`.
+/// Sub-chains of a dispatch tree (`<chain>-<c>`, made when pod interfaces share leading
+/// characters, which random names sometimes do) count as `chain`.
 fn packets(saved: &str, chain: &str, needle: &str) -> u64 {
     let line = saved
         .lines()
-        .find(|l| l.contains(&format!("-A {chain} ")) && l.contains(needle))
+        .find(|l| {
+            (l.contains(&format!("-A {chain} ")) || l.contains(&format!("-A {chain}-")))
+                && l.contains(needle)
+        })
         .unwrap_or_else(|| panic!("no rule {needle:?} in {chain}:\n{saved}"));
     line.trim_start_matches('[')
         .split(':')
