@@ -1,8 +1,9 @@
 //! A small synchronous rtnetlink client over `netlink-sys` and `netlink-packet-route`: dumps
-//! of links and routes, and a monitor socket subscribed to link and route events. It works in
+//! (links, routes, neighbours and FDB), acknowledged requests, and a monitor socket
+//! subscribed to link, route or neighbour events. It works in
 //! the network namespace of the thread that opens the socket (the agent runs in the node's).
 //!
-//! Only what the routes interface-naming scheme and the preflight checks need is decoded
+//! Only what the routes and bridge interface-naming schemes and the preflight checks need is decoded
 //! into our own small types ([`Link`], [`RouteEntry`]); everything else is left to the
 //! crates' message types.
 
@@ -12,7 +13,8 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
+    NLM_F_REQUEST,
 };
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
@@ -26,6 +28,8 @@ use nix::libc;
 pub const RTNLGRP_LINK: u32 = libc::RTNLGRP_LINK;
 pub const RTNLGRP_IPV4_ROUTE: u32 = libc::RTNLGRP_IPV4_ROUTE;
 pub const RTNLGRP_IPV6_ROUTE: u32 = libc::RTNLGRP_IPV6_ROUTE;
+/// Neighbour events, FDB entries of bridges included.
+pub const RTNLGRP_NEIGH: u32 = libc::RTNLGRP_NEIGH;
 
 /// The main routing table (`RT_TABLE_MAIN`).
 pub const RT_TABLE_MAIN: u32 = 254;
@@ -223,7 +227,9 @@ impl RtnlSocket {
             .collect())
     }
 
-    fn dump(&mut self, request: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+    /// Any dump (links, routes, neighbours, FDB), repeated while the kernel reports it as
+    /// interrupted by concurrent changes.
+    pub fn dump(&mut self, request: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
         for _ in 0..DUMP_ATTEMPTS {
             match self.dump_once(request.clone())? {
                 Some(messages) => return Ok(messages),
@@ -236,21 +242,51 @@ impl RtnlSocket {
         )))
     }
 
+    /// Sends one request with `NLM_F_REQUEST | NLM_F_ACK | flags` and waits for the kernel's
+    /// acknowledgement (or its error).
+    pub fn request(&mut self, message: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
+        let seq = self.send(message, NLM_F_REQUEST | NLM_F_ACK | flags)?;
+        loop {
+            if !self.wait_readable(DUMP_TIMEOUT)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the kernel did not acknowledge a netlink request in time",
+                ));
+            }
+            let (data, _) = self.socket.recv_from_full()?;
+            for message in split_messages(&data)? {
+                if message.header.sequence_number != seq {
+                    continue;
+                }
+                if let NetlinkPayload::Error(e) = message.payload {
+                    return match e.code {
+                        None => Ok(()),
+                        Some(_) => Err(e.to_io()),
+                    };
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, message: RouteNetlinkMessage, flags: u16) -> io::Result<u32> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = self.seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(message));
+        packet.finalize();
+        let mut buf = vec![0; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        self.socket.send(&buf, 0)?;
+        Ok(self.seq)
+    }
+
     /// `None` when the kernel flagged the dump as interrupted.
     fn dump_once(
         &mut self,
         request: RouteNetlinkMessage,
     ) -> io::Result<Option<Vec<RouteNetlinkMessage>>> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        header.sequence_number = seq;
-        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(request));
-        packet.finalize();
-        let mut buf = vec![0; packet.buffer_len()];
-        packet.serialize(&mut buf);
-        self.socket.send(&buf, 0)?;
+        let seq = self.send(request, NLM_F_REQUEST | NLM_F_DUMP)?;
 
         let mut out = Vec::new();
         let mut interrupted = false;
@@ -280,6 +316,11 @@ impl RtnlSocket {
                 }
             }
         }
+    }
+
+    /// For polling the socket together with other descriptors.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.socket.as_fd()
     }
 
     /// Waits until the socket has something to read; `false` on timeout.

@@ -56,16 +56,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_REQUEST,
-};
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_core::NLM_F_CREATE;
+use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -73,6 +69,7 @@ use super::{
     InterfaceResolver, NamingError,
 };
 use crate::calc_graph::model::PodInfo;
+use crate::netlink::{is_overrun, parse_link, RtnlSocket, RTNLGRP_LINK, RTNLGRP_NEIGH};
 
 type Mac = [u8; 6];
 
@@ -83,9 +80,6 @@ const PROBE_MAX_INTERVAL: Duration = Duration::from_secs(30);
 const PROBE_GIVE_UP: Duration = Duration::from_secs(600);
 /// Longest sleep of the resolver thread (it checks the stop flag this often).
 const TICK: Duration = Duration::from_millis(200);
-
-const RTNLGRP_LINK: u32 = 1;
-const RTNLGRP_NEIGH: u32 = 3;
 
 // ---------------------------------------------------------------- the map (pure)
 
@@ -246,8 +240,8 @@ impl PortMap {
     pub(crate) fn apply(&mut self, msg: &RouteNetlinkMessage) {
         match msg {
             RouteNetlinkMessage::NewLink(link) => {
-                if let Some(name) = link_name(link) {
-                    self.link(link.header.index, &name, link_master(link));
+                if let Some(link) = parse_link(link) {
+                    self.link(link.index, &link.name, link.master);
                 }
             }
             RouteNetlinkMessage::DelLink(link) => self.link_gone(link.header.index),
@@ -308,20 +302,6 @@ impl PortMap {
             _ => {}
         }
     }
-}
-
-fn link_name(link: &LinkMessage) -> Option<String> {
-    link.attributes.iter().find_map(|a| match a {
-        LinkAttribute::IfName(n) => Some(n.clone()),
-        _ => None,
-    })
-}
-
-fn link_master(link: &LinkMessage) -> Option<u32> {
-    link.attributes.iter().find_map(|a| match a {
-        LinkAttribute::Controller(m) => Some(*m),
-        _ => None,
-    })
 }
 
 // ---------------------------------------------------------------- the resolver
@@ -453,9 +433,8 @@ struct Worker {
     shared: Arc<Mutex<Shared>>,
     wake: Arc<UnixDatagram>,
     changed: ChangeNotifier,
-    events: Socket,
-    requests: Socket,
-    seq: u32,
+    events: RtnlSocket,
+    requests: RtnlSocket,
     probes: BTreeMap<IpAddr, Probe>,
     published: Option<BTreeMap<IpAddr, String>>,
     need_resync: bool,
@@ -468,16 +447,8 @@ impl Worker {
         wake: Arc<UnixDatagram>,
         changed: ChangeNotifier,
     ) -> io::Result<Worker> {
-        let mut events = Socket::new(NETLINK_ROUTE)?;
-        events.bind(&SocketAddr::new(0, 0))?;
-        events.add_membership(RTNLGRP_LINK)?;
-        events.add_membership(RTNLGRP_NEIGH)?;
-        // A node with many pods churns neighbour events; a larger queue means fewer re-dumps.
-        let _ = events.set_rx_buf_sz(4 << 20);
-        events.set_non_blocking(true)?;
-        let mut requests = Socket::new(NETLINK_ROUTE)?;
-        requests.bind_auto()?;
-        requests.connect(&SocketAddr::new(0, 0))?;
+        let events = RtnlSocket::monitor(&[RTNLGRP_LINK, RTNLGRP_NEIGH])?;
+        let requests = RtnlSocket::open()?;
         Ok(Worker {
             map,
             shared,
@@ -485,7 +456,6 @@ impl Worker {
             changed,
             events,
             requests,
-            seq: 0,
             probes: BTreeMap::new(),
             published: None,
             need_resync: false,
@@ -516,7 +486,11 @@ impl Worker {
         // or repeat it, and either way end in the kernel's current state.
         self.map.forget_evidence();
         let link_dump = RouteNetlinkMessage::GetLink(LinkMessage::default());
-        for msg in self.dump(link_dump)? {
+        for msg in self
+            .requests
+            .dump(link_dump)
+            .context("rtnetlink link dump")?
+        {
             self.map.apply(&msg);
         }
         for family in [
@@ -526,54 +500,13 @@ impl Worker {
         ] {
             let mut req = NeighbourMessage::default();
             req.header.family = family;
-            for msg in self.dump(RouteNetlinkMessage::GetNeighbour(req))? {
+            let dump = self.requests.dump(RouteNetlinkMessage::GetNeighbour(req));
+            for msg in dump.context("rtnetlink neighbour dump")? {
                 self.map.apply(&msg);
             }
         }
         debug!(pairs = self.map.pairs.len(), "bridge resolver: dumped");
         Ok(())
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn send(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<u32> {
-        let seq = self.next_seq();
-        let mut header = NetlinkHeader::default();
-        header.flags = flags;
-        header.sequence_number = seq;
-        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
-        packet.finalize();
-        let mut buf = vec![0u8; packet.buffer_len()];
-        packet.serialize(&mut buf);
-        self.requests.send(&buf, 0)?;
-        Ok(seq)
-    }
-
-    /// Sends a dump request and collects every reply up to `NLMSG_DONE`.
-    fn dump(&mut self, msg: RouteNetlinkMessage) -> anyhow::Result<Vec<RouteNetlinkMessage>> {
-        let seq = self.send(msg, NLM_F_REQUEST | NLM_F_DUMP)?;
-        let mut out = Vec::new();
-        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
-        loop {
-            buf.clear();
-            let n = self.requests.recv(&mut buf, 0)?;
-            for message in parse_all(&buf[..n.min(buf.len())]) {
-                if message.header.sequence_number != seq {
-                    continue;
-                }
-                match message.payload {
-                    NetlinkPayload::Done(_) => return Ok(out),
-                    NetlinkPayload::Error(e) if e.code.is_some() => {
-                        return Err(e.to_io()).context("rtnetlink dump")
-                    }
-                    NetlinkPayload::InnerMessage(m) => out.push(m),
-                    _ => {}
-                }
-            }
-        }
     }
 
     /// Takes the addresses `resolve` asked about into the probe schedule.
@@ -664,27 +597,9 @@ impl Worker {
                 IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
                 IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
             }));
-        let seq = self.send(
-            RouteNetlinkMessage::NewNeighbour(req),
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
-        )?;
         debug!(address = %ip, "probing");
-        let mut buf: Vec<u8> = Vec::with_capacity(8192);
-        loop {
-            buf.clear();
-            let n = self.requests.recv(&mut buf, 0)?;
-            for message in parse_all(&buf[..n.min(buf.len())]) {
-                if message.header.sequence_number != seq {
-                    continue;
-                }
-                if let NetlinkPayload::Error(e) = message.payload {
-                    return match e.code {
-                        None => Ok(()),
-                        Some(_) => Err(e.to_io()),
-                    };
-                }
-            }
-        }
+        self.requests
+            .request(RouteNetlinkMessage::NewNeighbour(req), NLM_F_CREATE)
     }
 
     /// Sleeps until an event, a wake-up from `resolve`, the next probe or the tick.
@@ -708,19 +623,15 @@ impl Worker {
     }
 
     fn drain_events(&mut self) {
-        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
         loop {
-            buf.clear();
-            match self.events.recv(&mut buf, 0) {
-                Ok(n) => {
-                    for message in parse_all(&buf[..n.min(buf.len())]) {
-                        if let NetlinkPayload::InnerMessage(m) = message.payload {
-                            self.map.apply(&m);
-                        }
+            match self.events.recv_events() {
+                Ok(Some(messages)) => {
+                    for m in &messages {
+                        self.map.apply(m);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.raw_os_error() == Some(libc_enobufs()) => {
+                Ok(None) => return,
+                Err(e) if is_overrun(&e) => {
                     warn!(
                         "bridge resolver: rtnetlink event queue overflowed; re-reading everything"
                     );
@@ -734,28 +645,6 @@ impl Worker {
             }
         }
     }
-}
-
-fn libc_enobufs() -> i32 {
-    nix::errno::Errno::ENOBUFS as i32
-}
-
-/// Every message in one netlink datagram; undecodable ones are skipped.
-fn parse_all(mut data: &[u8]) -> Vec<NetlinkMessage<RouteNetlinkMessage>> {
-    let mut out = Vec::new();
-    while data.len() >= 16 {
-        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-        if len < 16 || len > data.len() {
-            break;
-        }
-        match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[..len]) {
-            Ok(m) => out.push(m),
-            Err(e) => debug!(error = %e, "undecodable rtnetlink message"),
-        }
-        let aligned = (len + 3) & !3;
-        data = &data[aligned.min(data.len())..];
-    }
-    out
 }
 
 #[cfg(test)]
