@@ -19,14 +19,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 
 /// The API server's listening socket must live in the agent's namespace.
 fn api_in(ns: &NetNs) -> FakeApi {
-    let path = format!("/run/netns/{}", ns.name);
-    std::thread::spawn(move || {
-        let handle = std::fs::File::open(path).unwrap();
-        nix::sched::setns(&handle, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        FakeApi::start()
-    })
-    .join()
-    .unwrap()
+    common::in_netns(&ns.name, FakeApi::start)
 }
 
 fn kubeconfig(dir: &Path, url: &str) -> std::path::PathBuf {

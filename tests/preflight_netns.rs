@@ -14,23 +14,10 @@ use std::path::Path;
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{NetNs, TempDir};
+use common::{in_netns, NetNs, TempDir};
 use netpol_agent::preflight::{self, BrNetfilter, Finding, PreflightConfig};
 
 const HEALTH_PORT: u16 = 9099;
-
-fn in_netns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let file = std::fs::File::open(format!("/run/netns/{}", ns.name)).unwrap();
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                f()
-            })
-            .join()
-            .expect("thread in the test namespace")
-    })
-}
 
 fn cfg(bridge_mode: bool) -> PreflightConfig {
     PreflightConfig {
@@ -78,7 +65,7 @@ fn vlan_node() -> (NetNs, bool) {
 #[test]
 fn detectors_read_a_real_bridge_and_br_netfilter_per_namespace() {
     let ns = bridged_node();
-    let snapshot = in_netns(&ns, || preflight::snapshot().unwrap());
+    let snapshot = in_netns(&ns.name, || preflight::snapshot().unwrap());
     if Path::new("/proc/sys/net/bridge").exists() {
         assert_eq!(
             snapshot.br_netfilter,
@@ -102,14 +89,14 @@ fn detectors_read_a_real_bridge_and_br_netfilter_per_namespace() {
     );
     // Out of the bridge: nothing to find.
     ns.sh_ok("ip link set cali82111e10a96 nomaster");
-    let snapshot = in_netns(&ns, || preflight::snapshot().unwrap());
+    let snapshot = in_netns(&ns.name, || preflight::snapshot().unwrap());
     assert_eq!(preflight::check(&snapshot, &cfg(true)), vec![]);
 }
 
 #[test]
 fn detectors_find_ipvlan_and_macvlan_links() {
     let (ns, ipvlan) = vlan_node();
-    let snapshot = in_netns(&ns, || preflight::snapshot().unwrap());
+    let snapshot = in_netns(&ns.name, || preflight::snapshot().unwrap());
     let found = preflight::check(&snapshot, &cfg(false));
     let [Finding::Ipvlan { links }] = &found[..] else {
         panic!("{found:?}");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use common::NetNs;
+use common::{in_netns, NetNs};
 use netpol_agent::calc_graph::model::{ObjectKey, PodInfo};
 use netpol_agent::config::RuleOptions;
 use netpol_agent::iface_naming::{read_state, InterfaceResolver, NamingError};
@@ -42,20 +42,6 @@ fn routes_resolver(prefixes: &str) -> Box<dyn InterfaceResolver> {
     let resolver = opts.rules.resolver().expect("routes resolver");
     assert_eq!(resolver.scheme(), "routes");
     resolver
-}
-
-/// Runs `f` on a thread that entered `ns`'s network namespace first.
-fn in_netns<T: Send>(ns: &NetNs, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let file = std::fs::File::open(format!("/run/netns/{}", ns.name)).unwrap();
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                f()
-            })
-            .join()
-            .expect("thread in the test namespace")
-    })
 }
 
 fn pod(name: &str, ips: &[&str]) -> PodInfo {
@@ -168,7 +154,7 @@ fn resolver_follows_routes_and_links_in_every_table() {
     {
         let notified = notified.clone();
         let stop = stop.clone();
-        in_netns(&ns, || {
+        in_netns(&ns.name, || {
             resolver.start(
                 Box::new(move || {
                     notified.fetch_add(1, Ordering::SeqCst);
@@ -261,7 +247,7 @@ fn resolver_follows_routes_and_links_in_every_table() {
 #[test]
 fn a_dump_with_the_table_unspecified_returns_every_table() {
     let ns = hybridnet_node();
-    let (routes, state) = in_netns(&ns, || {
+    let (routes, state) = in_netns(&ns.name, || {
         let mut socket = RtnlSocket::open().unwrap();
         let routes = socket
             .dump_routes(netlink_packet_route::AddressFamily::Inet)

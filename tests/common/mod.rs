@@ -136,14 +136,24 @@ pub fn agent_in(ns: &str) -> Command {
     cmd
 }
 
+/// Runs `f` on a thread that entered network namespace `ns` first; sockets it opens stay
+/// in that namespace after it returns. The test's own threads never leave the host's.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .expect("thread in the test namespace")
+    })
+}
+
 /// `GET path` on 127.0.0.1:port inside network namespace `ns`: (status, body).
 pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let (ns, path) = (ns.to_string(), path.to_string());
-    std::thread::spawn(move || -> std::io::Result<(u16, String)> {
-        // Only this thread enters the namespace; it ends with the request.
-        let netns = std::fs::File::open(format!("/run/netns/{ns}"))?;
-        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(std::io::Error::from)?;
+    in_netns(ns, || {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -168,6 +178,4 @@ pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String
         );
         Ok((status, body.to_string()))
     })
-    .join()
-    .expect("http client thread")
 }
