@@ -20,7 +20,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install a Rust toolchain (rustup)"; exit 1; }
 
-# Network namespaces left behind by a killed test run (ours all start with npa-).
+# Network namespaces left behind by a killed test run. Ours are all named
+# npa-<kind>-<pid of the process that made them>-...; one whose process is still alive belongs
+# to a run going on beside this one and is left alone.
 for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^npa-' || true); do
+  owner=$(printf '%s\n' "$ns" | awk -F- '{ for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) { print $i; exit } }')
+  if [ -n "$owner" ] && [ -d "/proc/$owner" ]; then continue; fi
   ip netns del "$ns" 2>/dev/null || true
 done
