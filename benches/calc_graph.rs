@@ -17,8 +17,8 @@ mod synthetic;
 
 use std::time::{Duration, Instant};
 
-use netpol_agent::calc_graph::model::IpFamily;
 use netpol_agent::ipsets;
+use netpol_agent::model::IpFamily;
 use netpol_agent::rules::{chains::kernel_chain_rules, render, RuleConfig};
 
 use synthetic::{build, pod, Rng, Scale, APPS};

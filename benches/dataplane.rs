@@ -67,13 +67,13 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::Layer;
 
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::calc_graph::state::Update;
-use netpol_agent::calc_graph::CalcGraph;
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::update::Update;
+use netpol_agent::dataplane::iptables::Backend;
 use netpol_agent::dataplane::{Dataplane, DataplaneConfig};
-use netpol_agent::exec::Exec;
+use netpol_agent::host::exec::Exec;
 use netpol_agent::ipsets::{self, SetSpec, DEFAULT_MAX_SET_SIZE};
-use netpol_agent::iptables_writer::Backend;
+use netpol_agent::model::IpFamily;
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::{render, Chain, RuleConfig};
 
@@ -255,7 +255,7 @@ impl Scripts {
 }
 
 /// The complete desired state as the bare restore scripts of `compile`.
-fn full_scripts(graph: &CalcGraph) -> (Scripts, usize, usize) {
+fn full_scripts(graph: &Calculation) -> (Scripts, usize, usize) {
     let state = graph.snapshot();
     let fam = state
         .families
@@ -397,7 +397,7 @@ impl<S: tracing::Subscriber> Layer<S> for IpsetLineCounter {
 fn init_tracing() {
     tracing_subscriber::registry()
         .with(IpsetLineCounter.with_filter(
-            Targets::new().with_target("netpol_agent::ipsets::kernel", LevelFilter::DEBUG),
+            Targets::new().with_target("netpol_agent::dataplane::ipsets", LevelFilter::DEBUG),
         ))
         .with(
             tracing_subscriber::fmt::layer()
@@ -441,7 +441,7 @@ fn ratio(ours: usize, floor: usize) -> String {
 /// another (`mirror`).
 struct Started {
     scale: Scale,
-    graph: CalcGraph,
+    graph: Calculation,
     /// The app label value of each pod.
     apps: Vec<usize>,
     /// Per namespace index, the apps that its app-selecting policies ask for.

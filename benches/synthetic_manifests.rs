@@ -40,7 +40,8 @@ fn main() {
     let file = std::fs::File::create(out).unwrap_or_else(|e| panic!("creating {out}: {e}"));
     let mut w = std::io::BufWriter::new(file);
     let mut doc = |text: String| {
-        w.write_all(b"---\n").and_then(|_| w.write_all(text.as_bytes()))
+        w.write_all(b"---\n")
+            .and_then(|_| w.write_all(text.as_bytes()))
             .expect("writing the manifest file");
     };
     for i in 0..scale.namespaces {

@@ -1,60 +1,127 @@
-//! The agent loop: datastore events feed the calc graph on one thread, and the dataplane is
-//! applied on another, so an apply in flight never holds up computing the next update.
+//! The calculation loop, where the rooms meet: datastore events and interface-name events in,
+//! the calc graph in the middle, the graph's updates out to the dataplane thread
+//! (`dataplane::driver`), so an apply in flight never holds up computing the next update.
 //! Updates that arrive while an apply runs are coalesced into the next one. Nothing is
 //! applied (so nothing removed) before the datastore's first complete listing.
 //!
-//! Timers on the dataplane thread: a post-write check (re-read iptables a short while after
-//! each write, felix's IptablesPostWriteCheckIntervalSecs), a full iptables refresh
-//! (IptablesRefreshInterval) and an IP set refresh (IpsetsRefreshInterval) that repair
-//! whatever another program changed. A failed apply is retried with backoff; the rules
-//! already in the kernel stay meanwhile.
+//! Interface names are resolved here, at the edge: after each batch of events the local pods
+//! the graph asks about are named with the configured resolver and the answers handed back
+//! before the flush; when a resolver that learns over time (the container runtime, the routing
+//! table, the bridge) says it learned something, every local pod is named again. The graph
+//! itself never calls a resolver. [`Calculation`] pairs the two, for this loop and for offline
+//! users (`compile`, the convergence check, tests and benchmarks).
 //!
-//! Both loops report their turns and progress to `Health` (liveness, readiness) and to the
-//! metrics. Each event is stamped when it enters the calc graph; the flush reports the
-//! stamps behind every local endpoint whose rules changed, and the dataplane observes them
-//! in `netpol_programming_latency_seconds` once the apply carrying them has completed.
+//! Both loops report their turns and progress to `Health` and to the metrics. Each event is
+//! stamped when it enters the calc graph; the flush reports the stamps behind every local
+//! endpoint whose rules changed, and the dataplane observes them in
+//! `netpol_programming_latency_seconds` once the apply carrying them has completed.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tracing::{error, info, warn};
+use tracing::info;
 
-use crate::calc_graph::state::Update;
-use crate::calc_graph::{CalcGraph, ObjectKind, RejectKind};
-use crate::dataplane::{Dataplane, DataplaneConfig};
-use crate::datastore::{apply_event, DatastoreEvent};
-use crate::health::{Health, Loop};
-use crate::metrics;
+use crate::calc_graph::update::Update;
+use crate::calc_graph::{CalcGraph, GraphConfig, RejectKind};
+use crate::dataplane::driver::{self, Batch, Timers, IDLE_TURN};
+use crate::dataplane::DataplaneConfig;
+use crate::iface_naming::InterfaceResolver;
+use crate::model::{DatastoreEvent, K8sObject, ObjectKind};
+use crate::telemetry::health::{Health, Loop};
+use crate::telemetry::metrics;
 
-pub struct Timers {
-    /// Full iptables re-read (`None`: never).
-    pub refresh: Option<Duration>,
-    /// IP set re-read (`None`: never).
-    pub ipsets_refresh: Option<Duration>,
-    pub post_write_check: Duration,
+/// What the calculation loop reacts to, on one channel: the datastore's events, and a
+/// resolver's word that it learned interface names.
+#[derive(Debug)]
+pub enum Input {
+    Datastore(DatastoreEvent),
+    InterfacesChanged,
 }
 
-/// How often blocking waits look at the stop flag.
-const STOP_POLL: Duration = Duration::from_millis(200);
-const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
+impl From<DatastoreEvent> for Input {
+    fn from(event: DatastoreEvent) -> Input {
+        Input::Datastore(event)
+    }
+}
 
-/// One flush for the dataplane thread.
-struct Batch {
-    update: Update,
-    /// When the events behind each changed local endpoint entered the calc graph.
-    programming_starts: Vec<Instant>,
+/// The calc graph with interface names resolved at the edge: what the calculation loop
+/// drives, and what offline users (`compile`, the convergence check, tests, benchmarks) drive
+/// the same way. Derefs to the graph for everything else.
+pub struct Calculation {
+    graph: CalcGraph,
+    resolver: Box<dyn InterfaceResolver>,
+}
+
+impl Calculation {
+    pub fn new(cfg: GraphConfig, resolver: Box<dyn InterfaceResolver>) -> Calculation {
+        Calculation {
+            graph: CalcGraph::new(cfg),
+            resolver,
+        }
+    }
+
+    /// The whole graph for a set of objects, flushed: what `compile` renders.
+    pub fn of_objects(
+        cfg: GraphConfig,
+        resolver: Box<dyn InterfaceResolver>,
+        objects: &[K8sObject],
+    ) -> Calculation {
+        let mut calc = Calculation::new(cfg, resolver);
+        calc.graph.feed(objects);
+        calc.flush();
+        calc
+    }
+
+    /// Names the local pods the graph asks about, then renders what changed.
+    pub fn flush(&mut self) -> Update {
+        self.name_pods();
+        self.graph.flush()
+    }
+
+    /// A resolver learned something: every local pod is named again (only changed answers
+    /// change the graph; the next `flush` renders them).
+    pub fn interfaces_changed(&mut self) {
+        for pod in self.graph.local_pods() {
+            let answer = self.resolver.resolve(&pod).map_err(|e| e.to_string());
+            self.graph.set_interface(&pod.key, answer);
+        }
+    }
+
+    fn name_pods(&mut self) {
+        for pod in self.graph.take_pods_to_name() {
+            let answer = self.resolver.resolve(&pod).map_err(|e| e.to_string());
+            self.graph.set_interface(&pod.key, answer);
+        }
+    }
+
+    pub fn resolver(&self) -> &dyn InterfaceResolver {
+        self.resolver.as_ref()
+    }
+}
+
+impl std::ops::Deref for Calculation {
+    type Target = CalcGraph;
+    fn deref(&self) -> &CalcGraph {
+        &self.graph
+    }
+}
+
+impl std::ops::DerefMut for Calculation {
+    fn deref_mut(&mut self) -> &mut CalcGraph {
+        &mut self.graph
+    }
 }
 
 /// Runs until `stop` is set or the datastore goes away. Leaves the rules in place on exit:
 /// pods stay protected while the agent restarts.
 pub fn run(
-    mut graph: CalcGraph,
+    mut graph: Calculation,
     dataplane_cfg: DataplaneConfig,
     timers: Timers,
-    events: Receiver<DatastoreEvent>,
+    inputs: Receiver<Input>,
     stop: Arc<AtomicBool>,
     health: Arc<Health>,
 ) -> anyhow::Result<()> {
@@ -65,7 +132,7 @@ pub fn run(
     let dataplane = std::thread::Builder::new()
         .name("dataplane".into())
         .spawn(move || {
-            dataplane_loop(
+            driver::run(
                 dataplane_cfg,
                 timers,
                 update_rx,
@@ -79,7 +146,7 @@ pub fn run(
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
-        let first = match events.recv_timeout(STOP_POLL) {
+        let first = match inputs.recv_timeout(IDLE_TURN) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break,
@@ -87,26 +154,38 @@ pub fn run(
         let batch_start = Instant::now();
         // Take everything already queued: one flush for the whole burst.
         let mut batch = vec![first];
-        while let Ok(e) = events.try_recv() {
+        while let Ok(e) = inputs.try_recv() {
             batch.push(e);
         }
-        for e in &batch {
-            if matches!(e, DatastoreEvent::InSync) && !in_sync {
-                in_sync = true;
-                health.set_in_sync();
-                m.datastore_in_sync.set(1);
-                info!(
-                    ms = started.elapsed().as_millis() as u64,
-                    local_endpoints = graph.local_endpoint_count(),
-                    active_policies = graph.active_policy_count(),
-                    "datastore in sync"
-                );
-                started = Instant::now();
+        let mut datastore_events = 0;
+        let mut rename_all = false;
+        for input in &batch {
+            match input {
+                Input::Datastore(e) => {
+                    datastore_events += 1;
+                    if matches!(e, DatastoreEvent::InSync) && !in_sync {
+                        in_sync = true;
+                        health.set_in_sync();
+                        m.datastore_in_sync.set(1);
+                        info!(
+                            ms = started.elapsed().as_millis() as u64,
+                            local_endpoints = graph.local_endpoint_count(),
+                            active_policies = graph.active_policy_count(),
+                            "datastore in sync"
+                        );
+                        started = Instant::now();
+                    }
+                    graph.set_event_time(Some(Instant::now()));
+                    graph.apply(e);
+                }
+                Input::InterfacesChanged => rename_all = true,
             }
-            graph.set_event_time(Some(Instant::now()));
-            apply_event(&mut graph, e);
         }
-        m.calc_graph_events.inc_by(batch.len() as u64);
+        graph.set_event_time(Some(Instant::now()));
+        if rename_all {
+            graph.interfaces_changed();
+        }
+        m.calc_graph_events.inc_by(datastore_events);
         let flushed = in_sync.then(|| Batch {
             update: graph.flush(),
             programming_starts: graph.take_programming_starts(),
@@ -163,107 +242,4 @@ fn export_graph_gauges(graph: &CalcGraph, seen: &mut BTreeMap<(ObjectKind, Rejec
             .with_label_values(&[kind.as_str()])
             .set(n);
     }
-}
-
-fn dataplane_loop(
-    cfg: DataplaneConfig,
-    timers: Timers,
-    updates: Receiver<Batch>,
-    stop: Arc<AtomicBool>,
-    health: Arc<Health>,
-) -> anyhow::Result<()> {
-    let m = metrics::global();
-    let mut dp = Dataplane::new(&cfg)?;
-    let far = Duration::from_secs(365 * 24 * 3600);
-    let mut next_refresh = Instant::now() + timers.refresh.unwrap_or(far);
-    let mut next_ipsets_refresh = Instant::now() + timers.ipsets_refresh.unwrap_or(far);
-    let mut next_check: Option<Instant> = None;
-    let mut retry_at: Option<Instant> = None;
-    let mut backoff = Duration::from_millis(50);
-    let mut received_any = false;
-    let mut applied_once = false;
-    // Programming-latency starts of the updates absorbed since the last successful apply.
-    let mut pending_starts: Vec<Instant> = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        health.turn(Loop::Dataplane);
-        let mut deadline = next_refresh
-            .min(next_ipsets_refresh)
-            .min(Instant::now() + STOP_POLL);
-        for t in [next_check, retry_at].into_iter().flatten() {
-            deadline = deadline.min(t);
-        }
-        match updates.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(b) => {
-                received_any = true;
-                dp.absorb(&b.update);
-                pending_starts.extend(b.programming_starts);
-                while let Ok(b) = updates.try_recv() {
-                    dp.absorb(&b.update);
-                    pending_starts.extend(b.programming_starts);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
-        }
-        // Nothing reaches the kernel before the first update, which comes after InSync.
-        if !received_any {
-            continue;
-        }
-        let now = Instant::now();
-        if now >= next_ipsets_refresh {
-            next_ipsets_refresh = now + timers.ipsets_refresh.unwrap_or(far);
-            m.dataplane_resyncs.inc();
-            if let Err(e) = dp.resync_ipsets() {
-                warn!("IP set refresh failed: {e:#}");
-            }
-        }
-        if now >= next_refresh {
-            next_refresh = now + timers.refresh.unwrap_or(far);
-            m.dataplane_resyncs.inc();
-            dp.invalidate_iptables();
-        }
-        if next_check.is_some_and(|t| now >= t) {
-            next_check = None;
-            m.dataplane_resyncs.inc();
-            dp.invalidate_iptables();
-        }
-        if retry_at.is_some_and(|t| now < t) || !dp.is_dirty() {
-            continue;
-        }
-        match dp.apply() {
-            Ok(report) => {
-                retry_at = None;
-                backoff = Duration::from_millis(50);
-                m.apply_seconds.observe(report.duration.as_secs_f64());
-                for start in pending_starts.drain(..) {
-                    m.programming_latency_seconds
-                        .observe(start.elapsed().as_secs_f64());
-                }
-                m.dataplane_in_sync.set(1);
-                if !applied_once {
-                    applied_once = true;
-                    health.set_applied();
-                    info!(
-                        ms = report.duration.as_millis() as u64,
-                        lines = report.iptables_lines,
-                        "first full apply done"
-                    );
-                }
-                if report.iptables_lines > 0 {
-                    next_check = Some(Instant::now() + timers.post_write_check);
-                }
-            }
-            Err(e) => {
-                m.apply_failures.inc();
-                m.dataplane_in_sync.set(0);
-                error!(
-                    "apply failed, keeping the rules in place and retrying in {backoff:?}: {e:#}"
-                );
-                retry_at = Some(Instant::now() + backoff);
-                backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
-                dp.invalidate_iptables();
-            }
-        }
-    }
-    Ok(())
 }

@@ -22,12 +22,12 @@ use anyhow::Context;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, ValueEnum};
 
-use crate::calc_graph::model::IpFamily;
+use crate::dataplane::iptables::BackendMode;
 use crate::iface_naming::{
     build_resolver, parse_cri_endpoint, parse_prefix_list, CriConfig, InterfaceResolver,
     ResolverConfig, DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
 };
-use crate::iptables_writer::BackendMode;
+use crate::model::IpFamily;
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
 };

@@ -1,27 +1,28 @@
 //! netpol-agent: Kubernetes NetworkPolicy enforcement with iptables and ipset, felix style,
-//! beside an existing routed-veth CNI.
+//! beside an existing routed-veth or bridge CNI.
 //!
-//! Rooms: `datastore` (manifests in, Kubernetes objects out), `calc_graph` (objects in,
-//! incremental desired state out; pure), `rules` (felix-compatible chain rendering; pure),
-//! `ipsets` (set naming, members and restore scripts; `ipsets::kernel` applies them),
-//! `iptables_writer` (our chains and kernel-chain rules into the kernel, by diff),
-//! `dataplane` (apply order), `agent` (the event loop), `iface_naming` (pod → host veth),
-//! `exec` (running external tools, optionally in a network namespace), `netlink` (links and
-//! routes over rtnetlink), `preflight` (refusing dataplanes that bypass host netfilter).
+//! The data path, one way (each room's module comment says what it owns):
+//!
+//! `datastore` (Kubernetes API or manifests → `model` events) → `agent` (the calculation
+//! loop: events, and the interface names `iface_naming` resolves at the edge, into the graph)
+//! → `calc_graph` (pure: model in, `Update` out; renders with `rules` and `ipsets`, both pure)
+//! → `dataplane` (I/O: the iptables and ipset kernel writers and the loop that applies,
+//! refreshes and retries).
+//!
+//! Underneath: `model` (the objects as the agent sees them and their validation; imports
+//! nothing of ours), `host` (processes, netlink, preflight checks of the node), `telemetry`
+//! (metrics, health, the HTTP servers), `backoff` (the one retry policy), `config` (flags and
+//! `FELIX_*` variables). `tests/house.rs` keeps these import directions honest.
 
 pub mod agent;
+pub mod backoff;
 pub mod calc_graph;
 pub mod config;
 pub mod dataplane;
 pub mod datastore;
-pub mod exec;
-pub mod health;
-pub mod http;
+pub mod host;
 pub mod iface_naming;
 pub mod ipsets;
-pub mod iptables_writer;
-pub mod metrics;
-pub mod netlink;
-pub mod preflight;
+pub mod model;
 pub mod rules;
-pub mod verify;
+pub mod telemetry;

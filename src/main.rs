@@ -19,23 +19,25 @@ use anyhow::Context;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing::{error, info, warn};
 
-use netpol_agent::agent::{self, Timers};
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
+use netpol_agent::agent::{self, Calculation, Input};
+use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::config::{
     explain_invalid_value, AgentOptions, ConfigError, DataplaneOptions, Datastore, LogFormat,
     LogOptions, RuleOptions,
 };
+use netpol_agent::dataplane::driver::Timers;
+use netpol_agent::dataplane::iptables::{detect_backend, Backend};
 use netpol_agent::dataplane::{self, DataplaneConfig};
 use netpol_agent::datastore::dir::DirSource;
-use netpol_agent::datastore::{feed, manifests, DatastoreEvent};
-use netpol_agent::exec::Exec;
-use netpol_agent::health::Health;
-use netpol_agent::iptables_writer::{detect_backend, Backend};
-use netpol_agent::preflight::{self, PreflightConfig};
+use netpol_agent::datastore::manifests;
+use netpol_agent::host::exec::Exec;
+use netpol_agent::host::preflight::{self, PreflightConfig};
+use netpol_agent::ipsets;
+use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
 use netpol_agent::rules::{chains::kernel_chain_rules, render};
-use netpol_agent::{http, ipsets};
+use netpol_agent::telemetry::health::Health;
+use netpol_agent::telemetry::http;
 
 /// Exit status of `run` when the preflight checks refuse the node.
 const EXIT_REFUSED: u8 = 3;
@@ -176,10 +178,7 @@ fn detect(dataplane: &DataplaneOptions, exec: &Exec) -> Backend {
 /// The Kubernetes datastore: kube-rs watchers on their own thread (in-cluster config, else
 /// KUBECONFIG). A configuration that cannot be built ends the agent before anything is
 /// programmed; API errors later are retried inside the source.
-fn start_kubernetes_source(
-    tx: Sender<DatastoreEvent>,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+fn start_kubernetes_source(tx: Sender<Input>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     netpol_agent::datastore::kube::spawn(
         netpol_agent::datastore::kube::KubeConnect::Infer,
         tx,
@@ -194,13 +193,6 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let rules = args.rules.rule_config()?;
     // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
     let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
-    if let Some(bridge) = &rules.bridge {
-        netpol_agent::rules::bridge::check_br_netfilter(
-            std::path::Path::new("/proc/sys/net/bridge"),
-            bridge,
-            &args.dataplane.families(),
-        )?;
-    }
     let timers = Timers {
         refresh: AgentOptions::timer(opts.iptables_refresh_interval),
         ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),
@@ -224,15 +216,15 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !preflight_passes(opts, &rules, args.dataplane.ipv6_support, &health, &stop)? {
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::channel::<Input>();
     // Resolvers that learn interface names over time (the container runtime, the routing
-    // table) tell the graph to resolve local pods again through the datastore's channel.
+    // table, the bridge) tell the calculation loop to name local pods again.
     let resolver_tx = std::sync::Mutex::new(tx.clone());
     resolver.start(
         Box::new(move || {
             let _ = resolver_tx
                 .lock()
-                .map(|tx| tx.send(DatastoreEvent::InterfacesChanged));
+                .map(|tx| tx.send(Input::InterfacesChanged));
         }),
         stop.clone(),
     )?;
@@ -248,12 +240,14 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let exec = Exec::default();
     let families = args.dataplane.families();
-    let graph = CalcGraph::new(GraphConfig {
-        node_name: node.clone(),
-        families: families.clone(),
-        rules: rules.clone(),
+    let graph = Calculation::new(
+        GraphConfig {
+            node_name: node.clone(),
+            families: families.clone(),
+            rules: rules.clone(),
+        },
         resolver,
-    });
+    );
     let dataplane_cfg = DataplaneConfig {
         families,
         rules,
@@ -284,7 +278,7 @@ fn preflight_passes(
 ) -> anyhow::Result<bool> {
     let cfg = PreflightConfig {
         prefixes: rules.interface_prefixes.clone(),
-        bridge_mode: rules.bridge.is_some(),
+        bridge: rules.bridge.clone(),
         ipv6,
     };
     let mut findings = preflight::check(&preflight::snapshot()?, &cfg);
@@ -359,18 +353,20 @@ fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     };
     args.rules.check_offline()?;
     let rule_cfg = args.rules.rule_config()?;
-    let mut graph = CalcGraph::new(GraphConfig {
-        node_name: args.node.clone(),
-        families: vec![family],
-        rules: rule_cfg.clone(),
-        resolver: args.rules.resolver()?,
-    });
+    let resolver = args.rules.resolver()?;
     let (objects, errors) = manifests::load_paths(&args.manifests)?;
     for e in &errors {
         warn!("{e}");
     }
-    feed(&mut graph, &objects);
-    graph.flush();
+    let graph = Calculation::of_objects(
+        GraphConfig {
+            node_name: args.node.clone(),
+            families: vec![family],
+            rules: rule_cfg.clone(),
+        },
+        resolver,
+        &objects,
+    );
     let state = graph.snapshot();
     let fam = state.families.get(&family).cloned().unwrap_or_default();
 

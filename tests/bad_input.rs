@@ -1,12 +1,14 @@
 //! Bad objects are rejected one by one with a message naming the object and the field;
 //! everything else is still compiled, and a bad update never removes what was enforced.
 
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::calc_graph::state::DesiredState;
-use netpol_agent::calc_graph::{CalcGraph, GraphConfig, ObjectKind, RejectKind};
-use netpol_agent::datastore::feed;
-use netpol_agent::datastore::manifests::{parse_manifests, K8sObject};
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::update::DesiredState;
+use netpol_agent::calc_graph::{GraphConfig, RejectKind};
+use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
+use netpol_agent::model::IpFamily;
+use netpol_agent::model::K8sObject;
+use netpol_agent::model::ObjectKind;
 use netpol_agent::rules::RuleConfig;
 
 const CLUSTER: &str = r#"
@@ -53,13 +55,15 @@ spec:
   ingress: [{ports: [{port: 90, endPort: 80}]}]
 "#;
 
-fn graph() -> CalcGraph {
-    CalcGraph::new(GraphConfig {
-        node_name: "node-1".into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig::default(),
-        resolver: Box::new(CalicoResolver::default()),
-    })
+fn graph() -> Calculation {
+    Calculation::new(
+        GraphConfig {
+            node_name: "node-1".into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig::default(),
+        },
+        Box::new(CalicoResolver::default()),
+    )
 }
 
 fn objects() -> Vec<K8sObject> {
@@ -72,7 +76,7 @@ fn objects() -> Vec<K8sObject> {
 #[test]
 fn each_bad_object_is_named_and_the_rest_is_enforced() {
     let mut g = graph();
-    feed(&mut g, &objects());
+    g.feed(&objects());
     let mut state = DesiredState::default();
     state.apply(&g.flush());
 
@@ -107,7 +111,7 @@ fn each_bad_object_is_named_and_the_rest_is_enforced() {
 #[test]
 fn an_invalid_update_keeps_the_last_valid_version() {
     let mut g = graph();
-    feed(&mut g, &objects());
+    g.feed(&objects());
     let mut state = DesiredState::default();
     state.apply(&g.flush());
     let before = state.clone();
@@ -121,7 +125,7 @@ spec:
   ingress: [{from: [{podSelector: {matchExpressions: [{key: role, operator: Contains, values: [c]}]}}]}]
 "#;
     let (objs, _) = parse_manifests(broken, "update.yaml");
-    feed(&mut g, &objs);
+    g.feed(&objs);
     let update = g.flush();
     assert!(
         update.is_empty(),
@@ -134,7 +138,7 @@ spec:
 
     // Fixing the object clears the rejection.
     let (objs, _) = parse_manifests(&broken.replace("Contains", "In"), "update.yaml");
-    feed(&mut g, &objs);
+    g.feed(&objs);
     g.flush();
     assert!(!g
         .rejections()

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{NetNs, TempDir};
-use netpol_agent::calc_graph::model::{ObjectKey, PodInfo};
 use netpol_agent::iface_naming::{BridgeResolver, InterfaceResolver};
+use netpol_agent::model::{ObjectKey, PodInfo};
 
 static VETHS: AtomicUsize = AtomicUsize::new(0);
 

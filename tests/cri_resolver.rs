@@ -20,10 +20,11 @@ use clap::Parser;
 
 use common::TempDir;
 use cri_server::CriServer;
-use netpol_agent::calc_graph::model::{IpFamily, ObjectKey, PodInfo};
-use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::config::{AgentOptions, RuleOptions};
 use netpol_agent::iface_naming::{InterfaceResolver, NamingError};
+use netpol_agent::model::{IpFamily, ObjectKey, PodInfo};
 use netpol_agent::rules::RuleConfig;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -376,16 +377,18 @@ fn the_graph_renders_the_new_chain_after_the_notifier() {
     let runtime = CriServer::start(socket_in(&dir)).unwrap();
     runtime.add_sandbox("default", "web-1", "uid-web", WEB_A, true, 100);
     let mut running = start_resolver(runtime.socket_path(), "0");
-    let mut graph = CalcGraph::new(GraphConfig {
-        node_name: "node-1".into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig {
-            interface_prefixes: vec!["veth-".into()],
-            ..RuleConfig::default()
+    let mut graph = Calculation::new(
+        GraphConfig {
+            node_name: "node-1".into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig {
+                interface_prefixes: vec!["veth-".into()],
+                ..RuleConfig::default()
+            },
         },
-        resolver: running.resolver.take().unwrap(),
-    });
-    let chains = |graph: &CalcGraph| -> Vec<String> {
+        running.resolver.take().unwrap(),
+    );
+    let chains = |graph: &Calculation| -> Vec<String> {
         graph.snapshot().families[&IpFamily::V4]
             .chains
             .keys()
@@ -410,7 +413,7 @@ fn the_graph_renders_the_new_chain_after_the_notifier() {
             .changes
             .recv_timeout(WAIT)
             .expect("change notification");
-        graph.refresh_interfaces();
+        graph.interfaces_changed();
         graph.flush();
         if chains(&graph) == ["cali-fw-veth-877c5ccffd", "cali-tw-veth-877c5ccffd"] {
             break;

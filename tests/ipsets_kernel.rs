@@ -7,10 +7,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::{run_ok, NetNs};
-use netpol_agent::calc_graph::model::{IpFamily, Protocol};
-use netpol_agent::exec::Exec;
-use netpol_agent::ipsets::kernel::IpsetManager;
+use netpol_agent::dataplane::ipsets::IpsetManager;
+use netpol_agent::host::exec::Exec;
 use netpol_agent::ipsets::{restore_script, Member, SetSpec, SetType};
+use netpol_agent::model::{IpFamily, Protocol};
 
 const MAX: u32 = 65536;
 

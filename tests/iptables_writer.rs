@@ -9,14 +9,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::NetNs;
-use netpol_agent::calc_graph::model::{IpFamily, ObjectKey};
-use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
-use netpol_agent::datastore::{feed, manifests};
-use netpol_agent::exec::Exec;
-use netpol_agent::iface_naming::CalicoResolver;
-use netpol_agent::iptables_writer::{
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::GraphConfig;
+use netpol_agent::dataplane::iptables::{
     detect_backend, tool_name, Backend, BackendMode, DesiredTable, RetryPolicy, TableWriter,
 };
+use netpol_agent::datastore::manifests;
+use netpol_agent::host::exec::Exec;
+use netpol_agent::iface_naming::CalicoResolver;
+use netpol_agent::model::{IpFamily, ObjectKey};
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::{render_rules, Action, Chain, ChainInsertMode, Rule, RuleConfig};
 
@@ -43,7 +44,7 @@ fn cli(backend: Backend, family: IpFamily) -> String {
 
 /// The demo shop compiled for node-1, its sets loaded into `ns`.
 struct Demo {
-    graph: CalcGraph,
+    graph: Calculation,
     family: IpFamily,
     mode: ChainInsertMode,
 }
@@ -54,16 +55,18 @@ impl Demo {
             insert_mode: mode,
             ..RuleConfig::default()
         };
-        let mut graph = CalcGraph::new(GraphConfig {
-            node_name: "node-1".into(),
-            families: vec![family],
-            rules,
-            resolver: Box::new(CalicoResolver::default()),
-        });
+        let mut graph = Calculation::new(
+            GraphConfig {
+                node_name: "node-1".into(),
+                families: vec![family],
+                rules,
+            },
+            Box::new(CalicoResolver::default()),
+        );
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/demo");
         let (objects, errors) = manifests::load_paths(&[dir]).unwrap();
         assert!(errors.is_empty(), "{errors:?}");
-        feed(&mut graph, &objects);
+        graph.feed(&objects);
         graph.flush();
         let demo = Demo {
             graph,

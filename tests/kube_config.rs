@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use kube_api::FakeApi;
 use netpol_agent::datastore::kube::{spawn, KubeConnect};
-use netpol_agent::datastore::DatastoreEvent;
+use netpol_agent::model::DatastoreEvent;
 
 fn start_error(connect: KubeConnect) -> String {
-    let (tx, _rx) = channel();
+    let (tx, _rx) = channel::<DatastoreEvent>();
     let stop = Arc::new(AtomicBool::new(false));
     match spawn(connect, tx, stop) {
         Ok(_) => panic!("the datastore started without a usable configuration"),

@@ -17,14 +17,18 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, ALL};
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::calc_graph::state::DesiredState;
-use netpol_agent::calc_graph::{validate, CalcGraph, GraphConfig, ObjectKind};
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::update::DesiredState;
+use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::datastore::kube::{spawn_with, KubeConnect, KubeOptions};
-use netpol_agent::datastore::manifests::{parse_manifests, K8sObject};
-use netpol_agent::datastore::{apply_event, feed, DatastoreEvent, ObjectRef};
+use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
 use netpol_agent::ipsets::{self, Member};
+use netpol_agent::model::validate;
+use netpol_agent::model::IpFamily;
+use netpol_agent::model::K8sObject;
+use netpol_agent::model::ObjectKind;
+use netpol_agent::model::{DatastoreEvent, ObjectRef};
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::{render, RuleConfig};
 use serde_json::{json, Value};
@@ -238,25 +242,27 @@ impl Drop for Source {
     }
 }
 
-fn graph() -> CalcGraph {
-    CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4, IpFamily::V6],
-        rules: RuleConfig::default(),
-        resolver: Box::new(CalicoResolver::default()),
-    })
+fn graph() -> Calculation {
+    Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4, IpFamily::V6],
+            rules: RuleConfig::default(),
+        },
+        Box::new(CalicoResolver::default()),
+    )
 }
 
 /// What `netpol-agent compile` computes from manifests.
-fn compiled(yaml: &str) -> CalcGraph {
+fn compiled(yaml: &str) -> Calculation {
     let (objects, errors) = parse_manifests(yaml, "test");
     assert!(errors.is_empty(), "{errors:?}");
     compiled_objects(&objects)
 }
 
-fn compiled_objects(objects: &[K8sObject]) -> CalcGraph {
+fn compiled_objects(objects: &[K8sObject]) -> Calculation {
     let mut g = graph();
-    feed(&mut g, objects);
+    g.feed(objects);
     g.flush();
     g
 }
@@ -291,7 +297,7 @@ fn scripts(state: &DesiredState) -> String {
     out
 }
 
-fn assert_same_graph(got: &CalcGraph, want: &CalcGraph) {
+fn assert_same_graph(got: &Calculation, want: &Calculation) {
     assert_eq!(
         scripts(&got.snapshot()),
         scripts(&want.snapshot()),
@@ -354,7 +360,7 @@ fn losses(before: &DesiredState, after: &DesiredState) -> Vec<String> {
 /// A graph fed one event at a time and flushed after each (the finest the agent could
 /// apply), with the state its updates build.
 struct Tracker {
-    graph: CalcGraph,
+    graph: Calculation,
     state: DesiredState,
 }
 
@@ -368,7 +374,7 @@ impl Tracker {
 
     /// Applies one event and returns what the state lost through it.
     fn apply(&mut self, event: &DatastoreEvent) -> Vec<String> {
-        apply_event(&mut self.graph, event);
+        self.graph.apply(event);
         let update = self.graph.flush();
         let before = self.state.clone();
         self.state.apply(&update);
@@ -386,11 +392,11 @@ fn key_set(events: &[DatastoreEvent]) -> BTreeSet<(ObjectKind, String, &'static 
         .iter()
         .filter_map(|e| match e {
             DatastoreEvent::Upsert(o) => {
-                let r = netpol_agent::datastore::object_ref(o);
+                let r = o.object_ref();
                 Some((r.kind, r.key, "upsert"))
             }
             DatastoreEvent::Delete(r) => Some((r.kind, r.key.clone(), "delete")),
-            DatastoreEvent::InSync | DatastoreEvent::InterfacesChanged => None,
+            DatastoreEvent::InSync => None,
         })
         .collect()
 }
@@ -450,7 +456,7 @@ fn sync_server(api: &FakeApi, old: &str, new: &str) {
 }
 
 /// Feeds events to `graph` until it equals `want` (or times out).
-fn converge(source: &Source, graph: &mut CalcGraph, want: &CalcGraph) {
+fn converge(source: &Source, graph: &mut Calculation, want: &Calculation) {
     let deadline = Instant::now() + TIMEOUT;
     while graph.snapshot() != want.snapshot() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -458,7 +464,7 @@ fn converge(source: &Source, graph: &mut CalcGraph, want: &CalcGraph) {
             .rx
             .recv_timeout(left)
             .unwrap_or_else(|_| panic!("the graph did not converge; last state differs"));
-        apply_event(graph, &event);
+        graph.apply(&event);
         graph.flush();
     }
     assert_same_graph(graph, want);
@@ -475,7 +481,7 @@ fn graph_fed_from_the_api_equals_compile_of_the_same_manifests() {
 
     let mut from_api = graph();
     for event in source.until_in_sync() {
-        apply_event(&mut from_api, &event);
+        from_api.apply(&event);
     }
     from_api.flush();
     let want = compiled(&manifests);
@@ -830,7 +836,7 @@ status: {phase: Running, podIP: 192.168.10.11, podIPs: [{ip: 192.168.10.11}]}
     let source = Source::start(&api);
     let mut g = graph();
     for event in source.until_in_sync() {
-        apply_event(&mut g, &event);
+        g.apply(&event);
     }
     g.flush();
     assert_same_graph(&g, &compiled(manifests));
@@ -961,7 +967,7 @@ spec:
     }
     let mut g = graph();
     for event in &events {
-        apply_event(&mut g, event);
+        g.apply(event);
     }
     assert!(g.rejections().keys().any(|(_, key)| key == "shop/broken"));
 

@@ -6,8 +6,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use k8s_openapi::api::core::v1::Pod;
-use netpol_agent::calc_graph::validate;
 use netpol_agent::datastore::kube::trim_pod;
+use netpol_agent::model::validate;
 
 struct Counting;
 

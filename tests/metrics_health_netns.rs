@@ -187,7 +187,7 @@ fn health_and_metrics_of_a_running_agent() {
     // Every documented metric, with values that match.
     let (code, text) = http_get(&ns.name, METRICS_PORT, "/metrics").unwrap();
     assert_eq!(code, 200);
-    for name in netpol_agent::metrics::NAMES {
+    for name in netpol_agent::telemetry::metrics::NAMES {
         assert!(
             text.contains(&format!("# TYPE {name} ")),
             "{name} missing from /metrics:\n{text}"

@@ -15,14 +15,14 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{in_netns, NetNs, TempDir};
-use netpol_agent::preflight::{self, BrNetfilter, Finding, PreflightConfig};
+use netpol_agent::host::preflight::{self, BrNetfilter, Finding, PreflightConfig};
 
 const HEALTH_PORT: u16 = 9099;
 
 fn cfg(bridge_mode: bool) -> PreflightConfig {
     PreflightConfig {
         prefixes: vec!["cali".to_string()],
-        bridge_mode,
+        bridge: bridge_mode.then(|| "br0".to_string()),
         ipv6: false,
     }
 }

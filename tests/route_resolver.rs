@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::{in_netns, NetNs};
-use netpol_agent::calc_graph::model::{ObjectKey, PodInfo};
 use netpol_agent::config::RuleOptions;
+use netpol_agent::host::netlink::{parse_host_route, RtnlSocket, RT_TABLE_MAIN};
 use netpol_agent::iface_naming::{read_state, InterfaceResolver, NamingError};
-use netpol_agent::netlink::{parse_host_route, RtnlSocket, RT_TABLE_MAIN};
+use netpol_agent::model::{ObjectKey, PodInfo};
 
 const HYBRID_TABLE: u32 = 39999;
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");

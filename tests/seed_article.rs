@@ -5,27 +5,30 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::calc_graph::state::FamilyState;
-use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
-use netpol_agent::datastore::{feed, manifests};
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::update::FamilyState;
+use netpol_agent::calc_graph::GraphConfig;
+use netpol_agent::datastore::manifests;
 use netpol_agent::iface_naming::SandboxResolver;
+use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
 
 fn compile_seed() -> FamilyState {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/seed-article.yaml");
     let (objects, errors) = manifests::load_paths(&[path]).expect("example loads");
     assert!(errors.is_empty(), "{errors:?}");
-    let mut graph = CalcGraph::new(GraphConfig {
-        node_name: "node-1".into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig {
-            interface_prefixes: vec!["veth-".into()],
-            ..RuleConfig::default()
+    let mut graph = Calculation::new(
+        GraphConfig {
+            node_name: "node-1".into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig {
+                interface_prefixes: vec!["veth-".into()],
+                ..RuleConfig::default()
+            },
         },
-        resolver: Box::new(SandboxResolver::new("veth-").unwrap()),
-    });
-    feed(&mut graph, &objects);
+        Box::new(SandboxResolver::new("veth-").unwrap()),
+    );
+    graph.feed(&objects);
     graph.flush();
     assert!(graph.rejections().is_empty(), "{:?}", graph.rejections());
     graph.snapshot().families.remove(&IpFamily::V4).unwrap()

@@ -21,9 +21,10 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::calc_graph::{CalcGraph, GraphConfig};
+use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::iface_naming::CalicoResolver;
+use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
 
 /// The benchmarked node.
@@ -237,18 +238,20 @@ pub fn selected_app(np: &NetworkPolicy) -> Option<usize> {
         .ok()
 }
 
-pub fn new_graph() -> CalcGraph {
-    CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig::default(),
-        resolver: Box::new(CalicoResolver::default()),
-    })
+pub fn new_graph() -> Calculation {
+    Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig::default(),
+        },
+        Box::new(CalicoResolver::default()),
+    )
 }
 
 /// Feeds a whole synthetic cluster; objects are built and dropped one at a time, as a watch
 /// would deliver them. Returns the graph and the app label value of each pod.
-pub fn build(scale: Scale, rng: &mut Rng) -> (CalcGraph, Vec<usize>) {
+pub fn build(scale: Scale, rng: &mut Rng) -> (Calculation, Vec<usize>) {
     let mut g = new_graph();
     for i in 0..scale.namespaces {
         g.upsert_namespace(&namespace(i));

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::verify::OwnedState;
+use netpol_agent::dataplane::owned::OwnedState;
+use netpol_agent::model::IpFamily;
 use serde_json::json;
 
 use crate::cni::{Cni, Wiring, BRIDGE};

@@ -10,13 +10,16 @@
 //! - each local endpoint has `cali-tw-`/`cali-fw-` chains listing the active policies that
 //!   select it; the dispatch chains list the endpoints; each namespace with endpoints has its
 //!   profile chains.
+//!
+//! Interface names come from outside: the graph never calls a resolver. A local pod's upsert
+//! puts it on the list `take_pods_to_name` hands out; the caller (the agent loop, or
+//! `compile`) names it at the edge and answers with `set_interface`, before `flush`. Until it
+//! is named a local pod has no chains, and its traffic meets "Unknown interface".
 
-pub mod model;
 mod set_index;
-pub mod state;
 #[cfg(test)]
 mod tests;
-pub mod validate;
+pub mod update;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
@@ -25,23 +28,24 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tracing::{error, warn};
 
-use crate::iface_naming::InterfaceResolver;
 use crate::ipsets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::chains::{endpoint_chains, profile_chains, static_chains};
 use crate::rules::dispatch::dispatch_chains_with_addrs;
-use crate::rules::policy::{plan, policy_chains, PolicyPlan};
+use crate::rules::policy::{plan_policy, policy_chains, PolicyPlan};
 use crate::rules::{Chain, RuleConfig};
 
-use model::{IpFamily, NamespaceInfo, ObjectKey, PodInfo, PolicyInfo};
+use crate::model::validate;
+use crate::model::{
+    DatastoreEvent, IpFamily, K8sObject, NamespaceInfo, ObjectKey, ObjectKind, PodInfo, PolicyInfo,
+};
 use set_index::SetIndex;
-use state::{DesiredState, FamilyState, SetHeader, Update};
+use update::{DesiredState, FamilyState, SetHeader, Update};
 
 pub struct GraphConfig {
     /// Pods whose `spec.nodeName` is this are local endpoints.
     pub node_name: String,
     pub families: Vec<IpFamily>,
     pub rules: RuleConfig,
-    pub resolver: Box<dyn InterfaceResolver>,
 }
 
 /// Why an object (or a part of it) is not enforced as written.
@@ -52,23 +56,6 @@ pub enum RejectKind {
     /// A local pod whose host interface could not be named; it gets no chains, and the
     /// dispatch chains drop its traffic as an unknown interface.
     Interface,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ObjectKind {
-    Pod,
-    Namespace,
-    NetworkPolicy,
-}
-
-impl ObjectKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ObjectKind::Pod => "Pod",
-            ObjectKind::Namespace => "Namespace",
-            ObjectKind::NetworkPolicy => "NetworkPolicy",
-        }
-    }
 }
 
 /// Something that owns chains; re-rendered as a unit when dirty.
@@ -140,6 +127,9 @@ pub struct CalcGraph {
     owned: HashMap<Owner, Vec<(IpFamily, String)>>,
     emitted_chains: BTreeMap<(IpFamily, String), Chain>,
     emitted_sets: BTreeMap<String, SetDef>,
+    /// Local pods upserted since the last `take_pods_to_name`: their interface must be
+    /// (re)named by the caller.
+    to_name: BTreeSet<ObjectKey>,
 }
 
 impl CalcGraph {
@@ -159,6 +149,7 @@ impl CalcGraph {
             owned: HashMap::new(),
             emitted_chains: BTreeMap::new(),
             emitted_sets: BTreeMap::new(),
+            to_name: BTreeSet::new(),
         };
         graph.dirty.mark(Owner::Static);
         graph.dirty.mark(Owner::Dispatch);
@@ -232,6 +223,49 @@ impl CalcGraph {
 
     // ---- object-level entry points (validate, then update) ----
 
+    /// Applies one datastore event.
+    pub fn apply(&mut self, event: &DatastoreEvent) {
+        match event {
+            DatastoreEvent::Upsert(o) => match o.as_ref() {
+                K8sObject::Pod(p) => self.upsert_pod(p),
+                K8sObject::Namespace(n) => self.upsert_namespace(n),
+                K8sObject::NetworkPolicy(np) => self.upsert_policy(np),
+            },
+            DatastoreEvent::Delete(r) => {
+                let key = || {
+                    let (ns, name) = r.key.split_once('/').unwrap_or(("default", &r.key));
+                    ObjectKey::new(ns, name)
+                };
+                match r.kind {
+                    ObjectKind::Pod => self.remove_pod(&key()),
+                    ObjectKind::Namespace => self.remove_namespace(&r.key),
+                    ObjectKind::NetworkPolicy => self.remove_policy(&key()),
+                }
+            }
+            DatastoreEvent::InSync => {}
+        }
+    }
+
+    /// Feeds objects in an order that needs no second pass: namespaces, then pods, then
+    /// policies (any order is correct; this one does the least re-evaluation).
+    pub fn feed(&mut self, objects: &[K8sObject]) {
+        for o in objects {
+            if let K8sObject::Namespace(ns) = o {
+                self.upsert_namespace(ns);
+            }
+        }
+        for o in objects {
+            if let K8sObject::Pod(p) = o {
+                self.upsert_pod(p);
+            }
+        }
+        for o in objects {
+            if let K8sObject::NetworkPolicy(np) = o {
+                self.upsert_policy(np);
+            }
+        }
+    }
+
     /// Validates and applies a Pod. An invalid pod is logged and recorded; its previous valid
     /// version (if any) stays in force. A pod that is not a workload is removed.
     pub fn upsert_pod(&mut self, pod: &Pod) {
@@ -288,6 +322,7 @@ impl CalcGraph {
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
+        self.to_name.remove(key);
         self.sets.remove_pod(key);
         self.remove_endpoint(key);
     }
@@ -324,81 +359,63 @@ impl CalcGraph {
         self.dirty.mark(Owner::Policy(key.clone()));
     }
 
-    /// Resolves every local pod's interface again: what a resolver that learns names over
-    /// time (the container runtime, the routing table) calls after it learned something.
-    /// Only pods whose interface really changed (or became known, or was lost) are touched.
-    pub fn refresh_interfaces(&mut self) {
-        let local: Vec<PodInfo> = self
-            .sets
+    /// Local pods upserted since the last call, to be named by the caller (who answers each
+    /// with `set_interface` before the next `flush`).
+    pub fn take_pods_to_name(&mut self) -> Vec<PodInfo> {
+        std::mem::take(&mut self.to_name)
+            .into_iter()
+            .filter_map(|key| self.sets.pod(&key).cloned())
+            .collect()
+    }
+
+    /// Every local pod, for naming them all again (a resolver learned something: a sandbox,
+    /// a route). Answers that do not change a pod's interface change nothing.
+    pub fn local_pods(&self) -> Vec<PodInfo> {
+        self.sets
             .pods()
-            .filter(|p| p.node.as_deref() == Some(self.cfg.node_name.as_str()))
+            .filter(|p| self.is_local(p))
             .cloned()
-            .collect();
-        for info in local {
-            self.upsert_pod_info(info);
-        }
+            .collect()
     }
 
-    // ---- model-level updates ----
-
-    pub fn upsert_namespace_info(&mut self, info: NamespaceInfo) {
-        self.sets.upsert_namespace(info);
+    fn is_local(&self, pod: &PodInfo) -> bool {
+        pod.node.as_deref() == Some(self.cfg.node_name.as_str())
     }
 
-    pub fn upsert_pod_info(&mut self, info: PodInfo) {
-        let key = info.key.clone();
-        let local = info.node.as_deref() == Some(self.cfg.node_name.as_str());
-        let iface = if local {
-            match self.cfg.resolver.resolve(&info) {
-                Ok(name) => {
-                    self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
-                    Some(name)
-                }
-                Err(e) => {
-                    self.reject(
-                        ObjectKind::Pod,
-                        key.to_string(),
-                        RejectKind::Interface,
-                        e.to_string(),
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let labels_changed = self
-            .sets
-            .pod(&key)
-            .is_none_or(|old| old.labels != info.labels);
-        // Bridge mode dispatches routed traffic by the local pods' addresses.
-        if local
-            && self.cfg.rules.bridge.is_some()
-            && self.sets.pod(&key).is_some_and(|old| old.ips != info.ips)
-        {
-            self.dirty.mark(Owner::Dispatch);
-        }
-        self.sets.upsert_pod(info);
-
-        let Some(iface) = iface else {
-            self.remove_endpoint(&key);
+    /// The caller's answer for a local pod's host interface: the name, or why it has none (the
+    /// pod is then rejected with `RejectKind::Interface` and gets no chains). Ignored for a
+    /// pod that is not (or no longer) local.
+    pub fn set_interface(&mut self, key: &ObjectKey, iface: Result<String, String>) {
+        let Some(info) = self.sets.pod(key) else {
             return;
         };
-        match self.endpoints.get_mut(&key) {
-            Some(ep) if ep.iface == iface => {
-                if labels_changed {
-                    self.reselect_policies(&key);
-                }
+        if !self.is_local(info) {
+            return;
+        }
+        let iface = match iface {
+            Ok(name) => {
+                self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
+                name
             }
+            Err(message) => {
+                self.reject(
+                    ObjectKind::Pod,
+                    key.to_string(),
+                    RejectKind::Interface,
+                    message,
+                );
+                self.remove_endpoint(key);
+                return;
+            }
+        };
+        match self.endpoints.get_mut(key) {
+            Some(ep) if ep.iface == iface => {}
             Some(ep) => {
                 let old = std::mem::replace(&mut ep.iface, iface.clone());
-                self.release_iface(&old, &key);
-                self.claim_iface(&iface, &key);
+                self.release_iface(&old, key);
+                self.claim_iface(&iface, key);
                 self.dirty.mark(Owner::Endpoint(key.clone()));
                 self.dirty.mark(Owner::Dispatch);
-                if labels_changed {
-                    self.reselect_policies(&key);
-                }
             }
             None => {
                 self.endpoints.insert(
@@ -416,11 +433,45 @@ impl CalcGraph {
                 if in_ns.len() == 1 {
                     self.dirty.mark(Owner::Profile(key.namespace.clone()));
                 }
-                self.claim_iface(&iface, &key);
+                self.claim_iface(&iface, key);
                 self.dirty.mark(Owner::Endpoint(key.clone()));
                 self.dirty.mark(Owner::Dispatch);
-                self.reselect_policies(&key);
+                self.reselect_policies(key);
             }
+        }
+    }
+
+    // ---- model-level updates ----
+
+    pub fn upsert_namespace_info(&mut self, info: NamespaceInfo) {
+        self.sets.upsert_namespace(info);
+    }
+
+    pub fn upsert_pod_info(&mut self, info: PodInfo) {
+        let key = info.key.clone();
+        let local = self.is_local(&info);
+        let labels_changed = self
+            .sets
+            .pod(&key)
+            .is_none_or(|old| old.labels != info.labels);
+        // Bridge mode dispatches routed traffic by the local pods' addresses.
+        if local
+            && self.cfg.rules.bridge.is_some()
+            && self.sets.pod(&key).is_some_and(|old| old.ips != info.ips)
+        {
+            self.dirty.mark(Owner::Dispatch);
+        }
+        self.sets.upsert_pod(info);
+        if !local {
+            self.to_name.remove(&key);
+            self.remove_endpoint(&key);
+            return;
+        }
+        // Named (again) by the caller before the next flush; the endpoint keeps its interface
+        // until then.
+        self.to_name.insert(key.clone());
+        if labels_changed && self.endpoints.contains_key(&key) {
+            self.reselect_policies(&key);
         }
     }
 
@@ -535,7 +586,7 @@ impl CalcGraph {
         if self.policies.get(&key).is_some_and(|p| p.info == info) {
             return;
         }
-        let new_plan = plan(&info);
+        let new_plan = plan_policy(&info);
         let selects: BTreeSet<ObjectKey> = self
             .endpoints_by_ns
             .get(&key.namespace)

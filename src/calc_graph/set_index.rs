@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kube::core::Expression;
 
-use crate::calc_graph::model::{LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, PodInfo};
 use crate::ipsets::{Member, SetDef};
+use crate::model::{LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, PodInfo};
 
 type PodId = usize;
 type SetId = usize;

@@ -7,10 +7,11 @@ use std::net::IpAddr;
 use kube::core::Expression;
 use proptest::prelude::*;
 
-use super::model::*;
-use super::state::DesiredState;
-use super::{CalcGraph, GraphConfig};
+use super::update::DesiredState;
+use super::GraphConfig;
+use crate::agent::Calculation;
 use crate::iface_naming::CalicoResolver;
+use crate::model::*;
 use crate::rules::RuleConfig;
 
 const NODE: &str = "node-1";
@@ -18,13 +19,15 @@ const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 const POD_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 const POLICY_NAMES: [&str; 3] = ["p1", "p2", "p3"];
 
-fn graph() -> CalcGraph {
-    CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4, IpFamily::V6],
-        rules: RuleConfig::default(),
-        resolver: Box::new(CalicoResolver::default()),
-    })
+fn graph() -> Calculation {
+    Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4, IpFamily::V6],
+            rules: RuleConfig::default(),
+        },
+        Box::new(CalicoResolver::default()),
+    )
 }
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -266,7 +269,7 @@ struct World {
     policies: BTreeMap<ObjectKey, PolicyInfo>,
 }
 
-fn apply(graph: &mut CalcGraph, world: &mut World, e: &Event, acc: &mut DesiredState) {
+fn apply(graph: &mut Calculation, world: &mut World, e: &Event, acc: &mut DesiredState) {
     match e.clone() {
         Event::UpsertNamespace(ns) => {
             world.namespaces.insert(ns.name.clone(), ns.clone());
@@ -545,15 +548,14 @@ fn inactive_policies_cost_no_chains_or_sets() {
 
 #[test]
 fn unresolvable_interface_is_reported_and_fail_closed() {
-    let mut g = CalcGraph::new(GraphConfig {
-        resolver: Box::new(crate::iface_naming::SandboxResolver::new("veth-").unwrap()),
-        ..GraphConfig {
+    let mut g = Calculation::new(
+        GraphConfig {
             node_name: NODE.into(),
             families: vec![IpFamily::V4],
             rules: RuleConfig::default(),
-            resolver: Box::new(CalicoResolver::default()),
-        }
-    });
+        },
+        Box::new(crate::iface_naming::SandboxResolver::new("veth-").unwrap()),
+    );
     g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[]));
     g.flush();
     assert_eq!(g.local_endpoint_count(), 0);
@@ -582,12 +584,14 @@ impl crate::iface_naming::InterfaceResolver for LabelResolver {
 
 #[test]
 fn colliding_interfaces_program_one_endpoint_until_the_winner_leaves() {
-    let mut g = CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig::default(),
-        resolver: Box::new(LabelResolver),
-    });
+    let mut g = Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig::default(),
+        },
+        Box::new(LabelResolver),
+    );
     g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("n", "same")]));
     g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("n", "same")]));
     g.upsert_policy_info(allow_from(
@@ -597,7 +601,7 @@ fn colliding_interfaces_program_one_endpoint_until_the_winner_leaves() {
         vec![],
     ));
     g.flush();
-    let dispatch = |g: &CalcGraph| {
+    let dispatch = |g: &Calculation| {
         g.snapshot().families[&IpFamily::V4].chains["cali-to-wl-dispatch"]
             .rules
             .len()
@@ -617,12 +621,14 @@ fn colliding_interfaces_program_one_endpoint_until_the_winner_leaves() {
     );
     assert_eq!(dispatch(&g), 2);
     let mut acc = DesiredState::default();
-    let mut fresh = CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig::default(),
-        resolver: Box::new(LabelResolver),
-    });
+    let mut fresh = Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig::default(),
+        },
+        Box::new(LabelResolver),
+    );
     fresh.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("n", "same")]));
     fresh.upsert_policy_info(allow_from(
         "x",
@@ -658,12 +664,14 @@ impl crate::iface_naming::InterfaceResolver for LearningResolver {
 #[test]
 fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
     let names = LearningResolver::default();
-    let mut g = CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4],
-        rules: RuleConfig::default(),
-        resolver: Box::new(names.clone()),
-    });
+    let mut g = Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4],
+            rules: RuleConfig::default(),
+        },
+        Box::new(names.clone()),
+    );
     g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("app", "a")]));
     g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("app", "b")]));
     g.flush();
@@ -674,7 +682,7 @@ fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
         .lock()
         .unwrap()
         .insert("x/a".into(), "veth-aaaa".into());
-    g.refresh_interfaces();
+    g.interfaces_changed();
     let update = g.flush();
     assert_eq!(g.local_endpoint_count(), 1);
     let chains: Vec<&str> = update
@@ -688,7 +696,7 @@ fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
         "no set changes: {update:?}"
     );
 
-    g.refresh_interfaces();
+    g.interfaces_changed();
     assert!(
         g.flush().is_empty(),
         "a refresh that learned nothing writes nothing"
@@ -699,7 +707,7 @@ fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
         .lock()
         .unwrap()
         .insert("x/a".into(), "veth-a2".into());
-    g.refresh_interfaces();
+    g.interfaces_changed();
     let update = g.flush();
     let removed: Vec<&str> = update
         .chains_removed
@@ -710,7 +718,7 @@ fn refresh_interfaces_follows_what_the_resolver_learned_and_nothing_else() {
     assert_eq!(g.local_endpoint_count(), 1);
 
     names.0.lock().unwrap().clear();
-    g.refresh_interfaces();
+    g.interfaces_changed();
     g.flush();
     assert_eq!(
         g.local_endpoint_count(),
@@ -782,13 +790,15 @@ fn bridge_mode_dispatches_routed_traffic_by_the_resolved_pods_addresses() {
         bridge: Some("cni0".into()),
         ..RuleConfig::default()
     };
-    let mut g = CalcGraph::new(GraphConfig {
-        node_name: NODE.into(),
-        families: vec![IpFamily::V4],
-        rules,
-        resolver: Box::new(names.clone()),
-    });
-    let addr_dispatch = |g: &CalcGraph| -> Vec<String> {
+    let mut g = Calculation::new(
+        GraphConfig {
+            node_name: NODE.into(),
+            families: vec![IpFamily::V4],
+            rules,
+        },
+        Box::new(names.clone()),
+    );
+    let addr_dispatch = |g: &Calculation| -> Vec<String> {
         g.snapshot().families[&IpFamily::V4].chains["cali-to-wl-addr-dispatch"]
             .rules
             .iter()
@@ -816,7 +826,7 @@ fn bridge_mode_dispatches_routed_traffic_by_the_resolved_pods_addresses() {
         .lock()
         .unwrap()
         .insert("x/b".into(), "veth0000000b".into());
-    g.refresh_interfaces();
+    g.interfaces_changed();
     g.flush();
     assert_eq!(addr_dispatch(&g), ["-d 10.244.0.3/32", ""]);
 

@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::calc_graph::model::IpFamily;
 use crate::ipsets::{Member, SetSpec, SetType};
+use crate::model::IpFamily;
 use crate::rules::Chain;
 
 /// What one IP family of a node must hold.

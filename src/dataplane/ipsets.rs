@@ -29,9 +29,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use tracing::{debug, warn};
 
-use super::{is_owned_set, is_temp_set, Member, SetSpec, SetType, MAX_SET_NAME_LEN};
-use crate::calc_graph::model::{IpFamily, Protocol};
-pub use crate::exec::Exec;
+pub use crate::host::exec::Exec;
+use crate::ipsets::{is_owned_set, is_temp_set, Member, SetSpec, SetType, MAX_SET_NAME_LEN};
+use crate::model::{IpFamily, Protocol};
 
 /// Waits before the retries of a failed restore (after the first try, 10 ms, then 40, then 160).
 const RETRY_DELAYS_MS: [u64; 3] = [10, 40, 160];
@@ -265,7 +265,7 @@ impl IpsetManager {
     /// Reads every set that exists (`ipset save`), keeps ours (`is_owned_set`) in the cache.
     /// Called at start and on the refresh timer. On error the cache is left as it was.
     pub fn resync(&mut self) -> anyhow::Result<()> {
-        let metrics = crate::metrics::global();
+        let metrics = crate::telemetry::metrics::global();
         metrics.ipset_calls.inc();
         let result = self.read_kernel();
         if result.is_err() {
@@ -277,12 +277,12 @@ impl IpsetManager {
 
     /// Our sets and their members per IP family, as the cache says, to the metrics.
     fn export_gauges(&self) {
-        let metrics = crate::metrics::global();
+        let metrics = crate::telemetry::metrics::global();
         for family in [IpFamily::V4, IpFamily::V6] {
             let sets = self.cache.values().filter(|k| k.family == Some(family));
             let (count, members) =
                 sets.fold((0usize, 0usize), |(c, m), k| (c + 1, m + k.members.len()));
-            let v = [crate::metrics::ip_version(family)];
+            let v = [crate::telemetry::metrics::ip_version(family)];
             metrics.ipsets.with_label_values(&v).set(count as i64);
             metrics
                 .ipset_members
@@ -637,7 +637,7 @@ impl IpsetManager {
             }
             self.stats.restore_calls += 1;
             self.stats.lines += lines;
-            let metrics = crate::metrics::global();
+            let metrics = crate::telemetry::metrics::global();
             metrics.ipset_calls.inc();
             metrics.ipset_lines_executed.inc_by(lines);
             debug!(lines, ops = rest.len(), "ipset restore");

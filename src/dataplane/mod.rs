@@ -3,6 +3,17 @@
 //! creations and additions, then iptables (per IP family), then ipset member removals and
 //! set destructions. Only what updates marked dirty is looked at, unless a resync asks for
 //! everything.
+//!
+//! - `iptables`: the table writer (plan, parse, backend), generic over the names it owns.
+//! - `ipsets`: the IP set writer (the kernel side of `crate::ipsets`).
+//! - `driver`: the dataplane thread: absorbing updates, applying, the refresh and post-write
+//!   timers, retries with back-off.
+//! - `owned`: reading back what we own from `iptables-save`/`ipset save` text.
+
+pub mod driver;
+pub mod ipsets;
+pub mod iptables;
+pub mod owned;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -10,12 +21,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tracing::debug;
 
-use crate::calc_graph::model::IpFamily;
-use crate::calc_graph::state::Update;
-use crate::exec::Exec;
-use crate::ipsets::kernel::IpsetManager;
+use crate::calc_graph::update::Update;
+use crate::dataplane::ipsets::IpsetManager;
+use crate::dataplane::iptables::{Backend, DesiredTable, TableWriter};
+use crate::host::exec::Exec;
 use crate::ipsets::SetSpec;
-use crate::iptables_writer::{Backend, DesiredTable, TableWriter};
+use crate::model::IpFamily;
 use crate::rules::chains::kernel_chain_rules;
 use crate::rules::RuleConfig;
 

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::calc_graph::model::IpFamily;
+use crate::model::IpFamily;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedState {

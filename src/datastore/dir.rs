@@ -10,15 +10,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use anyhow::Context;
 use notify::{RecursiveMode, Watcher};
 use tracing::{debug, warn};
 
-use super::manifests::{manifest_files, parse_manifests, K8sObject};
-use super::{object_ref, DatastoreEvent, ObjectRef};
+use super::manifests::{manifest_files, parse_manifests};
+use super::EventSink;
+use crate::model::{DatastoreEvent, K8sObject, ObjectRef};
 
 /// How long file events must pause before the directory is rescanned.
 const SETTLE: Duration = Duration::from_millis(30);
@@ -50,7 +51,7 @@ impl DirSource {
                         warn!("{e}");
                     }
                     if !errors.is_empty() {
-                        crate::metrics::global()
+                        crate::telemetry::metrics::global()
                             .rejections
                             .with_label_values(&["Manifest", "parse"])
                             .inc_by(errors.len() as u64);
@@ -59,7 +60,7 @@ impl DirSource {
                         unreadable.insert(file.clone());
                     }
                     for o in objects {
-                        now.insert(object_ref(&o), (file.clone(), o));
+                        now.insert(o.object_ref(), (file.clone(), o));
                     }
                 }
                 // Deleted between listing and reading: its objects are gone.
@@ -93,10 +94,7 @@ impl DirSource {
 
     /// Sends the full initial listing followed by `InSync`, then every later change, from a
     /// background thread. Stops when the receiver is dropped.
-    pub fn spawn(
-        mut self,
-        tx: Sender<DatastoreEvent>,
-    ) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    pub fn spawn(mut self, tx: impl EventSink) -> anyhow::Result<std::thread::JoinHandle<()>> {
         let (fs_tx, fs_rx) = channel();
         let mut watcher = notify::recommended_watcher(move |res| {
             let _ = fs_tx.send(res);
@@ -111,11 +109,11 @@ impl DirSource {
             .spawn(move || {
                 let _watcher = watcher;
                 for e in initial {
-                    if tx.send(e).is_err() {
+                    if !tx.deliver(e) {
                         return;
                     }
                 }
-                if tx.send(DatastoreEvent::InSync).is_err() {
+                if !tx.deliver(DatastoreEvent::InSync) {
                     return;
                 }
                 self.follow(&fs_rx, &tx);
@@ -123,11 +121,7 @@ impl DirSource {
         Ok(handle)
     }
 
-    fn follow(
-        &mut self,
-        fs_rx: &Receiver<notify::Result<notify::Event>>,
-        tx: &Sender<DatastoreEvent>,
-    ) {
+    fn follow(&mut self, fs_rx: &Receiver<notify::Result<notify::Event>>, tx: &impl EventSink) {
         loop {
             match fs_rx.recv() {
                 Ok(Ok(_)) => {}
@@ -146,7 +140,7 @@ impl DirSource {
                 Ok(events) => {
                     debug!(events = events.len(), "directory changed");
                     for e in events {
-                        if tx.send(e).is_err() {
+                        if !tx.deliver(e) {
                             return;
                         }
                     }

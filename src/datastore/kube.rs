@@ -74,7 +74,6 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,10 +89,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use super::manifests::K8sObject;
-use super::{DatastoreEvent, ObjectRef};
-use crate::calc_graph::validate::{namespaced_key, SANDBOX_ID_ANNOTATION};
-use crate::calc_graph::ObjectKind;
+use super::EventSink;
+use crate::model::validate::{namespaced_key, SANDBOX_ID_ANNOTATION};
+use crate::model::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
 
 /// Pod annotations the graph reads; every other annotation is dropped on arrival.
 pub const KEPT_POD_ANNOTATIONS: &[&str] = &[SANDBOX_ID_ANNOTATION];
@@ -144,7 +142,7 @@ impl Default for KubeOptions {
 /// Starts the Kubernetes datastore with the default options; see the module documentation.
 pub fn spawn(
     connect: KubeConnect,
-    tx: Sender<DatastoreEvent>,
+    tx: impl EventSink,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
     spawn_with(connect, KubeOptions::default(), tx, stop)
@@ -156,7 +154,7 @@ pub fn spawn(
 pub fn spawn_with(
     connect: KubeConnect,
     options: KubeOptions,
-    tx: Sender<DatastoreEvent>,
+    tx: impl EventSink,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -202,7 +200,7 @@ async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
 
 /// Where the three watchers deliver; counts the kinds that finished their first listing.
 struct Out {
-    tx: Sender<DatastoreEvent>,
+    tx: Box<dyn EventSink>,
     listed: AtomicUsize,
 }
 
@@ -211,7 +209,11 @@ struct Closed;
 
 impl Out {
     fn send(&self, event: DatastoreEvent) -> Result<(), Closed> {
-        self.tx.send(event).map_err(|_| Closed)
+        if self.tx.deliver(event) {
+            Ok(())
+        } else {
+            Err(Closed)
+        }
     }
 
     /// One kind delivered its first complete listing; the last of the three sends `InSync`.
@@ -224,14 +226,9 @@ impl Out {
     }
 }
 
-async fn run(
-    client: Client,
-    options: KubeOptions,
-    tx: Sender<DatastoreEvent>,
-    stop: Arc<AtomicBool>,
-) {
+async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc<AtomicBool>) {
     let out = Out {
-        tx,
+        tx: Box::new(tx),
         listed: AtomicUsize::new(0),
     };
     // Each follower ends only when the receiver is gone; then all stop.
@@ -664,7 +661,7 @@ pub fn trim_network_policy(np: &mut NetworkPolicy) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calc_graph::validate;
+    use crate::model::validate;
     use serde_json::json;
 
     fn ns(name: &str, team: &str, rv: &str) -> Namespace {
@@ -681,10 +678,9 @@ mod tests {
         events
             .iter()
             .map(|e| match e {
-                DatastoreEvent::Upsert(o) => format!("upsert {}", super::super::object_ref(o).key),
+                DatastoreEvent::Upsert(o) => format!("upsert {}", o.object_ref().key),
                 DatastoreEvent::Delete(r) => format!("delete {}", r.key),
                 DatastoreEvent::InSync => "in sync".into(),
-                DatastoreEvent::InterfacesChanged => "interfaces changed".into(),
             })
             .collect()
     }

@@ -9,20 +9,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::Deserialize;
-use serde_yaml_ng::{Mapping, Value};
 
-// Pods are much larger than the other variants; these values are short-lived (parsed, then
-// validated into the model), so boxing would only add noise to every match.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, PartialEq)]
-pub enum K8sObject {
-    Pod(Pod),
-    Namespace(Namespace),
-    NetworkPolicy(NetworkPolicy),
-}
+pub use crate::model::K8sObject;
+use serde_yaml_ng::{Mapping, Value};
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{source_name}: document {document}: {message}")]

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::netlink::{self, Link, RtnlSocket};
+use crate::host::netlink::{self, Link, RtnlSocket};
 
 /// Link kinds that switch pod traffic past the host stack.
 const OVS_KIND: &str = "openvswitch";
@@ -72,9 +72,9 @@ pub struct NodeSnapshot {
 pub struct PreflightConfig {
     /// `FELIX_INTERFACEPREFIX`.
     pub prefixes: Vec<String>,
-    /// Pods on a Linux bridge, policy matched with `-m physdev` (the bridge mode being added
-    /// separately; `run` passes `false` until it exists).
-    pub bridge_mode: bool,
+    /// Bridge mode (`FELIX_BRIDGEINTERFACE`): the bridge whose ports are the pods' veths,
+    /// policy matched with `-m physdev`. `None`: routed mode.
+    pub bridge: Option<String>,
     /// IPv6 is programmed too, so `bridge-nf-call-ip6tables` matters as well.
     pub ipv6: bool,
 }
@@ -140,14 +140,23 @@ impl fmt::Display for Finding {
                 bridge,
                 ports,
                 netfilter,
-            } => write!(
-                f,
-                "Linux bridge {bridge} has pod ports ({}) but {netfilter}: bridged frames never \
-                 reach iptables, so the bridge-mode (-m physdev) rules cannot match them; load \
-                 br_netfilter and set net.bridge.bridge-nf-call-iptables=1 (and \
-                 bridge-nf-call-ip6tables=1 with IPv6) in the node's network namespace",
-                ports.join(", ")
-            ),
+            } => {
+                if ports.is_empty() {
+                    write!(f, "bridge mode (bridge {bridge}) but {netfilter}")?;
+                } else {
+                    write!(
+                        f,
+                        "Linux bridge {bridge} has pod ports ({}) but {netfilter}",
+                        ports.join(", ")
+                    )?;
+                }
+                f.write_str(
+                    ": bridged frames never reach iptables, so the bridge-mode (-m physdev) rules \
+                     cannot match them; load br_netfilter and set \
+                     net.bridge.bridge-nf-call-iptables=1 (and bridge-nf-call-ip6tables=1 with \
+                     IPv6) in the node's network namespace",
+                )
+            }
             Finding::PrefixPortsBridged {
                 bridge,
                 ports,
@@ -244,7 +253,7 @@ pub fn detect_bridges(snapshot: &NodeSnapshot, cfg: &PreflightConfig) -> Vec<Fin
             .copied()
             .filter(|l| l.master == Some(bridge.index))
             .collect();
-        if cfg.bridge_mode {
+        if cfg.bridge.is_some() {
             let pod_ports: Vec<String> = ports
                 .iter()
                 .filter(|l| kind_is(l, "veth") || matches_prefix(l))
@@ -270,6 +279,20 @@ pub fn detect_bridges(snapshot: &NodeSnapshot, cfg: &PreflightConfig) -> Vec<Fin
                     netfilter: snapshot.br_netfilter,
                 });
             }
+        }
+    }
+    // The configured bridge needs br_netfilter even before its first pod (flannel creates
+    // `cni0` with the first one): pods attached later would otherwise go unpoliced.
+    if let Some(configured) = &cfg.bridge {
+        let flagged = findings.iter().any(
+            |f| matches!(f, Finding::BridgeNetfilterOff { bridge, .. } if bridge == configured),
+        );
+        if !netfilter_ok && !flagged {
+            findings.push(Finding::BridgeNetfilterOff {
+                bridge: configured.clone(),
+                ports: Vec::new(),
+                netfilter: snapshot.br_netfilter,
+            });
         }
     }
     findings
@@ -352,7 +375,7 @@ mod tests {
     fn cfg(prefixes: &[&str], bridge_mode: bool) -> PreflightConfig {
         PreflightConfig {
             prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
-            bridge_mode,
+            bridge: bridge_mode.then(|| "cni0".to_string()),
             ipv6: true,
         }
     }
@@ -391,10 +414,26 @@ mod tests {
             check(&node(routed(), NF_OFF), &cfg(&["cali"], false)),
             vec![]
         );
+    }
+
+    #[test]
+    fn bridge_mode_needs_br_netfilter_before_the_first_pod() {
+        // cni0 not created yet (flannel makes it with the first pod): still refused.
+        let findings = check(&node(routed(), BrNetfilter::Absent), &cfg(&["veth"], true));
         assert_eq!(
-            check(&node(routed(), BrNetfilter::Absent), &cfg(&["cali"], true)),
-            vec![]
+            findings,
+            vec![Finding::BridgeNetfilterOff {
+                bridge: "cni0".into(),
+                ports: vec![],
+                netfilter: BrNetfilter::Absent,
+            }]
         );
+        let text = findings[0].to_string();
+        assert!(
+            text.starts_with("bridge mode (bridge cni0) but br_netfilter is not loaded"),
+            "{text}"
+        );
+        assert_eq!(check(&node(routed(), NF_ON), &cfg(&["veth"], true)), vec![]);
     }
 
     #[test]

@@ -68,8 +68,8 @@ use super::{
     parse_prefix_list, validate_interface_name, validate_pod_interface_name, ChangeNotifier,
     InterfaceResolver, NamingError,
 };
-use crate::calc_graph::model::PodInfo;
-use crate::netlink::{is_overrun, parse_link, RtnlSocket, RTNLGRP_LINK, RTNLGRP_NEIGH};
+use crate::host::netlink::{is_overrun, parse_link, RtnlSocket, RTNLGRP_LINK, RTNLGRP_NEIGH};
+use crate::model::PodInfo;
 
 type Mac = [u8; 6];
 

@@ -4,7 +4,7 @@ use sha1::{Digest, Sha1};
 
 use super::MAX_IFACE_NAME_LEN;
 use super::{parse_prefix_list, validate_pod_interface_name, InterfaceResolver, NamingError};
-use crate::calc_graph::model::{ObjectKey, PodInfo};
+use crate::model::{ObjectKey, PodInfo};
 
 /// The prefix felix uses when `FELIX_INTERFACEPREFIX` is unset.
 pub const DEFAULT_CALICO_PREFIX: &str = "cali";

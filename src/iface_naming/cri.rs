@@ -80,7 +80,7 @@ use tonic::{Code, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
 use super::{ChangeNotifier, InterfaceResolver, NamingError, SandboxResolver};
-use crate::calc_graph::model::{ObjectKey, PodInfo};
+use crate::model::{ObjectKey, PodInfo};
 
 /// containerd's CRI socket, the default `FELIX_CRIENDPOINT`.
 pub const DEFAULT_CRI_ENDPOINT: &str = "/run/containerd/containerd.sock";

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::calc_graph::model::{ObjectKey, PodInfo};
+use crate::model::{ObjectKey, PodInfo};
 
 pub use bridge::BridgeResolver;
 pub use calico::{CalicoResolver, DEFAULT_CALICO_PREFIX};
@@ -392,7 +392,7 @@ pub fn build_resolver(cfg: &ResolverConfig) -> anyhow::Result<Box<dyn InterfaceR
 
 #[cfg(test)]
 pub(crate) mod test_support {
-    use crate::calc_graph::model::{ObjectKey, PodInfo};
+    use crate::model::{ObjectKey, PodInfo};
 
     pub fn pod(namespace: &str, name: &str, sandbox_id: Option<&str>) -> PodInfo {
         PodInfo {

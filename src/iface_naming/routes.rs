@@ -26,11 +26,11 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use super::{
     parse_prefix_list, validate_pod_interface_name, ChangeNotifier, InterfaceResolver, NamingError,
 };
-use crate::calc_graph::model::PodInfo;
-use crate::netlink::{
+use crate::host::netlink::{
     self, is_overrun, Link, RouteEntry, RouteKey, RtnlSocket, RTNLGRP_IPV4_ROUTE,
     RTNLGRP_IPV6_ROUTE, RTNLGRP_LINK,
 };
+use crate::model::PodInfo;
 
 /// How often the watcher thread looks at the stop flag when no event arrives.
 const STOP_POLL: Duration = Duration::from_millis(200);
@@ -502,8 +502,8 @@ mod tests {
 
     use super::super::test_support::pod;
     use super::*;
-    use crate::calc_graph::model::ObjectKey;
-    use crate::netlink::RT_TABLE_MAIN;
+    use crate::host::netlink::RT_TABLE_MAIN;
+    use crate::model::ObjectKey;
 
     const HYBRID: u32 = 39999;
 

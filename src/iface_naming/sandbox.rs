@@ -4,7 +4,7 @@ use super::{
     forbidden_char_problem, validate_pod_interface_name, InterfaceResolver, NamingError,
     MAX_IFACE_NAME_LEN,
 };
-use crate::calc_graph::model::{ObjectKey, PodInfo};
+use crate::model::{ObjectKey, PodInfo};
 
 /// Sandbox-ID characters every name must keep: one team saw two sandboxes on a node share
 /// their first 9, so 10 is the least that has kept names apart.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_yaml_ng::Value;
 
 use super::{validate_pod_interface_name, InterfaceResolver, NamingError};
-use crate::calc_graph::model::{ObjectKey, PodInfo};
+use crate::model::{ObjectKey, PodInfo};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StaticResolver {

@@ -3,8 +3,6 @@
 //! members, and the `ipset restore` text that creates and fills sets. The kernel side (reading
 //! what exists, applying deltas) is `kernel`.
 
-pub mod kernel;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -14,7 +12,7 @@ use base64::Engine as _;
 use kube::core::Expression;
 use sha2::{Digest, Sha224};
 
-use crate::calc_graph::model::{IpFamily, LabelSel, NamespaceScope, PodInfo, Protocol};
+use crate::model::{IpFamily, LabelSel, NamespaceScope, PodInfo, Protocol};
 
 /// Kernel limit on set names.
 pub const MAX_SET_NAME_LEN: usize = 31;
@@ -251,7 +249,7 @@ pub fn restore_script(sets: &BTreeMap<String, SetSpec>, max_size: u32) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calc_graph::model::{NamedPort, ObjectKey};
+    use crate::model::{NamedPort, ObjectKey};
     use std::collections::BTreeMap;
 
     fn sel(pairs: &[(&str, &str)]) -> LabelSel {

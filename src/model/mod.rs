@@ -1,7 +1,15 @@
-//! The validated, compact form of the Kubernetes objects the calc graph works on.
+//! The objects as the agent sees them: what datastores deliver (`K8sObject` in a
+//! `DatastoreEvent`) and the validated, compact form the calc graph works on (`PodInfo`,
+//! `NamespaceInfo`, `PolicyInfo` and their parts). Imports nothing of ours: every other room
+//! builds on it.
 //!
 //! `validate` turns `k8s-openapi` objects into these types; everything past that point can
 //! trust them (CIDRs parse, ports are in range, selectors use known operators).
+
+mod object;
+pub mod validate;
+
+pub use object::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
 
 use std::collections::BTreeMap;
 use std::fmt;

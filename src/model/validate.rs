@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::Selector;
 
-use super::model::{
+use super::{
     IpFamily, LabelSel, NamedPort, NamespaceInfo, NamespaceScope, ObjectKey, Peer, PodInfo,
     PolicyInfo, PolicyRule, PortMatch, PortSpec, Protocol, NAMESPACE_NAME_LABEL,
 };

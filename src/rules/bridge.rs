@@ -65,7 +65,8 @@
 //!   nothing else that needs routed traffic into it): a packet routed into the bridge to an
 //!   address that is no local pod is dropped.
 //! - Without `br_netfilter` or with `bridge-nf-call-iptables=0` bridged traffic never reaches
-//!   iptables and paths (a) and (d) are not policed; the agent refuses to start then.
+//!   iptables and paths (a) and (d) are not policed; the preflight check (`host::preflight`)
+//!   refuses the node then.
 //! - Layer-2 spoofing (a pod sending with another pod's MAC or answering ARP for another
 //!   pod's address) is not prevented here, as in flannel itself.
 
@@ -73,7 +74,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::calc_graph::model::IpFamily;
+use crate::model::IpFamily;
 
 use super::chains::deny;
 use super::{to_workload_chain, Action, Chain, Rule, RuleConfig, TO_WL_ADDR_DISPATCH};
@@ -150,45 +151,6 @@ pub fn addr_dispatch_chain(
         .collect();
     rules.push(Rule::new(deny(cfg)).comment("Unknown workload address"));
     Chain::new(TO_WL_ADDR_DISPATCH, family, rules)
-}
-
-/// Bridge mode is only enforced when bridged frames go through iptables: `br_netfilter`
-/// loaded and `bridge-nf-call-iptables=1` in this network namespace (the sysctls under
-/// `dir`, normally `/proc/sys/net/bridge`). Without it same-node pod traffic would pass
-/// unpoliced, so that is an error; `bridge-nf-call-ip6tables=0` with IPv6 on only warns
-/// (clusters without IPv6 pods often leave it off).
-pub fn check_br_netfilter(
-    dir: &std::path::Path,
-    bridge: &str,
-    families: &[IpFamily],
-) -> anyhow::Result<()> {
-    let read = |name: &str| {
-        std::fs::read_to_string(dir.join(name))
-            .ok()
-            .map(|v| v.trim().to_string())
-    };
-    match read("bridge-nf-call-iptables").as_deref() {
-        Some("1") => {}
-        Some(other) => anyhow::bail!(
-            "bridge mode (bridge {bridge}): net.bridge.bridge-nf-call-iptables is {other}, so \
-             bridged pod-to-pod traffic never reaches iptables; set it to 1 \
-             (sysctl -w net.bridge.bridge-nf-call-iptables=1)"
-        ),
-        None => anyhow::bail!(
-            "bridge mode (bridge {bridge}): {} is missing: br_netfilter is not loaded, so \
-             bridged pod-to-pod traffic never reaches iptables; run modprobe br_netfilter and \
-             sysctl -w net.bridge.bridge-nf-call-iptables=1",
-            dir.join("bridge-nf-call-iptables").display()
-        ),
-    }
-    if families.contains(&IpFamily::V6) && read("bridge-nf-call-ip6tables").as_deref() != Some("1")
-    {
-        tracing::warn!(
-            bridge,
-            "net.bridge.bridge-nf-call-ip6tables is not 1: bridged IPv6 pod-to-pod traffic is not policed"
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -295,20 +257,5 @@ mod tests {
         let v6 = dispatch_chains_with_addrs(&cfg(), IpFamily::V6, &ifaces, &addrs);
         let addr6 = v6.iter().find(|c| c.name == TO_WL_ADDR_DISPATCH).unwrap();
         assert_eq!(bodies(addr6)[0], "-d fd00::2/128 -g cali-tw-veth0a1b2c3d");
-    }
-
-    #[test]
-    fn br_netfilter_sysctl_is_required() {
-        let dir = std::env::temp_dir().join(format!("npa-brnf-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let missing = check_br_netfilter(&dir, "cni0", &[IpFamily::V4]).unwrap_err();
-        assert!(missing.to_string().contains("br_netfilter"), "{missing}");
-        std::fs::write(dir.join("bridge-nf-call-iptables"), "0\n").unwrap();
-        let off = check_br_netfilter(&dir, "cni0", &[IpFamily::V4]).unwrap_err();
-        assert!(off.to_string().contains("is 0"), "{off}");
-        std::fs::write(dir.join("bridge-nf-call-iptables"), "1\n").unwrap();
-        let ok = check_br_netfilter(&dir, "cni0", &[IpFamily::V4, IpFamily::V6]);
-        std::fs::remove_dir_all(&dir).unwrap();
-        ok.unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //! jumps in the kernel chains, the per-workload chains (`cali-tw-`/`cali-fw-`) and the
 //! per-namespace profile chains, in the order of felix's `iptables-save` output.
 
-use crate::calc_graph::model::{IpFamily, ObjectKey};
+use crate::model::{IpFamily, ObjectKey};
 
 use super::{
     bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,

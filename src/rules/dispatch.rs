@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::calc_graph::model::IpFamily;
+use crate::model::IpFamily;
 
 use super::chains::deny;
 use super::{

@@ -27,7 +27,7 @@ use base64::Engine as _;
 use ipnet::IpNet;
 use sha2::{Digest, Sha224, Sha256};
 
-use crate::calc_graph::model::IpFamily;
+use crate::model::IpFamily;
 
 /// Longest chain name we create (iptables allows 28 usable characters).
 pub const MAX_CHAIN_NAME_LEN: usize = 28;

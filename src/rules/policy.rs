@@ -15,10 +15,8 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
-use crate::calc_graph::model::{
-    IpFamily, NamespaceScope, Peer, PolicyInfo, PolicyRule, PortMatch, Protocol,
-};
 use crate::ipsets::SetDef;
+use crate::model::{IpFamily, NamespaceScope, Peer, PolicyInfo, PolicyRule, PortMatch, Protocol};
 
 use super::{policy_chain, Action, Chain, Direction, Rule, RuleConfig};
 
@@ -86,7 +84,7 @@ impl PolicyPlan {
     }
 }
 
-pub fn plan(policy: &PolicyInfo) -> PolicyPlan {
+pub fn plan_policy(policy: &PolicyInfo) -> PolicyPlan {
     let direction = |rules: &Option<Vec<PolicyRule>>, dir: Direction| {
         rules.as_ref().map(|rules| DirectionPlan {
             rules: rules
@@ -381,7 +379,7 @@ fn render_rule(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calc_graph::model::{LabelSel, ObjectKey, PortSpec};
+    use crate::model::{LabelSel, ObjectKey, PortSpec};
     use kube::core::Expression;
 
     fn policy(ingress: Vec<PolicyRule>) -> PolicyInfo {
@@ -394,7 +392,7 @@ mod tests {
     }
 
     fn render(p: &PolicyInfo, family: IpFamily) -> Vec<String> {
-        let plan = plan(p);
+        let plan = plan_policy(p);
         let chains = policy_chains(&RuleConfig::default(), family, p, &plan, &|d| {
             format!("SET-{}", &d.id()[2..6])
         });
@@ -528,7 +526,7 @@ mod tests {
             ],
             peers: Some(vec![peer.clone()]),
         };
-        let ingress = plan(&policy(vec![rule.clone()]));
+        let ingress = plan_policy(&policy(vec![rule.clone()]));
         let irules = &ingress.ingress.as_ref().unwrap().rules;
         assert!(matches!(irules[0].peer, PlannedPeer::Set(_)));
         assert_eq!(irules[0].ports.len(), 2);
@@ -540,7 +538,7 @@ mod tests {
             }]),
             ..policy(vec![])
         };
-        let eplan = plan(&egress_only_named);
+        let eplan = plan_policy(&egress_only_named);
         let erule = &eplan.egress.as_ref().unwrap().rules[0];
         assert_eq!(erule.peer, PlannedPeer::Any);
         match &erule.ports[0] {

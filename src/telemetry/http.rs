@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context};
 use tiny_http::{Header, Method, Response, Server};
 
-use crate::health::Health;
+use crate::telemetry::health::Health;
 
 /// What a route answers.
 pub struct Reply {
@@ -82,7 +82,7 @@ pub fn serve_metrics(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
         (path == "/metrics").then(|| Reply {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: crate::metrics::global().encode(),
+            body: crate::telemetry::metrics::global().encode(),
         })
     })
 }

@@ -6,7 +6,7 @@
 //! so the writer, the ipset manager, the dataplane and the agent instrument themselves
 //! without plumbing. Hot paths touch only prometheus' atomic types: labelled series are
 //! resolved once (a writer keeps the handles of its own IP family) rather than looked up
-//! per call. Served as text on `/metrics` by `crate::http` when
+//! per call. Served as text on `/metrics` by `crate::telemetry::http` when
 //! `FELIX_PROMETHEUSMETRICSENABLED` is true.
 
 use std::sync::OnceLock;
@@ -16,7 +16,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::calc_graph::model::IpFamily;
+use crate::model::IpFamily;
 
 /// Every metric, by field. The README's metrics table lists the same names.
 pub struct Metrics {

@@ -1,12 +1,12 @@
 //! Waiting for an agent in a network namespace to hold exactly what `compile` renders for
-//! the same manifests (both families), through `netpol_agent::verify`.
+//! the same manifests (both families), through `netpol_agent::dataplane::owned`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use netpol_agent::calc_graph::model::IpFamily;
-use netpol_agent::verify::OwnedState;
+use netpol_agent::dataplane::owned::OwnedState;
+use netpol_agent::model::IpFamily;
 
 use super::{NetNs, TempDir};
 

@@ -7,8 +7,8 @@ use std::process::{Output, Stdio};
 
 use anyhow::{anyhow, Context as _};
 
-use crate::calc_graph::model::IpFamily;
-use crate::exec::Exec;
+use crate::host::exec::Exec;
+use crate::model::IpFamily;
 
 /// Which kernel interface the iptables tools use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 
-use crate::calc_graph::model::IpFamily;
-use crate::exec::Exec;
-use crate::metrics::IptablesMetrics;
+use crate::host::exec::Exec;
+use crate::model::IpFamily;
 use crate::rules::chains::KernelChainRules;
 use crate::rules::{Chain, ChainInsertMode, CHAIN_PREFIX, MAX_CHAIN_NAME_LEN};
+use crate::telemetry::metrics::IptablesMetrics;
 
 pub use backend::{detect_backend, tool_name, Backend, BackendMode};
 pub use parse::{KernelRule, TableState};
@@ -134,7 +134,7 @@ impl TableWriter {
             cache: None,
             restore_flags: None,
             stats: WriterStats::default(),
-            metrics: crate::metrics::global().iptables(family, TABLE),
+            metrics: crate::telemetry::metrics::global().iptables(family, TABLE),
         }
     }
 
@@ -215,7 +215,7 @@ impl TableWriter {
             Some(state) => (state, false),
             None => (self.read_kernel()?, true),
         };
-        let plan = plan::plan(&state, desired, (!all_dirty).then_some(dirty), self.backend);
+        let plan = plan::plan_table(&state, desired, (!all_dirty).then_some(dirty), self.backend);
         let mut trusted = true;
         for ops in [&plan.main, &plan.deferred] {
             if ops.is_empty() {

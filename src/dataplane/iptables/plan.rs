@@ -106,7 +106,7 @@ impl Plan {
 /// Computes the operations that bring `current` to `desired`. `dirty`: the chains whose
 /// content may have changed since `current` was last brought in line (`None`: all of them).
 /// Chains that appear or disappear, and our rules in other chains, are always checked.
-pub fn plan(
+pub fn plan_table(
     current: &TableState,
     desired: &DesiredTable,
     dirty: Option<&BTreeSet<String>>,

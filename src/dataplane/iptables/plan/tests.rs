@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::*;
-use crate::calc_graph::model::IpFamily;
+use crate::model::IpFamily;
 use crate::rules::chains::KernelChainRules;
 use crate::rules::{render_rules, Action, Chain, Rule};
 
@@ -247,7 +247,7 @@ fn plan_creates_updates_and_removes_chains() {
         vec![chain("cali-a", 2), chain("cali-b", 1)],
         ChainInsertMode::Insert,
     );
-    let p = plan(&current, &want, None, Backend::Legacy);
+    let p = plan_table(&current, &want, None, Backend::Legacy);
     let script = Plan::script(&p.main, "filter");
     assert!(script.starts_with("*filter\n:cali-a - [0:0]\n:cali-b - [0:0]\n-A cali-a "));
     assert!(script.ends_with("COMMIT\n"));
@@ -255,14 +255,14 @@ fn plan_creates_updates_and_removes_chains() {
     apply_ops(&mut current, &p.main).unwrap();
 
     // Nothing dirty, nothing to do.
-    assert!(plan(&current, &want, Some(&BTreeSet::new()), Backend::Legacy).is_empty());
-    assert!(plan(&current, &want, None, Backend::Legacy).is_empty());
+    assert!(plan_table(&current, &want, Some(&BTreeSet::new()), Backend::Legacy).is_empty());
+    assert!(plan_table(&current, &want, None, Backend::Legacy).is_empty());
 
     // cali-b goes away: flushed and deleted after the other updates; nft defers the -X.
     let want2 = desired(vec![chain("cali-a", 2)], ChainInsertMode::Insert);
-    let legacy = plan(&current, &want2, Some(&BTreeSet::new()), Backend::Legacy);
+    let legacy = plan_table(&current, &want2, Some(&BTreeSet::new()), Backend::Legacy);
     assert_eq!(lines(&legacy.main), ["-F cali-b", "-X cali-b"]);
-    let nft = plan(&current, &want2, Some(&BTreeSet::new()), Backend::Nft);
+    let nft = plan_table(&current, &want2, Some(&BTreeSet::new()), Backend::Nft);
     assert_eq!(lines(&nft.main), ["-F cali-b"]);
     assert_eq!(lines(&nft.deferred), ["-X cali-b"]);
 
@@ -271,15 +271,15 @@ fn plan_creates_updates_and_removes_chains() {
         vec![chain("cali-a", 3), chain("cali-b", 1)],
         ChainInsertMode::Insert,
     );
-    assert!(plan(&current, &want3, Some(&BTreeSet::new()), Backend::Legacy).is_empty());
+    assert!(plan_table(&current, &want3, Some(&BTreeSet::new()), Backend::Legacy).is_empty());
     let dirty: BTreeSet<String> = ["cali-a".to_string()].into();
     assert_eq!(
-        plan(&current, &want3, Some(&dirty), Backend::Legacy).lines(),
+        plan_table(&current, &want3, Some(&dirty), Backend::Legacy).lines(),
         1
     );
 
     // Removing everything leaves the kernel chains as they were.
-    let gone = plan(&current, &DesiredTable::empty(), None, Backend::Legacy);
+    let gone = plan_table(&current, &DesiredTable::empty(), None, Backend::Legacy);
     apply_ops(&mut current, &gone.main).unwrap();
     let empty: BTreeMap<String, Vec<KernelRule>> = ["INPUT", "FORWARD", "OUTPUT"]
         .iter()

@@ -1,0 +1,71 @@
+//! The objects as they arrive from a datastore, before validation, and the events that carry
+//! them: every source (the Kubernetes API, a watched directory, manifest files) speaks these.
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use super::validate::namespaced_key;
+
+// Pods are much larger than the other variants; these values are short-lived (parsed, then
+// validated into the model), so boxing would only add noise to every match.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum K8sObject {
+    Pod(Pod),
+    Namespace(Namespace),
+    NetworkPolicy(NetworkPolicy),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    Pod,
+    Namespace,
+    NetworkPolicy,
+}
+
+impl ObjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Pod => "Pod",
+            ObjectKind::Namespace => "Namespace",
+            ObjectKind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+}
+
+/// Which object an event is about (`key` is `namespace/name`, or the name of a namespace).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: ObjectKind,
+    pub key: String,
+}
+
+impl K8sObject {
+    /// The kind and key of this object.
+    pub fn object_ref(&self) -> ObjectRef {
+        match self {
+            K8sObject::Pod(p) => ObjectRef {
+                kind: ObjectKind::Pod,
+                key: namespaced_key(&p.metadata).to_string(),
+            },
+            K8sObject::Namespace(n) => ObjectRef {
+                kind: ObjectKind::Namespace,
+                key: n.metadata.name.clone().unwrap_or_default(),
+            },
+            K8sObject::NetworkPolicy(np) => ObjectRef {
+                kind: ObjectKind::NetworkPolicy,
+                key: namespaced_key(&np.metadata).to_string(),
+            },
+        }
+    }
+}
+
+/// What a datastore tells the agent.
+#[derive(Clone, Debug)]
+pub enum DatastoreEvent {
+    Upsert(Box<K8sObject>),
+    Delete(ObjectRef),
+    /// The first complete listing has been delivered: until then nothing may be removed
+    /// from the kernel.
+    InSync,
+}
