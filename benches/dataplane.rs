@@ -419,6 +419,7 @@ fn new_dataplane(ns: &NetNs) -> Dataplane {
         families: vec![IpFamily::V4],
         rules: RuleConfig::default(),
         backend: bench_backend(),
+        ownership: netpol_agent::agent::OWNERSHIP,
         max_set_size: DEFAULT_MAX_SET_SIZE,
         exec: ns.exec(),
     })

@@ -55,7 +55,6 @@ fn main() {
     for k in 0..scale.policies {
         doc(serde_yaml_ng::to_string(&policy(k, scale, &mut rng)).expect("yaml"));
     }
-    drop(doc);
     w.flush().expect("writing the manifest file");
     eprintln!(
         "wrote {out}: {} namespaces, {} pods ({} on {}), {} policies",

@@ -27,11 +27,20 @@ use tracing::info;
 use crate::calc_graph::update::Update;
 use crate::calc_graph::{CalcGraph, GraphConfig, RejectKind};
 use crate::dataplane::driver::{self, Batch, Timers, IDLE_TURN};
+use crate::dataplane::iptables::Ownership;
 use crate::dataplane::DataplaneConfig;
 use crate::iface_naming::InterfaceResolver;
 use crate::model::{DatastoreEvent, K8sObject, ObjectKind};
+use crate::rules;
 use crate::telemetry::health::{Health, Loop};
 use crate::telemetry::metrics;
+
+/// What the dataplane's iptables writer owns: the chain and rule-hash names `rules` renders.
+pub const OWNERSHIP: Ownership = Ownership {
+    chain_prefix: rules::CHAIN_PREFIX,
+    rule_hash_prefix: rules::RULE_HASH_PREFIX,
+    max_chain_len: rules::MAX_CHAIN_NAME_LEN,
+};
 
 /// What the calculation loop reacts to, on one channel: the datastore's events, and a
 /// resolver's word that it learned interface names.

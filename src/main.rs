@@ -252,6 +252,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         families,
         rules,
         backend: detect(&args.dataplane, &exec),
+        ownership: agent::OWNERSHIP,
         max_set_size: args.rules.max_ipset_size,
         exec,
     };
@@ -339,6 +340,7 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
     dataplane::cleanup(
         &exec,
         detect(&args.dataplane, &exec),
+        agent::OWNERSHIP,
         &args.dataplane.families(),
     )?;
     info!("removed every chain, rule and set netpol-agent owned");

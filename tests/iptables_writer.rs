@@ -9,10 +9,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::NetNs;
-use netpol_agent::agent::Calculation;
+use netpol_agent::agent::{Calculation, OWNERSHIP};
+use netpol_agent::backoff::Policy;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::dataplane::iptables::{
-    detect_backend, tool_name, Backend, BackendMode, DesiredTable, RetryPolicy, TableWriter,
+    detect_backend, tool_name, Backend, BackendMode, DesiredTable, TableWriter,
 };
 use netpol_agent::datastore::manifests;
 use netpol_agent::host::exec::Exec;
@@ -226,7 +227,7 @@ fn first_apply_matches_rendering_then_nothing_to_do_then_remove_all_restores() {
             let before = full_save(&ns, backend, family);
             let demo = Demo::new(&ns, family, mode);
             let desired = demo.desired();
-            let mut w = TableWriter::new(exec(&ns), family, backend);
+            let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP);
 
             let lines = w.apply(&desired, &all_dirty()).unwrap();
             let rules: usize = desired.chains.values().map(|c| c.rules.len()).sum();
@@ -278,7 +279,7 @@ fn one_rule_at_position_two_of_200_writes_one_line() {
         add_foreign(&ns, backend, family);
         let demo = Demo::new(&ns, family, ChainInsertMode::Insert);
         let mut desired = demo.desired();
-        let mut w = TableWriter::new(exec(&ns), family, backend);
+        let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP);
         desired
             .chains
             .insert("cali-big".into(), big_chain("cali-big", 200, family, None));
@@ -314,7 +315,7 @@ fn removing_a_policy_deletes_its_chains_and_jumps() {
         add_foreign(&ns, backend, family);
         let mut demo = Demo::new(&ns, family, ChainInsertMode::Insert);
         let before = demo.desired();
-        let mut w = TableWriter::new(exec(&ns), family, backend);
+        let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP);
         w.apply(&before, &all_dirty()).unwrap();
 
         demo.graph
@@ -374,7 +375,7 @@ fn tampering_is_repaired_after_invalidate() {
         add_foreign(&ns, backend, family);
         let demo = Demo::new(&ns, family, ChainInsertMode::Insert);
         let desired = demo.desired();
-        let mut w = TableWriter::new(exec(&ns), family, backend);
+        let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP);
         w.apply(&desired, &all_dirty()).unwrap();
         let ipt = cli(backend, family);
         let forward_rules = desired.chains["cali-FORWARD"].rules.len();
@@ -447,7 +448,7 @@ fn append_mode_keeps_ours_after_the_others() {
         add_foreign(&ns, backend, family);
         let demo = Demo::new(&ns, family, ChainInsertMode::Append);
         let desired = demo.desired();
-        let mut w = TableWriter::new(exec(&ns), family, backend);
+        let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP);
         w.apply(&desired, &all_dirty()).unwrap();
         check_kernel(&ns, backend, family, &desired);
         let ipt = cli(backend, family);
@@ -474,9 +475,10 @@ fn failed_restore_returns_err_and_keeps_the_rules() {
         add_foreign(&ns, backend, family);
         let demo = Demo::new(&ns, family, ChainInsertMode::Insert);
         let desired = demo.desired();
-        let mut w = TableWriter::new(exec(&ns), family, backend).with_retry(RetryPolicy {
-            retries: 2,
-            initial_backoff: Duration::from_millis(10),
+        let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP).with_retry(Policy {
+            tries: Some(2),
+            first: Duration::from_millis(10),
+            ..Policy::IPTABLES_RESTORE
         });
         w.apply(&desired, &all_dirty()).unwrap();
         let good = save(&ns, backend, family);
@@ -521,7 +523,7 @@ fn legacy_restore_waits_for_the_xtables_lock() {
     let family = IpFamily::V4;
     let demo = Demo::new(&ns, family, ChainInsertMode::Insert);
     let desired = demo.desired();
-    let mut w = TableWriter::new(exec(&ns), family, Backend::Legacy);
+    let mut w = TableWriter::new(exec(&ns), family, Backend::Legacy, OWNERSHIP);
     // Another writer holds the lock for a second (the lock file is shared by all network
     // namespaces); we wait for it instead of failing.
     let mut holder = std::process::Command::new("flock")

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, ALL};
 use netpol_agent::agent::Calculation;
+use netpol_agent::backoff::Policy;
 use netpol_agent::calc_graph::update::DesiredState;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::datastore::kube::{spawn_with, KubeConnect, KubeOptions};
@@ -168,8 +169,11 @@ fn options() -> KubeOptions {
     KubeOptions {
         page_size: Some(PAGE),
         watch_timeout: None,
-        backoff_min: Duration::from_millis(5),
-        backoff_max: Duration::from_millis(50),
+        backoff: Policy {
+            first: Duration::from_millis(5),
+            ceiling: Some(Duration::from_millis(50)),
+            ..Policy::KUBE_WATCH
+        },
         backoff_reset: Duration::from_secs(120),
     }
 }

@@ -474,7 +474,10 @@ impl Cluster {
             bail!("{}", String::from_utf8_lossy(&out.stderr));
         }
         let mut state = OwnedState::default();
-        state.add_iptables(&std::fs::read_to_string(&rules)?);
+        state.add_iptables(
+            &std::fs::read_to_string(&rules)?,
+            &netpol_agent::agent::OWNERSHIP,
+        );
         state.add_ipsets(&std::fs::read_to_string(&sets)?, IpFamily::V4);
         Ok(state)
     }
@@ -532,7 +535,10 @@ fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
 
 fn observed(cfg: &ClusterConfig, netns: &Netns) -> anyhow::Result<OwnedState> {
     let mut state = OwnedState::default();
-    state.add_iptables(&netns.exec_ok(&cfg.backend.tool("save"), &["-t", "filter"], None)?);
+    state.add_iptables(
+        &netns.exec_ok(&cfg.backend.tool("save"), &["-t", "filter"], None)?,
+        &netpol_agent::agent::OWNERSHIP,
+    );
     state.add_ipsets(&netns.exec_ok("ipset", &["save"], None)?, IpFamily::V4);
     Ok(state)
 }

@@ -23,7 +23,7 @@ use tracing::debug;
 
 use crate::calc_graph::update::Update;
 use crate::dataplane::ipsets::IpsetManager;
-use crate::dataplane::iptables::{Backend, DesiredTable, TableWriter};
+use crate::dataplane::iptables::{Backend, DesiredTable, Ownership, TableWriter};
 use crate::host::exec::Exec;
 use crate::ipsets::SetSpec;
 use crate::model::IpFamily;
@@ -34,6 +34,8 @@ pub struct DataplaneConfig {
     pub families: Vec<IpFamily>,
     pub rules: RuleConfig,
     pub backend: Backend,
+    /// The chains and rules the iptables writer owns (`agent::OWNERSHIP`).
+    pub ownership: Ownership,
     pub max_set_size: u32,
     pub exec: Exec,
 }
@@ -79,7 +81,12 @@ impl Dataplane {
         let writers = cfg
             .families
             .iter()
-            .map(|&f| (f, TableWriter::new(cfg.exec.clone(), f, cfg.backend)))
+            .map(|&f| {
+                (
+                    f,
+                    TableWriter::new(cfg.exec.clone(), f, cfg.backend, cfg.ownership),
+                )
+            })
             .collect();
         // Sets left by an earlier run are checked on the first apply (after the datastore is
         // in sync): reused when still wanted, destroyed when not.
@@ -223,9 +230,14 @@ impl Dataplane {
 }
 
 /// Removes every chain, kernel-chain rule and IP set netpol-agent owns, and nothing else.
-pub fn cleanup(exec: &Exec, backend: Backend, families: &[IpFamily]) -> anyhow::Result<()> {
+pub fn cleanup(
+    exec: &Exec,
+    backend: Backend,
+    ownership: Ownership,
+    families: &[IpFamily],
+) -> anyhow::Result<()> {
     for &family in families {
-        TableWriter::new(exec.clone(), family, backend)
+        TableWriter::new(exec.clone(), family, backend, ownership)
             .remove_all()
             .with_context(|| format!("removing our iptables rules ({family:?})"))?;
     }

@@ -6,6 +6,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::iptables::Ownership;
+use crate::ipsets::set_family;
 use crate::model::IpFamily;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -18,16 +20,14 @@ pub struct OwnedState {
     pub kernel: BTreeMap<String, Vec<String>>,
 }
 
-const CHAIN_PREFIX: &str = "cali-";
-const RULE_COMMENT: &str = "--comment \"cali:";
-
 impl OwnedState {
-    /// Adds what an `iptables-save` or `iptables-restore` text holds of ours.
-    pub fn add_iptables(&mut self, text: &str) {
+    /// Adds what an `iptables-save` or `iptables-restore` text holds of ours: the chains
+    /// `ownership` names ours, and our rules (those carrying our hash) in other chains.
+    pub fn add_iptables(&mut self, text: &str, ownership: &Ownership) {
         for line in text.lines() {
             if let Some(decl) = line.strip_prefix(':') {
                 let name = decl.split_whitespace().next().unwrap_or_default();
-                if name.starts_with(CHAIN_PREFIX) {
+                if ownership.owns_chain(name) {
                     self.chains.entry(name.to_string()).or_default();
                 }
                 continue;
@@ -44,12 +44,12 @@ impl OwnedState {
                 // `-I CHAIN N body`: drop the position.
                 body = body.split_once(' ').map_or("", |(_, b)| b);
             }
-            if chain.starts_with(CHAIN_PREFIX) {
+            if ownership.owns_chain(chain) {
                 self.chains
                     .entry(chain.to_string())
                     .or_default()
                     .push(body.to_string());
-            } else if body.contains(RULE_COMMENT) {
+            } else if ownership.rule_hash(body).is_some() {
                 self.kernel
                     .entry(chain.to_string())
                     .or_default()
@@ -58,19 +58,17 @@ impl OwnedState {
         }
     }
 
-    /// Adds our sets of one family from an `ipset save` or `ipset restore` text.
+    /// Adds our sets of one family (temporary ones too) from an `ipset save` or `ipset
+    /// restore` text.
     pub fn add_ipsets(&mut self, text: &str, family: IpFamily) {
-        let prefix = match family {
-            IpFamily::V4 => "cali4",
-            IpFamily::V6 => "cali6",
-        };
+        let ours = |name: &str| set_family(name) == Some(family);
         for line in text.lines() {
             let mut words = line.split_whitespace();
             match (words.next(), words.next(), words.next()) {
-                (Some("create"), Some(name), _) if name.starts_with(prefix) => {
+                (Some("create"), Some(name), _) if ours(name) => {
                     self.sets.entry(name.to_string()).or_default();
                 }
-                (Some("add"), Some(name), Some(member)) if name.starts_with(prefix) => {
+                (Some("add"), Some(name), Some(member)) if ours(name) => {
                     self.sets
                         .entry(name.to_string())
                         .or_default()
@@ -85,6 +83,7 @@ impl OwnedState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::OWNERSHIP;
 
     #[test]
     fn keeps_ours_and_ignores_the_rest() {
@@ -93,6 +92,7 @@ mod tests {
             "*filter\n:FORWARD ACCEPT [0:0]\n:cali-FORWARD - [0:0]\n:KUBE-X - [0:0]\n\
              -A FORWARD -m comment --comment \"cali:abc\" -j cali-FORWARD\n\
              -A FORWARD -j KUBE-X\n-A cali-FORWARD -j ACCEPT\nCOMMIT\n",
+            &OWNERSHIP,
         );
         a.add_ipsets(
             "create cali40s:x hash:net family inet\nadd cali40s:x 10.0.0.1\ncreate other hash:ip\nadd other 1.1.1.1\n",
@@ -102,6 +102,7 @@ mod tests {
         b.add_iptables(
             ":cali-FORWARD - [0:0]\n-I FORWARD 1 -m comment --comment \"cali:abc\" -j cali-FORWARD\n\
              -A cali-FORWARD -j ACCEPT\n",
+            &OWNERSHIP,
         );
         b.add_ipsets(
             "create cali40s:x hash:net\nadd cali40s:x 10.0.0.1\n",

@@ -24,7 +24,7 @@
 //! every 50 ms) or the receiver is dropped (noticed at the next event); the thread then
 //! returns `Ok(())`. API errors (refused connections,
 //! 5xx, 403 while RBAC is being fixed, expired resource versions) never end it: they are
-//! logged with `tracing` and retried with jittered exponential backoff (0.8 s doubling to
+//! logged with `tracing` and retried with kube-runtime's jittered exponential back-off (`backoff::Policy::KUBE_WATCH`: 0.8 s doubling to
 //! 30 s, back to 0.8 s after two quiet minutes), and nothing already delivered is withdrawn
 //! because of an error.
 //!
@@ -72,13 +72,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ::kube::runtime::reflector::store::Writer;
 use ::kube::runtime::reflector::{ObjectRef as StoreRef, Store};
+use ::kube::runtime::utils::ResetTimerBackoff;
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::{Api, Client, Resource};
 use anyhow::Context;
@@ -90,6 +90,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use super::EventSink;
+use crate::backoff::Policy;
 use crate::model::validate::{namespaced_key, SANDBOX_ID_ANNOTATION};
 use crate::model::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
 
@@ -119,11 +120,10 @@ pub struct KubeOptions {
     pub page_size: Option<u32>,
     /// `timeoutSeconds` of each watch request (`None`: kube's 290 s).
     pub watch_timeout: Option<u32>,
-    /// First retry delay after an API error (halved at random, for jitter).
-    pub backoff_min: Duration,
-    /// Ceiling of the doubling retry delay.
-    pub backoff_max: Duration,
-    /// An error this long after the previous one starts again from `backoff_min`.
+    /// Retries after an API error (`backoff::Policy::KUBE_WATCH`: kube-runtime's
+    /// `DefaultBackoff` numbers).
+    pub backoff: Policy,
+    /// An error this long after the previous one starts again from the first wait.
     pub backoff_reset: Duration,
 }
 
@@ -132,9 +132,8 @@ impl Default for KubeOptions {
         KubeOptions {
             page_size: Some(500),
             watch_timeout: None,
-            backoff_min: Duration::from_millis(800),
-            backoff_max: Duration::from_secs(30),
-            backoff_reset: Duration::from_secs(120),
+            backoff: Policy::KUBE_WATCH,
+            backoff_reset: Policy::KUBE_WATCH_RESET,
         }
     }
 }
@@ -308,7 +307,12 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
         ..watcher::Config::default() // bookmarks on, consistent (most recent) lists
     };
     let mut mirror = Mirror::<K>::default();
-    let mut backoff = Backoff::new(options);
+    // kube-runtime's own back-off types, with our policy's numbers.
+    let mut backoff = ResetTimerBackoff::new(
+        watcher::ExponentialBackoff::from(options.backoff.builder()),
+        options.backoff_reset,
+    );
+    let mut next_delay = move || backoff.next().unwrap_or(options.backoff.first);
     loop {
         let mut stream = watcher(api.clone(), config.clone()).modify(K::trim).boxed();
         let mut restart = false;
@@ -335,7 +339,7 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
                         watcher::Error::WatchStartFailed(::kube::Error::Api(status))
                             if status.code == 410
                     );
-                    let delay = backoff.next_delay();
+                    let delay = next_delay();
                     if is_expired(&err) {
                         info!(
                             kind,
@@ -354,7 +358,7 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
         if !restart {
             // The watcher stream never ends by itself; if it ever does, start a new one.
             debug!(kind, "watch stream ended, restarting it");
-            tokio::time::sleep(backoff.next_delay()).await;
+            tokio::time::sleep(next_delay()).await;
         }
     }
 }
@@ -508,48 +512,6 @@ impl<K: Kind> Mirror<K> {
 
 fn upsert<K: Kind>(obj: K) -> DatastoreEvent {
     DatastoreEvent::Upsert(Box::new(obj.into_object()))
-}
-
-/// Jittered exponential backoff, reset after a quiet period.
-struct Backoff {
-    min: Duration,
-    max: Duration,
-    reset_after: Duration,
-    current: Duration,
-    last_error: Option<Instant>,
-    random: std::collections::hash_map::RandomState,
-    count: u64,
-}
-
-impl Backoff {
-    fn new(options: &KubeOptions) -> Backoff {
-        Backoff {
-            min: options.backoff_min,
-            max: options.backoff_max.max(options.backoff_min),
-            reset_after: options.backoff_reset,
-            current: options.backoff_min,
-            last_error: None,
-            random: std::collections::hash_map::RandomState::new(),
-            count: 0,
-        }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let now = Instant::now();
-        if self
-            .last_error
-            .is_none_or(|last| now.duration_since(last) > self.reset_after)
-        {
-            self.current = self.min;
-        }
-        self.last_error = Some(now);
-        self.count += 1;
-        // Equal jitter: half the delay, plus up to the other half at random.
-        let fraction = (self.random.hash_one(self.count) % 1024) as f64 / 1024.0;
-        let delay = self.current.mul_f64(0.5 + 0.5 * fraction);
-        self.current = (self.current * 2).min(self.max);
-        delay
-    }
 }
 
 // ---- trimming ----

@@ -68,14 +68,12 @@ use super::{
     parse_prefix_list, validate_interface_name, validate_pod_interface_name, ChangeNotifier,
     InterfaceResolver, NamingError,
 };
+use crate::backoff::{Backoff, Policy};
 use crate::host::netlink::{is_overrun, parse_link, RtnlSocket, RTNLGRP_LINK, RTNLGRP_NEIGH};
 use crate::model::PodInfo;
 
 type Mac = [u8; 6];
 
-/// First retry of an unanswered address; doubles up to [`PROBE_MAX_INTERVAL`].
-const PROBE_FIRST_RETRY: Duration = Duration::from_secs(1);
-const PROBE_MAX_INTERVAL: Duration = Duration::from_secs(30);
 /// An address nobody answers for is no longer probed after this long.
 const PROBE_GIVE_UP: Duration = Duration::from_secs(600);
 /// Longest sleep of the resolver thread (it checks the stop flag this often).
@@ -421,11 +419,11 @@ impl InterfaceResolver for BridgeResolver {
     }
 }
 
-/// Retry schedule of one unanswered address.
+/// Retry schedule of one unanswered address (`backoff::Policy::BRIDGE_PROBE`).
 struct Probe {
     first: Instant,
     next: Instant,
-    interval: Duration,
+    backoff: Backoff,
 }
 
 struct Worker {
@@ -518,10 +516,10 @@ impl Worker {
             if self.published.as_ref().is_some_and(|p| p.contains_key(&ip)) {
                 continue;
             }
-            self.probes.entry(ip).or_insert(Probe {
+            self.probes.entry(ip).or_insert_with(|| Probe {
                 first: now,
                 next: now,
-                interval: PROBE_FIRST_RETRY,
+                backoff: Backoff::new(Policy::BRIDGE_PROBE),
             });
         }
     }
@@ -573,8 +571,7 @@ impl Worker {
                 self.probes.remove(&ip);
                 continue;
             }
-            p.next = now + p.interval;
-            p.interval = (p.interval * 2).min(PROBE_MAX_INTERVAL);
+            p.next = now + p.backoff.next_delay();
             if let Err(e) = self.probe(bridge, ip) {
                 warn!(address = %ip, error = %e, "asking the kernel to resolve a pod address failed");
             }

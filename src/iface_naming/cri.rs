@@ -80,6 +80,7 @@ use tonic::{Code, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
 use super::{ChangeNotifier, InterfaceResolver, NamingError, SandboxResolver};
+use crate::backoff::{Backoff, Policy};
 use crate::model::{ObjectKey, PodInfo};
 
 /// containerd's CRI socket, the default `FELIX_CRIENDPOINT`.
@@ -99,8 +100,6 @@ pub const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
 /// Bound on one unary CRI call, so a hung runtime cannot hang the watcher.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A session that lasted this long resets the back-off when it ends.
 const STABLE_SESSION: Duration = Duration::from_secs(10);
 /// A pod `resolve` cannot name is looked up at most this often (no event stream only).
@@ -564,7 +563,7 @@ struct Watcher {
 impl Watcher {
     async fn run(mut self) {
         let stop = self.stop.clone();
-        let mut delay = BACKOFF_MIN;
+        let mut backoff = Backoff::new(Policy::CRI_CONNECT);
         let mut failures = 0u32;
         loop {
             let mut listed = false;
@@ -576,12 +575,13 @@ impl Watcher {
             self.shared.events_live.store(false, Ordering::Release);
             let endpoint = self.endpoint.display();
             let error = describe(&error);
+            // A runtime that answers and then drops us at once must not be hammered.
+            if listed && began.elapsed() >= STABLE_SESSION {
+                backoff.reset();
+                failures = 0;
+            }
+            let delay = backoff.next_delay();
             if listed {
-                // A runtime that answers and then drops us at once must not be hammered.
-                if began.elapsed() >= STABLE_SESSION {
-                    delay = BACKOFF_MIN;
-                    failures = 0;
-                }
                 error!(
                     endpoint = %endpoint,
                     "lost the container runtime: {error}; reconnecting in {delay:?} (the \
@@ -589,7 +589,7 @@ impl Watcher {
                 );
             } else {
                 failures += 1;
-                if failures == 1 || delay == BACKOFF_MAX {
+                if failures == 1 || backoff.at_ceiling(delay) {
                     error!(
                         endpoint = %endpoint,
                         "cannot list pod sandboxes from the container runtime at {endpoint}: \
@@ -608,7 +608,6 @@ impl Watcher {
                 () = tokio::time::sleep(delay) => {}
                 () = stopped(&stop) => return,
             }
-            delay = (delay * 2).min(BACKOFF_MAX);
         }
     }
 

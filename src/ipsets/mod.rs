@@ -1,7 +1,7 @@
 //! IP sets: what a set means (`SetDef`: the pods of a peer selector, or their named port),
 //! its felix-style kernel name (`cali40s:` / `cali60s:` + hash, at most 31 characters), its
-//! members, and the `ipset restore` text that creates and fills sets. The kernel side (reading
-//! what exists, applying deltas) is `kernel`.
+//! members, and the `ipset restore` text that creates and fills sets. Pure: the kernel side
+//! (reading what exists, applying deltas) is `dataplane::ipsets`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -179,6 +179,18 @@ pub fn is_owned_set(name: &str) -> bool {
     OWNED_SET_PREFIXES.iter().any(|p| name.starts_with(p)) || is_temp_set(name)
 }
 
+/// The family of one of our sets, from its name (`cali4…`, `cali6…`); `None` for other names.
+pub fn set_family(name: &str) -> Option<IpFamily> {
+    if !is_owned_set(name) {
+        return None;
+    }
+    match name.as_bytes().get(4) {
+        Some(b'4') => Some(IpFamily::V4),
+        Some(b'6') => Some(IpFamily::V6),
+        _ => None,
+    }
+}
+
 /// Whether a kernel set is one of our temporary sets (never desired, always destroyed).
 pub fn is_temp_set(name: &str) -> bool {
     TEMP_SET_PREFIXES.iter().any(|p| name.starts_with(p))
@@ -221,16 +233,20 @@ pub struct SetSpec {
 
 impl SetSpec {
     pub fn create_line(&self, max_size: u32) -> String {
-        let family = match self.family {
-            IpFamily::V4 => "inet",
-            IpFamily::V6 => "inet6",
-        };
-        format!(
-            "create {} {} family {family} maxelem {max_size}",
-            self.name,
-            self.set_type.as_str()
-        )
+        create_line(&self.name, self.family, self.set_type, max_size)
     }
+}
+
+/// The `ipset restore` line that creates set `name` the way we create every set.
+pub fn create_line(name: &str, family: IpFamily, set_type: SetType, max_size: u32) -> String {
+    let family = match family {
+        IpFamily::V4 => "inet",
+        IpFamily::V6 => "inet6",
+    };
+    format!(
+        "create {name} {} family {family} maxelem {max_size}",
+        set_type.as_str()
+    )
 }
 
 /// `ipset restore` input that creates every set and adds its members, in name order.

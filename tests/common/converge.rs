@@ -38,7 +38,10 @@ pub fn expected(dir: &Path, ipv6: bool) -> Tables {
     let status = cmd.stderr(Stdio::null()).status().unwrap();
     assert!(status.success());
     let mut t = Tables::default();
-    t.add_iptables(&std::fs::read_to_string(out.path.join("t")).unwrap());
+    t.add_iptables(
+        &std::fs::read_to_string(out.path.join("t")).unwrap(),
+        &netpol_agent::agent::OWNERSHIP,
+    );
     t.add_ipsets(
         &std::fs::read_to_string(out.path.join("s")).unwrap(),
         family(ipv6),
@@ -52,7 +55,10 @@ pub fn observed(ns: &NetNs, backend: &str, ipv6: bool) -> Tables {
         if ipv6 { "ip6tables" } else { "iptables" }
     );
     let mut t = Tables::default();
-    t.add_iptables(&ns.exec_ok(&[&tool, "-t", "filter"]));
+    t.add_iptables(
+        &ns.exec_ok(&[&tool, "-t", "filter"]),
+        &netpol_agent::agent::OWNERSHIP,
+    );
     t.add_ipsets(&ns.exec_ok(&["ipset", "save"]), family(ipv6));
     t
 }

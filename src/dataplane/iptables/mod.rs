@@ -17,18 +17,18 @@ pub mod parse;
 pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use anyhow::anyhow;
 
+use crate::backoff::{Backoff, Policy};
 use crate::host::exec::Exec;
 use crate::model::IpFamily;
 use crate::rules::chains::KernelChainRules;
-use crate::rules::{Chain, ChainInsertMode, CHAIN_PREFIX, MAX_CHAIN_NAME_LEN};
+use crate::rules::{Chain, ChainInsertMode};
 use crate::telemetry::metrics::IptablesMetrics;
 
 pub use backend::{detect_backend, tool_name, Backend, BackendMode};
-pub use parse::{KernelRule, TableState};
+pub use parse::{KernelRule, Ownership, TableState};
 pub use plan::{Op, Plan};
 
 /// The table the writer programs (netpol-agent only needs filter).
@@ -54,7 +54,8 @@ impl DesiredTable {
         }
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self, ownership: &Ownership) -> anyhow::Result<()> {
+        let (prefix, max_len) = (ownership.chain_prefix, ownership.max_chain_len);
         for (name, chain) in &self.chains {
             if *name != chain.name {
                 return Err(anyhow!(
@@ -62,15 +63,15 @@ impl DesiredTable {
                     chain.name
                 ));
             }
-            if !name.starts_with(CHAIN_PREFIX) || name.len() > MAX_CHAIN_NAME_LEN {
+            if !ownership.owns_chain(name) || name.len() > max_len {
                 return Err(anyhow!(
-                    "chain name {name:?} must start with {CHAIN_PREFIX} and have at most {MAX_CHAIN_NAME_LEN} characters"
+                    "chain name {name:?} must start with {prefix} and have at most {max_len} characters"
                 ));
             }
         }
         let mut seen = BTreeSet::new();
         for k in &self.kernel {
-            if k.chain.starts_with(CHAIN_PREFIX) {
+            if ownership.owns_chain(&k.chain) {
                 return Err(anyhow!("kernel-chain rules for our own chain {}", k.chain));
             }
             if !seen.insert(k.chain.as_str()) {
@@ -91,31 +92,14 @@ pub struct WriterStats {
     pub lines_written: u64,
 }
 
-/// How often and how patiently a failed apply is retried.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Retries after the first attempt.
-    pub retries: u32,
-    /// Sleep before the first retry; doubled before each further one.
-    pub initial_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    /// 5 retries after 20, 40, 80, 160 and 320 ms.
-    fn default() -> Self {
-        RetryPolicy {
-            retries: 5,
-            initial_backoff: Duration::from_millis(20),
-        }
-    }
-}
-
 /// Writes one table (filter) of one IP family through one backend.
 pub struct TableWriter {
     exec: Exec,
     family: IpFamily,
     backend: Backend,
-    retry: RetryPolicy,
+    ownership: Ownership,
+    /// How often and how patiently a failed restore is retried (re-reading in between).
+    retry: Policy,
     /// What the kernel holds, as far as we know; `None`: read it before the next diff.
     cache: Option<TableState>,
     /// `--wait` flags the restore tool accepts (probed on first use).
@@ -125,12 +109,14 @@ pub struct TableWriter {
 }
 
 impl TableWriter {
-    pub fn new(exec: Exec, family: IpFamily, backend: Backend) -> Self {
+    /// A writer of the chains and rules `ownership` says are ours, and nothing else.
+    pub fn new(exec: Exec, family: IpFamily, backend: Backend, ownership: Ownership) -> Self {
         TableWriter {
             exec,
             family,
             backend,
-            retry: RetryPolicy::default(),
+            ownership,
+            retry: Policy::IPTABLES_RESTORE,
             cache: None,
             restore_flags: None,
             stats: WriterStats::default(),
@@ -138,7 +124,7 @@ impl TableWriter {
         }
     }
 
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+    pub fn with_retry(mut self, retry: Policy) -> Self {
         self.retry = retry;
         self
     }
@@ -174,30 +160,29 @@ impl TableWriter {
         desired: &DesiredTable,
         dirty: &BTreeSet<String>,
     ) -> anyhow::Result<usize> {
-        desired.validate()?;
+        desired.validate(&self.ownership)?;
         let mut written = 0;
-        let mut backoff = self.retry.initial_backoff;
+        let mut backoff = Backoff::new(self.retry);
         let mut attempt = 0;
         loop {
             match self.try_apply(desired, dirty, &mut written) {
                 Ok(()) => return Ok(written),
                 Err(e) => {
                     self.cache = None;
-                    if attempt >= self.retry.retries {
+                    let Some(wait) = backoff.next_wait() else {
                         return Err(e.context(format!(
                             "{} {TABLE}: giving up after {} attempts",
                             self.restore_tool(),
                             attempt + 1
                         )));
-                    }
+                    };
                     tracing::warn!(
                         family = ?self.family,
                         backend = self.backend.as_str(),
                         attempt = attempt + 1,
-                        "iptables update failed, re-reading and retrying in {backoff:?}: {e:#}"
+                        "iptables update failed, re-reading and retrying in {wait:?}: {e:#}"
                     );
-                    std::thread::sleep(backoff);
-                    backoff = backoff.saturating_mul(2);
+                    std::thread::sleep(wait);
                     attempt += 1;
                 }
             }
@@ -267,14 +252,14 @@ impl TableWriter {
         self.metrics.save_calls.inc();
         let text = backend::run_save(&self.exec, &self.save_tool(), Some(TABLE))
             .inspect_err(|_| self.metrics.save_errors.inc())?;
-        parse::parse_save(&text, TABLE)
+        parse::parse_save(&text, TABLE, self.ownership)
     }
 
     /// Our chains and rules in the table as the writer now knows it.
     fn export_gauges(&self, state: &TableState) {
         let (mut chains, mut rules) = (0, 0);
         for (name, chain) in &state.chains {
-            if parse::is_our_chain(name) {
+            if self.ownership.owns_chain(name) {
                 chains += 1;
                 rules += chain.len();
             } else {

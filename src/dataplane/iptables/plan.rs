@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use crate::rules::{ChainInsertMode, RenderedRule};
 
 use super::backend::Backend;
-use super::parse::{is_our_chain, KernelRule, TableState};
+use super::parse::{KernelRule, TableState};
 use super::DesiredTable;
 
 /// One line of restore input.
@@ -136,7 +136,7 @@ pub fn plan_table(
         .chains
         .keys()
         .map(String::as_str)
-        .filter(|n| !is_our_chain(n))
+        .filter(|n| !current.ownership.owns_chain(n))
         .collect();
     others.extend(desired.kernel.iter().map(|k| k.chain.as_str()));
     for name in others {
@@ -157,7 +157,7 @@ pub fn plan_table(
     let mut flushes = Vec::new();
     let mut deletes = Vec::new();
     for (name, rules) in &current.chains {
-        if is_our_chain(name) && !desired.chains.contains_key(name) {
+        if current.ownership.owns_chain(name) && !desired.chains.contains_key(name) {
             if !rules.is_empty() {
                 flushes.push(Op::Flush(name.clone()));
             }
@@ -407,7 +407,7 @@ pub fn apply_ops(state: &mut TableState, ops: &[Op]) -> Result<(), String> {
 }
 
 fn chain_mut<'a>(state: &'a mut TableState, name: &str) -> Result<&'a mut Vec<KernelRule>, String> {
-    if !state.chains.contains_key(name) && !is_our_chain(name) {
+    if !state.chains.contains_key(name) && !state.ownership.owns_chain(name) {
         // Built-in chains exist as soon as the table does.
         state.chains.insert(name.to_string(), Vec::new());
     }

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::*;
+use crate::agent::OWNERSHIP;
 use crate::model::IpFamily;
 use crate::rules::chains::KernelChainRules;
 use crate::rules::{render_rules, Action, Chain, Rule};
@@ -21,11 +22,11 @@ fn kernel(rules: &[RenderedRule]) -> Vec<KernelRule> {
 }
 
 fn foreign(body: &str) -> KernelRule {
-    KernelRule::from_body(body)
+    OWNERSHIP.rule(body)
 }
 
 fn run(old: &[KernelRule], ops: &[Op], name: &str) -> Vec<KernelRule> {
-    let mut state = TableState::default();
+    let mut state = TableState::empty(OWNERSHIP);
     state.chains.insert(name.to_string(), old.to_vec());
     apply_ops(&mut state, ops).unwrap();
     state.chains.remove(name).unwrap_or_default()
@@ -239,7 +240,7 @@ fn desired(chains: Vec<Chain>, mode: ChainInsertMode) -> DesiredTable {
 
 #[test]
 fn plan_creates_updates_and_removes_chains() {
-    let mut current = TableState::default();
+    let mut current = TableState::empty(OWNERSHIP);
     for c in ["INPUT", "FORWARD", "OUTPUT"] {
         current.chains.insert(c.into(), Vec::new());
     }
