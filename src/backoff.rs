@@ -161,15 +161,13 @@ mod tests {
 
     #[test]
     fn bounded_policies_give_up_after_their_tries() {
+        // backon multiplies in f32 seconds: 40 ms may come out a hair short.
+        let ms = |d: Duration| (d.as_micros() + 500) / 1000;
         let mut b = Backoff::new(Policy::IPSET_RESTORE);
-        let waits: Vec<Option<u128>> = (0..4)
-            .map(|_| b.next_wait().map(|d| d.as_millis()))
-            .collect();
+        let waits: Vec<Option<u128>> = (0..4).map(|_| b.next_wait().map(ms)).collect();
         assert_eq!(waits, [Some(10), Some(40), Some(160), None]);
         let mut b = Backoff::new(Policy::IPTABLES_RESTORE);
-        let waits: Vec<u128> = std::iter::from_fn(|| b.next_wait())
-            .map(|d| d.as_millis())
-            .collect();
+        let waits: Vec<u128> = std::iter::from_fn(|| b.next_wait()).map(ms).collect();
         assert_eq!(waits, [20, 40, 80, 160, 320]);
     }
 

@@ -87,10 +87,17 @@ fn detectors_read_a_real_bridge_and_br_netfilter_per_namespace() {
         matches!(&found[..], [Finding::PrefixPortsBridged { bridge, .. }] if bridge == "br0"),
         "{found:?}"
     );
-    // Out of the bridge: nothing to find.
+    // Out of the bridge: routed mode has nothing to find; bridge mode still needs
+    // br_netfilter for the pods its bridge will get.
     ns.sh_ok("ip link set cali82111e10a96 nomaster");
     let snapshot = in_netns(&ns.name, || preflight::snapshot().unwrap());
-    assert_eq!(preflight::check(&snapshot, &cfg(true)), vec![]);
+    assert_eq!(preflight::check(&snapshot, &cfg(false)), vec![]);
+    let found = preflight::check(&snapshot, &cfg(true));
+    assert!(
+        matches!(&found[..], [Finding::BridgeNetfilterOff { bridge, ports, .. }]
+            if bridge == "br0" && ports.is_empty()),
+        "{found:?}"
+    );
 }
 
 #[test]
