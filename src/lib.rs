@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod calc_graph;
 pub mod config;
+pub mod conntrack;
 pub mod dataplane;
 pub mod datastore;
 pub mod exec;
@@ -22,6 +23,8 @@ pub mod ipsets;
 pub mod iptables_writer;
 pub mod metrics;
 pub mod netlink;
+pub mod nflog;
+pub mod nfnetlink;
 pub mod preflight;
 pub mod rules;
 pub mod verify;
