@@ -15,12 +15,18 @@
 //! NAT rewrote the connection), each a walk of the table in the kernel that sends only the
 //! matches. With [`Filtering::Userspace`] one dump of the family crosses to us and is filtered
 //! here, which is what a kernel without `CTA_FILTER` needs, and the only correct choice for
-//! IPv6 on the kernels we checked: ctnetlink's IPv6 address comparison in the filter is
-//! inverted (`!ipv6_addr_cmp(..)` where `ipv6_addr_cmp` returns 0 for equal addresses, so the
-//! filter drops exactly the matching entries; present from 5.8 through 6.18 at least, and shown
-//! by `tests/conntrack_netns.rs`). [`Filtering::Auto`] therefore filters IPv4 in the kernel and
-//! IPv6 here, and falls back to here when the kernel refuses the filter. Every entry is checked
-//! here as well, so a kernel filter can only cost time, never return a wrong entry.
+//! IPv6: ctnetlink's IPv6 address test in the filter is inverted (`!ipv6_addr_cmp(..)`, and
+//! `ipv6_addr_cmp` is 0 for equal addresses), so an IPv6 filter sends every entry whose address
+//! differs. That is in the 6.18 source and on the 6.18 kernel the tests run on:
+//! `tests/conntrack_netns.rs` prints 0 entries crossing for an unrelated IPv4 address and all
+//! of them (3 entries x 4 dumps) for an unrelated IPv6 one. [`Filtering::Auto`] therefore
+//! filters IPv4 in the kernel and IPv6 here, and falls back to here when the kernel refuses the
+//! filter. Every entry is checked here as well, so a kernel filter can cost time but never
+//! return a wrong entry.
+//!
+//! For the agent's re-evaluation of many pods at once, one [`ConntrackSocket::list`] per
+//! family with a set of addresses costs one walk; [`ConntrackSocket::list_by_addr`] is the
+//! per-pod form.
 //!
 //! Deleting: the request carries the entry's original tuple exactly as the kernel sent it
 //! (protocol-specific fields included, such as the ICMP id, and a directional zone), its zone

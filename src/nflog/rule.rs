@@ -41,6 +41,12 @@ pub const DEFAULT_BURST: u32 = 5;
 /// `-m limit` stores periods in units of 1/10000 s.
 const LIMIT_SCALE: u64 = 10_000;
 const MAX_BURST: u32 = 10_000;
+/// `xt_limit` turns period x burst into "credits" in 32 bits: (period x burst / 10000) x HZ x
+/// CREDITS_PER_JIFFY, where HZ x CREDITS_PER_JIFFY is at most 38400 over the HZ values Linux
+/// builds with (300 x 128); a larger product wraps and the kernel refuses the rule (or, when
+/// the wrap happens to look larger, keeps a wrong bucket). Below this bound it fits for every
+/// HZ.
+const MAX_PERIOD_TIMES_BURST: u64 = (u32::MAX as u64 / 38_400) * LIMIT_SCALE;
 /// Marks our prefixes among whatever else logs to NFLOG.
 const PREFIX_TAG: &str = "npa";
 
@@ -295,8 +301,7 @@ pub fn limit_match(rate: Rate, burst: u32) -> Result<String, RuleTextError> {
     if burst == 0 || burst > MAX_BURST {
         return Err(RuleTextError::Burst { burst });
     }
-    // The kernel multiplies period by burst in 32 bits and refuses a product that wraps.
-    if u64::from(rate.period()?) * u64::from(burst) > u64::from(u32::MAX) {
+    if u64::from(rate.period()?) * u64::from(burst) > MAX_PERIOD_TIMES_BURST {
         return Err(RuleTextError::BurstOverflow {
             rate: canonical,
             burst,
@@ -515,25 +520,29 @@ mod tests {
             Err(RuleTextError::Burst { burst: 0 })
         );
         assert!(limit_match(Rate::per_second(10), 10_001).is_err());
-        // 1/day is a period of 864000000; five of them do not fit 32 bits.
-        assert!(matches!(
-            limit_match(
-                Rate {
-                    count: 1,
-                    unit: RateUnit::Day
-                },
-                5
-            ),
-            Err(RuleTextError::BurstOverflow { .. })
-        ));
-        assert!(limit_match(
-            Rate {
-                count: 1,
-                unit: RateUnit::Day
-            },
-            4
-        )
-        .is_ok());
+        // 1/day is a period of 864000000 (1/10000 s). The kernel refuses a burst of 2 of
+        // them (its credits overflow 32 bits), accepts 3 (the wrap happens to look larger)
+        // and refuses 4; we refuse from 2 on, for every HZ.
+        let daily = Rate {
+            count: 1,
+            unit: RateUnit::Day,
+        };
+        for burst in [2, 3, 4] {
+            assert!(matches!(
+                limit_match(daily, burst),
+                Err(RuleTextError::BurstOverflow { .. })
+            ));
+        }
+        assert!(limit_match(daily, 1).is_ok());
+        let per_minute = Rate {
+            count: 1,
+            unit: RateUnit::Minute,
+        };
+        // 600000 x 1864 fits; at 1865 the credits could wrap on a HZ=300 kernel. (The kernel
+        // itself accepts up to 10000 here: a product that wraps into a larger number passes
+        // its check, with a wrong bucket.)
+        assert!(limit_match(per_minute, 1864).is_ok());
+        assert!(limit_match(per_minute, 1865).is_err());
         assert_eq!(
             nflog_target(0, "p", 128).unwrap(),
             "-j NFLOG --nflog-prefix p --nflog-size 128"

@@ -14,6 +14,8 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::common::{in_netns, NetNs};
 
+// The e2e runner's crafted SCTP INIT; its unit test module is unused in benchmarks.
+#[allow(unused_imports)]
 #[path = "../../e2e/src/sctp.rs"]
 pub mod sctp;
 
