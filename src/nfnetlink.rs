@@ -96,10 +96,12 @@ impl NfnlSocket {
         loop {
             let data = self.recv_for_request(deadline)?;
             let mut acked = None;
-            let mut foreign = false;
+            let mut unasked = false;
             for message in split(&data)? {
                 if message.header.sequence_number != seq {
-                    foreign = true;
+                    // Sequence 0 is the kernel speaking unasked (an NFLOG packet); anything
+                    // else answers an earlier request that was given up on.
+                    unasked |= message.header.sequence_number == 0;
                     continue;
                 }
                 if let Ok(NetlinkPayload::Error(e)) = message.payload {
@@ -109,9 +111,9 @@ impl NfnlSocket {
                     });
                 }
             }
-            if foreign {
-                // Kernel-originated messages (sequence 0) that share the datagram or came
-                // first: kept for the reader.
+            if unasked {
+                // Kept for the reader, which skips the acknowledgement if it shares the
+                // datagram.
                 self.backlog.push_back(data);
             }
             if let Some(result) = acked {
@@ -167,7 +169,8 @@ impl NfnlSocket {
     fn recv_for_request(&mut self, deadline: Instant) -> io::Result<Vec<u8>> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !self.wait_readable(left)? {
+            // The socket itself, not the backlog: replies never sit there.
+            if left.is_zero() || !self.poll_socket(left)? {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the kernel did not answer a netfilter netlink request in time",
@@ -215,11 +218,15 @@ impl NfnlSocket {
         Ok(n)
     }
 
-    /// Waits until the socket has something to read; `false` on timeout.
+    /// Waits until there is something to read (the backlog counts); `false` on timeout.
     pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
         if !self.backlog.is_empty() {
             return Ok(true);
         }
+        self.poll_socket(timeout)
+    }
+
+    fn poll_socket(&self, timeout: Duration) -> io::Result<bool> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
         let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];

@@ -73,11 +73,23 @@ fn expect_packet(
 }
 
 #[test]
-fn denied_probes_are_read_with_prefix_and_flow_within_a_second() {
-    let pair = Pair::new("nflog-probes");
-    pair.restore("iptables-legacy", &(deny_rules() + &icmp_rules("icmp")));
+fn denied_probes_are_read_with_prefix_and_flow_within_a_second_legacy() {
+    denied_probes("legacy");
+}
+
+#[test]
+fn denied_probes_are_read_with_prefix_and_flow_within_a_second_nft() {
+    denied_probes("nft");
+}
+
+fn denied_probes(backend: &str) {
+    let pair = Pair::new(&format!("nflog-probes-{backend}"));
     pair.restore(
-        "ip6tables-legacy",
+        &format!("iptables-{backend}"),
+        &(deny_rules() + &icmp_rules("icmp")),
+    );
+    pair.restore(
+        &format!("ip6tables-{backend}"),
         &(deny_rules() + &icmp_rules("ipv6-icmp")),
     );
     let (reader, rx) = start_reader(
@@ -125,7 +137,7 @@ fn denied_probes_are_read_with_prefix_and_flow_within_a_second() {
             sport,
             "the logged SYN is ours"
         );
-        println!("{node} tcp logged after {delay:?}");
+        println!("{backend} {node} tcp logged after {delay:?}");
         drop(syn);
 
         let sent = Instant::now();
@@ -140,7 +152,7 @@ fn denied_probes_are_read_with_prefix_and_flow_within_a_second() {
                 dst: 7002,
             },
         );
-        println!("{node} udp logged after {delay:?}");
+        println!("{backend} {node} udp logged after {delay:?}");
 
         let sent = Instant::now();
         sctp_init(&pair.peer, SocketAddr::new(node, 7003), 40123, 0xfeed_f00d);
@@ -153,14 +165,14 @@ fn denied_probes_are_read_with_prefix_and_flow_within_a_second() {
                 dst: 7003,
             },
         );
-        println!("{node} sctp logged after {delay:?}");
+        println!("{backend} {node} sctp logged after {delay:?}");
 
         let sent = Instant::now();
         echo(&pair.peer, node, 0x4242);
         let (p, delay) = expect_packet(&rx, icmp_prefix, sent);
         let kind = if node.is_ipv4() { 8 } else { 128 };
         check(&p, icmp_proto, L4::Icmp { kind, code: 0 });
-        println!("{node} icmp logged after {delay:?}");
+        println!("{backend} {node} icmp logged after {delay:?}");
     }
 
     let counters = reader.counters().snapshot();

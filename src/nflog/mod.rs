@@ -307,9 +307,15 @@ impl NflogSocket {
                 })
             }
         };
-        let messages = datagram
-            .messages()
-            .map_err(io_err("framing NFLOG messages"))?;
+        let messages = match datagram.messages() {
+            Ok(messages) => messages,
+            Err(e) => {
+                // A datagram that cannot be framed is counted and dropped; the reader goes on.
+                self.counters.undecodable.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "skipping an NFLOG datagram that does not frame");
+                return Ok(0);
+            }
+        };
         let mut count = 0;
         for message in messages {
             let inner = match message.payload {
