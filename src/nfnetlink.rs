@@ -197,11 +197,6 @@ impl NfnlSocket {
         Ok(Datagram(&self.buf[..n]))
     }
 
-    /// Whether datagrams are waiting in the backlog (read them before polling).
-    pub fn has_backlog(&self) -> bool {
-        !self.backlog.is_empty()
-    }
-
     fn recv_raw(&mut self) -> io::Result<usize> {
         self.buf.clear();
         self.buf.reserve(MAX_DATAGRAM);

@@ -155,8 +155,6 @@ pub struct CtEntry {
 
 /// `TCP_CONNTRACK_ESTABLISHED`.
 pub const TCP_ESTABLISHED: u8 = 3;
-/// `IPS_ASSURED`.
-pub const IPS_ASSURED: u32 = 1 << 2;
 
 impl CtEntry {
     /// Whether `addr` is in either tuple.

@@ -14,7 +14,9 @@
 //!
 //! What the kernel needs: one config message binding the group (`NFULNL_CFG_CMD_BIND`) that
 //! also sets copy-packet mode with the snap length, the socket's flush threshold and timeout,
-//! and per-group sequence numbers (`NFULNL_CFG_F_SEQ`). No `PF_BIND`/`PF_UNBIND`: the NFLOG
+//! and per-group sequence numbers (`NFULNL_CFG_F_SEQ`; not `NFULNL_CFG_F_SEQ_GLOBAL`, whose
+//! counter is shared by every group of the namespace, so its gaps are other groups' messages,
+//! not our losses). No `PF_BIND`/`PF_UNBIND`: the NFLOG
 //! target finds nfnetlink_log by logger type (registered for every family when the module
 //! loads), and `PF_BIND` would make it the namespace's default logger for other users of
 //! `nf_log` (conntrack's invalid-packet logging, `-j LOG` fallbacks) while `PF_UNBIND` would
