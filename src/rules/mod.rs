@@ -15,6 +15,7 @@
 
 pub mod bridge;
 pub mod chains;
+pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
 pub mod render;

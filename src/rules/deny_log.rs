@@ -1,0 +1,571 @@
+//! The iptables text of a deny-log rule, "NFLOG to group G with prefix P, rate-limited", in
+//! the exact form `iptables-save` prints it (legacy and nft backends, IPv4 and IPv6 alike), and
+//! the prefix grammar that tells the reader which chain dropped the packet. Pure.
+//!
+//! The rule goes right before a drop the agent renders and matches what that drop matches:
+//! `-m limit --limit <rate> --limit-burst <burst> -j NFLOG --nflog-prefix <P> --nflog-group <G>
+//! --nflog-size <snap>`.
+//!
+//! Why `-m limit` and not `-m hashlimit`: we render one NFLOG rule per pod chain and direction
+//! (`cali-tw-*` ingress, `cali-fw-*` egress), and a `limit` match is one token bucket per rule,
+//! so it already is "per pod and direction", with no hash table, no `/proc/net/ipt_hashlimit`
+//! entry, and no table name to keep unique (hashlimit rules sharing a `--hashlimit-name` share
+//! one table whatever their other options). `hashlimit` would only be needed for one rule that
+//! serves many pods; the dispatch chains' "Unknown interface" drop is such a rule, and one
+//! shared bucket per direction is the intended behaviour there (pods not programmed yet are
+//! transient, and their flood must not buy more log lines than a programmed pod's).
+//!
+//! Canonical forms, from the iptables extensions' save functions:
+//! - `limit` stores the rate as a period in 1/10000 s units (`10000 * unit / count`, integer
+//!   division) and prints it back in the largest unit that shows it exactly, so `120/minute`
+//!   prints as `2/sec`; [`Rate::canonical`] computes what will be printed. `--limit-burst` is
+//!   printed only when it is not the default 5.
+//! - `NFLOG` prints `--nflog-prefix`, then `--nflog-group` (left out for group 0), then
+//!   `--nflog-size`. A prefix made only of `[A-Za-z0-9_-]` is printed bare, anything else in
+//!   double quotes.
+//! - The prefix field of the legacy target is 64 bytes with its terminating NUL, so 63
+//!   characters is the most both backends keep: legacy cuts a 64-character prefix to 63 while
+//!   nft keeps 64, and the two would print different rules.
+
+use std::fmt;
+
+use crate::rules::Direction;
+
+/// Longest prefix both backends store and print identically.
+pub const MAX_PREFIX_LEN: usize = 63;
+/// Bytes of each logged packet copied to the reader: an IPv6 header with a few extension
+/// headers and the transport ports fit.
+pub const DEFAULT_SNAP_LEN: u32 = 128;
+/// `-m limit`'s burst when none is given (then not printed by iptables-save).
+pub const DEFAULT_BURST: u32 = 5;
+/// `-m limit` stores periods in units of 1/10000 s.
+const LIMIT_SCALE: u64 = 10_000;
+const MAX_BURST: u32 = 10_000;
+/// `xt_limit` turns period x burst into "credits" in 32 bits: (period x burst / 10000) x HZ x
+/// CREDITS_PER_JIFFY, where HZ x CREDITS_PER_JIFFY is at most 38400 over the HZ values Linux
+/// builds with (300 x 128); a larger product wraps and the kernel refuses the rule (or, when
+/// the wrap happens to look larger, keeps a wrong bucket). Below this bound it fits for every
+/// HZ.
+const MAX_PERIOD_TIMES_BURST: u64 = (u32::MAX as u64 / 38_400) * LIMIT_SCALE;
+/// Marks our prefixes among whatever else logs to NFLOG.
+const PREFIX_TAG: &str = "npa";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleTextError {
+    PrefixTooLong { prefix: String, len: usize },
+    PrefixEmpty,
+    PrefixCharacter { prefix: String, character: char },
+    NotOurPrefix(String),
+    ZeroRate,
+    RateTooFast { count: u32, unit: RateUnit },
+    Burst { burst: u32 },
+    BurstOverflow { rate: String, burst: u32 },
+    ZeroSnapLength,
+}
+
+impl fmt::Display for RuleTextError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleTextError::PrefixTooLong { prefix, len } => write!(
+                f,
+                "NFLOG prefix {prefix:?} is {len} characters; at most {MAX_PREFIX_LEN} survive both iptables backends"
+            ),
+            RuleTextError::PrefixEmpty => write!(f, "NFLOG prefix is empty"),
+            RuleTextError::PrefixCharacter { prefix, character } => write!(
+                f,
+                "NFLOG prefix {prefix:?} contains {character:?}; only printable ASCII other than quotes, backslash and space is allowed"
+            ),
+            RuleTextError::NotOurPrefix(p) => {
+                write!(f, "NFLOG prefix {p:?} is not one netpol-agent renders")
+            }
+            RuleTextError::ZeroRate => write!(f, "a log rate of 0 packets logs nothing"),
+            RuleTextError::RateTooFast { count, unit } => write!(
+                f,
+                "log rate {count}/{} is faster than -m limit can express (10000/second)",
+                unit.name()
+            ),
+            RuleTextError::Burst { burst } => {
+                write!(f, "log burst {burst} is outside 1..={MAX_BURST}")
+            }
+            RuleTextError::BurstOverflow { rate, burst } => write!(
+                f,
+                "log rate {rate} with burst {burst} overflows the kernel's token bucket; lower the burst or raise the rate"
+            ),
+            RuleTextError::ZeroSnapLength => {
+                write!(f, "an NFLOG snap length of 0 copies no packet to decode")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RuleTextError {}
+
+/// Which drop a log rule precedes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropKind {
+    /// A pod chain's "Drop if no policies passed packet": policy isolates the pod in this
+    /// direction and nothing allowed the packet.
+    Policy,
+    /// A dispatch chain's "Unknown interface": the pod is not programmed yet.
+    UnknownInterface,
+}
+
+impl DropKind {
+    fn tag(self) -> &'static str {
+        match self {
+            DropKind::Policy => "pol",
+            DropKind::UnknownInterface => "unk",
+        }
+    }
+}
+
+fn direction_tag(d: Direction) -> &'static str {
+    match d {
+        Direction::Ingress => "in",
+        Direction::Egress => "eg",
+    }
+}
+
+/// What an NFLOG prefix of ours says: `npa-<pol|unk>-<in|eg>-<chain>`, for example
+/// `npa-pol-in-cali-tw-cali1234567890a` (34 characters; a 28-character chain name, the
+/// longest iptables allows, gives 39).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LogPrefix {
+    pub kind: DropKind,
+    pub direction: Direction,
+    /// The chain whose drop this logs.
+    pub chain: String,
+}
+
+impl LogPrefix {
+    pub fn render(&self) -> Result<String, RuleTextError> {
+        let prefix = format!(
+            "{PREFIX_TAG}-{}-{}-{}",
+            self.kind.tag(),
+            direction_tag(self.direction),
+            self.chain
+        );
+        check_prefix(&prefix)?;
+        Ok(prefix)
+    }
+
+    /// Reads a prefix the kernel reported back.
+    pub fn parse(prefix: &str) -> Result<LogPrefix, RuleTextError> {
+        let not_ours = || RuleTextError::NotOurPrefix(prefix.to_string());
+        let mut parts = prefix.splitn(4, '-');
+        if parts.next() != Some(PREFIX_TAG) {
+            return Err(not_ours());
+        }
+        let kind = match parts.next() {
+            Some("pol") => DropKind::Policy,
+            Some("unk") => DropKind::UnknownInterface,
+            _ => return Err(not_ours()),
+        };
+        let direction = match parts.next() {
+            Some("in") => Direction::Ingress,
+            Some("eg") => Direction::Egress,
+            _ => return Err(not_ours()),
+        };
+        match parts.next() {
+            Some(chain) if !chain.is_empty() => Ok(LogPrefix {
+                kind,
+                direction,
+                chain: chain.to_string(),
+            }),
+            _ => Err(not_ours()),
+        }
+    }
+}
+
+fn check_prefix(prefix: &str) -> Result<(), RuleTextError> {
+    if prefix.is_empty() {
+        return Err(RuleTextError::PrefixEmpty);
+    }
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '\'' | '\\'))
+    {
+        return Err(RuleTextError::PrefixCharacter {
+            prefix: prefix.to_string(),
+            character: c,
+        });
+    }
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(RuleTextError::PrefixTooLong {
+            prefix: prefix.to_string(),
+            len: prefix.len(),
+        });
+    }
+    Ok(())
+}
+
+/// How iptables-save writes a string argument: bare when made of `[A-Za-z0-9_-]` only,
+/// else in double quotes (the characters that would need escaping are refused earlier).
+fn save_string(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        s.to_string()
+    } else {
+        format!("\"{s}\"")
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RateUnit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+}
+
+impl RateUnit {
+    fn seconds(self) -> u64 {
+        match self {
+            RateUnit::Second => 1,
+            RateUnit::Minute => 60,
+            RateUnit::Hour => 3600,
+            RateUnit::Day => 86_400,
+        }
+    }
+
+    /// The name iptables-save prints.
+    fn name(self) -> &'static str {
+        match self {
+            RateUnit::Second => "sec",
+            RateUnit::Minute => "min",
+            RateUnit::Hour => "hour",
+            RateUnit::Day => "day",
+        }
+    }
+}
+
+/// An average rate: `count` packets per `unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    pub count: u32,
+    pub unit: RateUnit,
+}
+
+impl Rate {
+    pub fn per_second(count: u32) -> Rate {
+        Rate {
+            count,
+            unit: RateUnit::Second,
+        }
+    }
+
+    /// The period the kernel stores, in 1/10000 s.
+    fn period(self) -> Result<u32, RuleTextError> {
+        if self.count == 0 {
+            return Err(RuleTextError::ZeroRate);
+        }
+        let period = LIMIT_SCALE * self.unit.seconds() / u64::from(self.count);
+        if period == 0 {
+            return Err(RuleTextError::RateTooFast {
+                count: self.count,
+                unit: self.unit,
+            });
+        }
+        Ok(period as u32)
+    }
+
+    /// The rate as iptables-save prints it back (`10/sec`, `2/sec` for 120/minute, `3/min`).
+    pub fn canonical(self) -> Result<String, RuleTextError> {
+        let period = u64::from(self.period()?);
+        // Walk from the largest unit down and stop before the first one that cannot show the
+        // period exactly enough (the same test the limit extension's printer makes).
+        let units = [
+            RateUnit::Day,
+            RateUnit::Hour,
+            RateUnit::Minute,
+            RateUnit::Second,
+        ];
+        let mut chosen = units[0];
+        for unit in units {
+            let mult = LIMIT_SCALE * unit.seconds();
+            if unit != RateUnit::Day && (period > mult || mult / period < mult % period) {
+                break;
+            }
+            chosen = unit;
+        }
+        let mult = LIMIT_SCALE * chosen.seconds();
+        Ok(format!("{}/{}", mult / period, chosen.name()))
+    }
+}
+
+/// `-m limit --limit <rate> [--limit-burst <burst>]` as iptables-save prints it.
+pub fn limit_match(rate: Rate, burst: u32) -> Result<String, RuleTextError> {
+    let canonical = rate.canonical()?;
+    if burst == 0 || burst > MAX_BURST {
+        return Err(RuleTextError::Burst { burst });
+    }
+    if u64::from(rate.period()?) * u64::from(burst) > MAX_PERIOD_TIMES_BURST {
+        return Err(RuleTextError::BurstOverflow {
+            rate: canonical,
+            burst,
+        });
+    }
+    Ok(if burst == DEFAULT_BURST {
+        format!("-m limit --limit {canonical}")
+    } else {
+        format!("-m limit --limit {canonical} --limit-burst {burst}")
+    })
+}
+
+/// `-j NFLOG --nflog-prefix <prefix> [--nflog-group <group>] --nflog-size <snap>` as
+/// iptables-save prints it.
+pub fn nflog_target(group: u16, prefix: &str, snap_len: u32) -> Result<String, RuleTextError> {
+    check_prefix(prefix)?;
+    if snap_len == 0 {
+        return Err(RuleTextError::ZeroSnapLength);
+    }
+    let mut out = format!("-j NFLOG --nflog-prefix {}", save_string(prefix));
+    if group != 0 {
+        out.push_str(&format!(" --nflog-group {group}"));
+    }
+    out.push_str(&format!(" --nflog-size {snap_len}"));
+    Ok(out)
+}
+
+/// Everything a deny-log rule needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenyLogRule {
+    pub group: u16,
+    pub prefix: LogPrefix,
+    pub rate: Rate,
+    pub burst: u32,
+    pub snap_len: u32,
+}
+
+impl DenyLogRule {
+    /// The rule's matches and target (everything after the drop's own matches), e.g.
+    /// `-m limit --limit 10/sec --limit-burst 20 -j NFLOG --nflog-prefix
+    /// npa-pol-in-cali-tw-cali1234567890a --nflog-group 1 --nflog-size 128`. The caller puts
+    /// the same matches in front as the drop it precedes has (its mark match), after the
+    /// rule's comments, as the agent renders every rule.
+    pub fn render(&self) -> Result<String, RuleTextError> {
+        Ok(format!(
+            "{} {}",
+            limit_match(self.rate, self.burst)?,
+            nflog_target(self.group, &self.prefix.render()?, self.snap_len)?
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(kind: DropKind, direction: Direction, chain: &str) -> LogPrefix {
+        LogPrefix {
+            kind,
+            direction,
+            chain: chain.into(),
+        }
+    }
+
+    #[test]
+    fn prefixes_render_and_parse_back() {
+        let p = prefix(
+            DropKind::Policy,
+            Direction::Ingress,
+            "cali-tw-cali1234567890a",
+        );
+        let text = p.render().unwrap();
+        assert_eq!(text, "npa-pol-in-cali-tw-cali1234567890a");
+        assert_eq!(LogPrefix::parse(&text).unwrap(), p);
+        let u = prefix(
+            DropKind::UnknownInterface,
+            Direction::Egress,
+            "cali-from-wl-dispatch",
+        );
+        assert_eq!(u.render().unwrap(), "npa-unk-eg-cali-from-wl-dispatch");
+        assert_eq!(LogPrefix::parse(&u.render().unwrap()).unwrap(), u);
+        // The longest chain name iptables allows still fits.
+        let longest = prefix(DropKind::Policy, Direction::Egress, &"x".repeat(28));
+        assert_eq!(longest.render().unwrap().len(), 39);
+    }
+
+    #[test]
+    fn foreign_or_broken_prefixes_are_refused() {
+        for p in [
+            "",
+            "npa",
+            "npa-pol",
+            "npa-pol-in",
+            "npa-pol-in-",
+            "npa-xxx-in-c",
+            "npa-pol-up-c",
+            "ulogd: drop",
+        ] {
+            assert!(LogPrefix::parse(p).is_err(), "{p:?}");
+        }
+        let long = prefix(DropKind::Policy, Direction::Egress, &"y".repeat(60));
+        assert!(matches!(
+            long.render(),
+            Err(RuleTextError::PrefixTooLong { len: 71, .. })
+        ));
+        let spaced = prefix(DropKind::Policy, Direction::Egress, "a b");
+        assert!(matches!(
+            spaced.render(),
+            Err(RuleTextError::PrefixCharacter { character: ' ', .. })
+        ));
+        assert!(nflog_target(1, "a\"b", 128).is_err());
+        assert!(nflog_target(1, &"z".repeat(64), 128).is_err());
+        assert!(nflog_target(1, &"z".repeat(63), 128).is_ok());
+        assert!(nflog_target(1, "p", 0).is_err());
+    }
+
+    #[test]
+    fn rates_print_as_iptables_prints_them() {
+        let cases = [
+            (Rate::per_second(10), "10/sec"),
+            (Rate::per_second(1), "1/sec"),
+            (Rate::per_second(3), "3/sec"),
+            (Rate::per_second(10_000), "10000/sec"),
+            (
+                Rate {
+                    count: 120,
+                    unit: RateUnit::Minute,
+                },
+                "2/sec",
+            ),
+            (
+                Rate {
+                    count: 3,
+                    unit: RateUnit::Minute,
+                },
+                "3/min",
+            ),
+            (
+                Rate {
+                    count: 60,
+                    unit: RateUnit::Hour,
+                },
+                "1/min",
+            ),
+            (
+                Rate {
+                    count: 7,
+                    unit: RateUnit::Hour,
+                },
+                "7/hour",
+            ),
+            (
+                Rate {
+                    count: 1,
+                    unit: RateUnit::Day,
+                },
+                "1/day",
+            ),
+            (
+                Rate {
+                    count: 48,
+                    unit: RateUnit::Day,
+                },
+                "2/hour",
+            ),
+        ];
+        for (rate, text) in cases {
+            assert_eq!(rate.canonical().unwrap(), text, "{rate:?}");
+        }
+        assert_eq!(
+            Rate::per_second(0).canonical(),
+            Err(RuleTextError::ZeroRate)
+        );
+        assert!(matches!(
+            Rate::per_second(10_001).canonical(),
+            Err(RuleTextError::RateTooFast { .. })
+        ));
+    }
+
+    #[test]
+    fn canonical_rates_are_fixed_points() {
+        // Printing the canonical form's own period gives the same text back, for every rate
+        // per second and per minute an operator could configure.
+        for unit in [RateUnit::Second, RateUnit::Minute] {
+            for count in 1..=2000 {
+                let rate = Rate { count, unit };
+                let Ok(text) = rate.canonical() else { continue };
+                let (n, u) = text.split_once('/').unwrap();
+                let unit2 = match u {
+                    "sec" => RateUnit::Second,
+                    "min" => RateUnit::Minute,
+                    "hour" => RateUnit::Hour,
+                    _ => RateUnit::Day,
+                };
+                let again = Rate {
+                    count: n.parse().unwrap(),
+                    unit: unit2,
+                };
+                assert_eq!(again.canonical().unwrap(), text, "{rate:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn limit_and_target_text() {
+        assert_eq!(
+            limit_match(Rate::per_second(10), 20).unwrap(),
+            "-m limit --limit 10/sec --limit-burst 20"
+        );
+        assert_eq!(
+            limit_match(Rate::per_second(10), DEFAULT_BURST).unwrap(),
+            "-m limit --limit 10/sec"
+        );
+        assert_eq!(
+            limit_match(Rate::per_second(10), 0),
+            Err(RuleTextError::Burst { burst: 0 })
+        );
+        assert!(limit_match(Rate::per_second(10), 10_001).is_err());
+        // 1/day is a period of 864000000 (1/10000 s). The kernel refuses a burst of 2 of
+        // them (its credits overflow 32 bits), accepts 3 (the wrap happens to look larger)
+        // and refuses 4; we refuse from 2 on, for every HZ.
+        let daily = Rate {
+            count: 1,
+            unit: RateUnit::Day,
+        };
+        for burst in [2, 3, 4] {
+            assert!(matches!(
+                limit_match(daily, burst),
+                Err(RuleTextError::BurstOverflow { .. })
+            ));
+        }
+        assert!(limit_match(daily, 1).is_ok());
+        let per_minute = Rate {
+            count: 1,
+            unit: RateUnit::Minute,
+        };
+        // 600000 x 1864 fits; at 1865 the credits could wrap on a HZ=300 kernel. (The kernel
+        // itself accepts up to 10000 here: a product that wraps into a larger number passes
+        // its check, with a wrong bucket.)
+        assert!(limit_match(per_minute, 1864).is_ok());
+        assert!(limit_match(per_minute, 1865).is_err());
+        assert_eq!(
+            nflog_target(0, "p", 128).unwrap(),
+            "-j NFLOG --nflog-prefix p --nflog-size 128"
+        );
+        assert_eq!(
+            nflog_target(5, "cali-tw-x.y|i", 64).unwrap(),
+            "-j NFLOG --nflog-prefix \"cali-tw-x.y|i\" --nflog-group 5 --nflog-size 64"
+        );
+        let rule = DenyLogRule {
+            group: 1,
+            prefix: prefix(
+                DropKind::Policy,
+                Direction::Ingress,
+                "cali-tw-cali1234567890a",
+            ),
+            rate: Rate::per_second(10),
+            burst: 20,
+            snap_len: DEFAULT_SNAP_LEN,
+        };
+        assert_eq!(
+            rule.render().unwrap(),
+            "-m limit --limit 10/sec --limit-burst 20 -j NFLOG --nflog-prefix \
+             npa-pol-in-cali-tw-cali1234567890a --nflog-group 1 --nflog-size 128"
+        );
+    }
+}
