@@ -47,6 +47,7 @@ pub struct Metrics {
     pub active_local_endpoints: IntGauge,
     pub active_local_policies: IntGauge,
     pub datastore_in_sync: IntGauge,
+    pub datastore_dir_rescans: IntCounter,
     pub rejections: IntCounterVec,
     pub rejected_objects: IntGaugeVec,
 }
@@ -75,6 +76,7 @@ pub const NAMES: &[&str] = &[
     "netpol_active_local_endpoints",
     "netpol_active_local_policies",
     "netpol_datastore_in_sync",
+    "netpol_datastore_dir_rescans_total",
     "netpol_rejections_total",
     "netpol_rejected_objects",
 ];
@@ -237,6 +239,11 @@ impl Metrics {
                 &r,
                 "netpol_datastore_in_sync",
                 "1 once the datastore delivered its first complete listing",
+            ),
+            datastore_dir_rescans: counter(
+                &r,
+                "netpol_datastore_dir_rescans_total",
+                "directory datastore: rescans after real changes of its files (the initial read included)",
             ),
             rejections: counter_vec(
                 &r,
