@@ -199,31 +199,21 @@ pub fn kube_proxy_nft(family: IpFamily, services: &[Service], service_cidr: IpNe
         elements(&cluster_ips),
         elements(&map)
     );
-    // Base chains: filtering before DNAT would see ClusterIPs, the check after it only
-    // what was not DNATed; the nat chains at dstnat.
+    // Base chains: the nat chains at dstnat (-100); the check of what was not DNATed
+    // around it where kube-proxy puts it (dstnat - 10 in forward, dstnat + 10 in output).
+    // Numbers, not names: nft before 1.0.7 takes `dstnat` in prerouting only.
+    let check = "ct state new jump cluster-ips-check";
     let base = [
-        (
-            "filter-forward",
-            "filter",
-            "forward",
-            "dstnat - 10",
-            "ct state new jump cluster-ips-check",
-        ),
-        (
-            "filter-output-post-dnat",
-            "filter",
-            "output",
-            "dstnat + 10",
-            "ct state new jump cluster-ips-check",
-        ),
+        ("filter-forward", "filter", "forward", "-110", check),
+        ("filter-output-post-dnat", "filter", "output", "-90", check),
         (
             "nat-prerouting",
             "nat",
             "prerouting",
-            "dstnat",
+            "-100",
             "jump services",
         ),
-        ("nat-output", "nat", "output", "dstnat", "jump services"),
+        ("nat-output", "nat", "output", "-100", "jump services"),
     ];
     for (name, kind, hook, priority, rule) in base {
         let _ = write!(
@@ -290,8 +280,8 @@ mod tests {
         assert!(s.starts_with(
             "table ip6 kube-proxy\ndelete table ip6 kube-proxy\ntable ip6 kube-proxy {"
         ));
-        assert!(s.contains("type nat hook prerouting priority dstnat; policy accept;"));
-        assert!(s.contains("type nat hook output priority dstnat; policy accept;"));
+        assert!(s.contains("type nat hook prerouting priority -100; policy accept;"));
+        assert!(s.contains("type nat hook output priority -100; policy accept;"));
         assert!(s.contains("fd00:e2e::a60:a . sctp . 81 : goto endpoint-e2e3-sctp-81"));
         assert!(s.contains("meta l4proto tcp dnat to [fd00:e2e::af4:a]:80"));
         assert!(s.contains("ip6 daddr { fd00:e2e::a60:0/112 } drop"));
