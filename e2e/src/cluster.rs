@@ -226,12 +226,22 @@ impl Cluster {
             netns.ip_batch(&lines)?;
             match cluster.cfg.cni.wiring() {
                 Wiring::Routed { table: Some(table) } => {
-                    let mut lines = String::new();
+                    // `from all` is IPv4 unless `ip` is told the family (`-batch` lines
+                    // take no `-6`, and `from ::/0` is read as IPv4 "all" too).
                     for &f in families {
-                        let _ =
-                            writeln!(lines, "rule add from {} lookup {table} pref 1", any_dst(f));
+                        let flag = match f {
+                            IpFamily::V4 => "-4",
+                            IpFamily::V6 => "-6",
+                        };
+                        let table = table.to_string();
+                        netns.exec_ok(
+                            "ip",
+                            &[
+                                flag, "rule", "add", "from", "all", "lookup", &table, "pref", "1",
+                            ],
+                            None,
+                        )?;
                     }
-                    netns.ip_batch(&lines)?;
                 }
                 Wiring::Routed { table: None } => {}
                 Wiring::Bridged => {
