@@ -262,9 +262,10 @@ spec:
         serde_yaml_ng::from_str(doc).unwrap()
     }
 
-    fn blocks(
-        rules: Vec<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
-    ) -> Vec<Vec<(String, Vec<String>)>> {
+    /// Per rule, its peers as (cidr, except), pod peers as ("pods", []).
+    type Blocks = Vec<Vec<(String, Vec<String>)>>;
+
+    fn blocks(rules: Vec<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>) -> Blocks {
         rules
             .into_iter()
             .map(|peers| {
@@ -279,12 +280,7 @@ spec:
             .collect()
     }
 
-    fn ingress_and_egress(
-        doc: &str,
-    ) -> (
-        Vec<Vec<(String, Vec<String>)>>,
-        Vec<Vec<(String, Vec<String>)>>,
-    ) {
+    fn ingress_and_egress(doc: &str) -> (Blocks, Blocks) {
         let spec = parsed(doc).spec.unwrap();
         let ingress = spec
             .ingress
