@@ -1,7 +1,9 @@
 //! One simulated cluster: node namespaces joined by an underlay bridge, pod namespaces wired
-//! to their node the way the chosen CNI does it, kube-proxy-style ClusterIP DNAT on every
-//! node, the manifests kubelet and the CNI would have produced in a directory, and a real
-//! `netpol-agent run` per node reading it. Dropping the cluster removes all of it: servers
+//! to their node the way the chosen CNI does it, kube-proxy's ClusterIP DNAT (iptables or
+//! nftables mode) and kubelet's chains on every node, the manifests kubelet and the CNI
+//! would have produced in a directory, and a real `netpol-agent run` per node reading it.
+//! Every address exists in each family of `--ip-family` (IPv6 ones through the embedding of
+//! `family`), and the convergence check compares every family the agents program. Dropping the cluster removes all of it: servers
 //! first (their sockets pin namespaces), then agents, pods, nodes, the underlay and the
 //! directory — also when a step failed or the run was interrupted.
 
