@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod calc_graph;
+pub mod change_detect;
 pub mod config;
 pub mod dataplane;
 pub mod datastore;
