@@ -308,9 +308,15 @@ pub struct NftMonitor {
 }
 
 impl NftMonitor {
+    /// Subscribes with an 8 MiB receive buffer.
     pub fn open(interest: Interest) -> io::Result<NftMonitor> {
+        NftMonitor::with_receive_buffer(interest, MONITOR_RCVBUF)
+    }
+
+    /// Subscribes with a receive buffer of `bytes` (the kernel doubles it for its overhead).
+    pub fn with_receive_buffer(interest: Interest, bytes: usize) -> io::Result<NftMonitor> {
         Ok(NftMonitor {
-            socket: NfnlSocket::monitor(&[NFNLGRP_NFTABLES], MONITOR_RCVBUF)?,
+            socket: NfnlSocket::monitor(&[NFNLGRP_NFTABLES], bytes)?,
             interest,
             open: Open::default(),
             open_lost: false,
