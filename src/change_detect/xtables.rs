@@ -123,12 +123,8 @@ pub fn decode_info(buf: &[u8]) -> Result<XtInfo, Malformed> {
         ));
     }
     let word = |i: usize| u32_at(buf, TABLE_NAME_LEN + 4 * i).unwrap_or(0);
-    let mut hook_entry = [0; 5];
-    let mut underflow = [0; 5];
-    for h in 0..5 {
-        hook_entry[h] = word(1 + h);
-        underflow[h] = word(6 + h);
-    }
+    let hook_entry = std::array::from_fn(|h| word(1 + h));
+    let underflow = std::array::from_fn(|h| word(6 + h));
     Ok(XtInfo {
         valid_hooks: word(0),
         hook_entry,
