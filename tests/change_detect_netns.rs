@@ -179,7 +179,9 @@ fn check_legacy(ipv6: bool) {
 
     // Another program's chain, then another table: no concern.
     ns.exec_ok(&[&t, "-A", "KUBE-FOO", "-p", "udp", "-j", "ACCEPT"]);
+    assert!(w.info_moved().unwrap());
     assert_eq!(w.check().unwrap(), Finding::Foreign);
+    assert!(!w.info_moved().unwrap());
     ns.exec_ok(&[&t, "-t", "mangle", "-A", "PREROUTING", "-j", "ACCEPT"]);
     assert_eq!(
         w.check().unwrap(),

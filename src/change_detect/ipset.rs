@@ -13,9 +13,11 @@
 //!   left out) and the hashes added up, so the digest does not depend on the order the
 //!   kernel lists them in. This is the exact check, a full read without `ipset save`.
 //!
-//! The number of entries (`IPSET_ATTR_ELEMENTS`) is reported by kernels from 4.10 on (the
-//! "Number of entries" line of `ipset list`); where it is missing the field is `None` and the
-//! memory size and references carry the check alone.
+//! The number of entries (`IPSET_ATTR_ELEMENTS`, the "Number of entries" line of `ipset
+//! list`) came with Linux 4.10 (public reports show it missing on 4.9 kernels and present on
+//! 4.13); where it is missing the field is `None` and the memory size and references carry
+//! the check alone. Protocol 6 requests work on kernels that speak only protocol 6 (4.9) and
+//! on those that speak 6 and 7.
 //!
 //! Messages are encoded and walked by hand with netlink-packet-core's attribute buffers (see
 //! `nfnl`): no maintained crate has ipset's netlink messages (the `ipset` crate binds the C

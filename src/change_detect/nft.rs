@@ -405,7 +405,8 @@ impl NftMonitor {
     /// Checks that the subscription has seen the latest commit: reads what is pending, then the
     /// generation id, then what is pending again. `Unknown` when the kernel's generation is not
     /// the last one an event reported (a commit whose `NEWGEN` never reached us; or, rarely,
-    /// one still being announced while we asked), otherwise the finding of the events read.
+    /// one still being announced while we asked; or no commit seen since the subscription),
+    /// otherwise the finding of the events read.
     pub fn confirm(
         &mut self,
         generation: &mut NftGeneration,

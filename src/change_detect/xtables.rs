@@ -464,6 +464,17 @@ impl LegacyWatch {
         self.verify()
     }
 
+    /// Whether the table's info differs from the last look's, without reading the entries or
+    /// taking a new fingerprint (`true` before the first look). For a caller that wants to
+    /// space out the entries reads another program's frequent writes would cause: `verify`
+    /// then tells whose chains moved.
+    pub fn info_moved(&self) -> io::Result<bool> {
+        match self.info {
+            None => Ok(true),
+            Some(seen) => Ok(self.socket.info(&self.interest.table)? != seen),
+        }
+    }
+
     /// The exact check: reads and digests the entries, compares them chain by chain with the
     /// fingerprint, and takes the new one.
     pub fn verify(&mut self) -> io::Result<Finding> {
