@@ -36,7 +36,7 @@ use nix::sys::resource::{getrusage, UsageWho};
 
 use netpol_agent::calc_graph::model::IpFamily;
 use netpol_agent::change_detect::ipset::IpsetWatch;
-use netpol_agent::change_detect::nft::{NftGeneration, NftMonitor};
+use netpol_agent::change_detect::nft::{classify_event, NftGeneration, NftMonitor};
 use netpol_agent::change_detect::xtables::{digest_entries, LegacyWatch, XtSocket};
 use netpol_agent::change_detect::{Finding, Interest};
 use netpol_agent::exec::Exec;
@@ -47,6 +47,11 @@ use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::{render, RuleConfig};
 
 use synthetic::{build, Rng, Scale};
+
+/// The nf_tables events the unit tests decode (iptables-nft, ip6tables-nft and nft changes).
+mod captured {
+    include!("../src/change_detect/testdata/nft_events.rs");
+}
 
 const SEED: u64 = 42;
 const NETNS_PREFIX: &str = "npa-bench-";
@@ -375,6 +380,51 @@ fn nft_rows(local: &'static str, ipset: &str, iptables: &str, rows: &mut Vec<Row
     ));
 }
 
+/// CPU per event to classify the captured nf_tables events: our walk of their top-level
+/// attributes against netlink-packet-netfilter's full decode (what `classify_event` would
+/// cost if it let the crate decode every message).
+fn event_decode_rows(rows: &mut Vec<Row>) {
+    use netlink_packet_core::ParseableParametrized;
+    use netlink_packet_netfilter::NetfilterMessage;
+    let interest = Interest::default();
+    let (gen_type, gen_payload) = captured::NEWGEN;
+    let events = || {
+        captured::EVENTS
+            .iter()
+            .map(|(_, ty, payload, _)| (*ty, *payload))
+            .chain([(gen_type, gen_payload)])
+    };
+    let n = events().count();
+    let walk = measure(2000, || {
+        for (ty, payload) in events() {
+            std::hint::black_box(classify_event(ty, payload, &interest).unwrap());
+        }
+    });
+    let full = measure(200, || {
+        for (ty, payload) in events() {
+            std::hint::black_box(NetfilterMessage::parse_with_param(payload, ty).unwrap());
+        }
+    });
+    let per = |c: Cost| Cost {
+        own: c.own / n as f64,
+        children: 0.0,
+        wall: c.wall / n as f64,
+    };
+    let base = per(full).total();
+    rows.push(row(
+        "events",
+        "nft event: netlink-packet-netfilter full decode",
+        per(full),
+        base,
+    ));
+    rows.push(row(
+        "events",
+        "nft event: classify_event (top-level walk)",
+        per(walk),
+        base,
+    ));
+}
+
 fn row(scale: &'static str, what: &'static str, cost: Cost, baseline: f64) -> Row {
     Row {
         scale,
@@ -480,6 +530,8 @@ fn main() {
         legacy_rows(label, &ipset, &iptables, &mut rows);
         nft_rows(label, &ipset, &iptables, &mut rows);
     }
+
+    event_decode_rows(&mut rows);
 
     println!();
     println!(

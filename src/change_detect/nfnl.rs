@@ -5,8 +5,10 @@
 //! Messages are walked here rather than decoded into a crate's message types because what the
 //! watchers need is two or three attributes per message (a table and chain name, a set name
 //! and a few counters): netlink-packet-netfilter decodes every expression of a rule and every
-//! element of a set (work we do not want for each of kube-proxy's commits, and a failure of
-//! the whole message on any expression it does not know), and it has no ipset messages.
+//! element of a set, some 50 times the CPU of the walk per event on the captured events
+//! (`benches/change_detect.rs`: ~6 µs against ~0.1 µs), for each of kube-proxy's commits;
+//! an attribute it cannot parse anywhere in a rule fails the whole event; and it has no ipset
+//! messages.
 
 use std::io;
 use std::os::fd::AsFd;
