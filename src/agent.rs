@@ -28,9 +28,10 @@ use crate::calc_graph::update::Update;
 use crate::calc_graph::{CalcGraph, GraphConfig, RejectKind};
 use crate::dataplane::driver::{self, Batch, Timers, IDLE_TURN};
 use crate::dataplane::iptables::Ownership;
+use crate::dataplane::watch::Interest;
 use crate::dataplane::DataplaneConfig;
 use crate::iface_naming::InterfaceResolver;
-use crate::model::{DatastoreEvent, K8sObject, ObjectKind};
+use crate::model::{DatastoreEvent, IpFamily, K8sObject, ObjectKind};
 use crate::rules;
 use crate::telemetry::health::{Health, Loop};
 use crate::telemetry::metrics;
@@ -41,6 +42,16 @@ pub const OWNERSHIP: Ownership = Ownership {
     rule_hash_prefix: rules::RULE_HASH_PREFIX,
     max_chain_len: rules::MAX_CHAIN_NAME_LEN,
 };
+
+/// What the dataplane's change detection watches: our table, the kernel chains we hook into,
+/// our chains and sets, both families.
+pub fn ours() -> Interest {
+    Interest::new(
+        &OWNERSHIP,
+        &rules::chains::HOOKED_KERNEL_CHAINS,
+        &[IpFamily::V4, IpFamily::V6],
+    )
+}
 
 /// What the calculation loop reacts to, on one channel: the datastore's events, and a
 /// resolver's word that it learned interface names.

@@ -14,6 +14,7 @@ pub mod driver;
 pub mod ipsets;
 pub mod iptables;
 pub mod owned;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -104,6 +104,9 @@ pub struct KernelChainRules {
     pub appends: Vec<RenderedRule>,
 }
 
+/// The kernel's own chains of the filter table that we put rules into.
+pub const HOOKED_KERNEL_CHAINS: [&str; 3] = ["FORWARD", "INPUT", "OUTPUT"];
+
 pub fn kernel_chain_rules(cfg: &RuleConfig, family: IpFamily) -> Vec<KernelChainRules> {
     let jump = |kernel: &str, ours: &str| KernelChainRules {
         chain: kernel.to_string(),
