@@ -162,7 +162,7 @@ pub fn run(
         })?;
 
     let mut in_sync = false;
-    let mut started = Instant::now();
+    let started = Instant::now();
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
@@ -179,21 +179,16 @@ pub fn run(
         }
         let mut datastore_events = 0;
         let mut rename_all = false;
+        let mut just_synced = false;
         for input in &batch {
             match input {
                 Input::Datastore(e) => {
                     datastore_events += 1;
                     if matches!(e, DatastoreEvent::InSync) && !in_sync {
                         in_sync = true;
+                        just_synced = true;
                         health.set_in_sync();
                         m.datastore_in_sync.set(1);
-                        info!(
-                            ms = started.elapsed().as_millis() as u64,
-                            local_endpoints = graph.local_endpoint_count(),
-                            active_policies = graph.active_policy_count(),
-                            "datastore in sync"
-                        );
-                        started = Instant::now();
                     }
                     graph.set_event_time(Some(Instant::now()));
                     graph.apply(e);
@@ -210,6 +205,14 @@ pub fn run(
             update: graph.flush(),
             programming_starts: graph.take_programming_starts(),
         });
+        if just_synced {
+            info!(
+                ms = started.elapsed().as_millis() as u64,
+                local_endpoints = graph.local_endpoint_count(),
+                active_policies = graph.active_policy_count(),
+                "datastore in sync"
+            );
+        }
         m.calc_graph_update_seconds
             .observe(batch_start.elapsed().as_secs_f64());
         export_graph_gauges(&graph, &mut rejections_seen);

@@ -197,6 +197,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         refresh: AgentOptions::timer(opts.iptables_refresh_interval),
         ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),
         post_write_check: opts.iptables_post_write_check_interval_secs,
+        kernel_check: AgentOptions::timer(opts.kernel_check_interval),
+        kernel_verify: AgentOptions::timer(opts.kernel_verify_interval),
     };
     let health = Arc::new(Health::new(opts.dataplane_watchdog_timeout));
     // Bind the servers first: a port in use stops the agent before it touches the kernel.
@@ -253,6 +255,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         rules,
         backend: detect(&args.dataplane, &exec),
         ownership: agent::OWNERSHIP,
+        interest: agent::ours(),
         max_set_size: args.rules.max_ipset_size,
         exec,
     };

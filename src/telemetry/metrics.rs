@@ -39,6 +39,7 @@ pub struct Metrics {
     pub apply_seconds: Histogram,
     pub apply_failures: IntCounter,
     pub dataplane_resyncs: IntCounter,
+    pub dataplane_kernel_checks: IntCounterVec,
     pub dataplane_in_sync: IntGauge,
     pub programming_latency_seconds: Histogram,
     // calc graph and datastore
@@ -69,6 +70,7 @@ pub const NAMES: &[&str] = &[
     "netpol_dataplane_apply_seconds",
     "netpol_dataplane_apply_failures_total",
     "netpol_dataplane_resyncs_total",
+    "netpol_dataplane_kernel_checks_total",
     "netpol_dataplane_in_sync",
     "netpol_programming_latency_seconds",
     "netpol_calc_graph_update_seconds",
@@ -202,6 +204,12 @@ impl Metrics {
                 &r,
                 "netpol_dataplane_resyncs_total",
                 "full re-reads of the kernel (refresh timers and post-write checks)",
+            ),
+            dataplane_kernel_checks: counter_vec(
+                &r,
+                "netpol_dataplane_kernel_checks_total",
+                "cheap and exact checks whether the kernel's rules or sets of ours changed (result: unchanged, changed)",
+                &["result"],
             ),
             dataplane_in_sync: gauge(
                 &r,

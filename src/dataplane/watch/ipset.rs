@@ -236,6 +236,8 @@ pub struct IpsetWatch {
     headers: Option<HeaderMap>,
     /// Our sets' member digests at the last `baseline` or `verify`.
     members: Option<BTreeMap<String, MemberDigest>>,
+    /// Writes of our own happened since `members` was taken (`rebase_headers`).
+    members_stale: bool,
 }
 
 impl IpsetWatch {
@@ -246,6 +248,7 @@ impl IpsetWatch {
             headers_request: list_request(None, true)?,
             headers: None,
             members: None,
+            members_stale: false,
         })
     }
 
@@ -318,6 +321,16 @@ impl IpsetWatch {
         let names = self.our_names(&headers);
         self.members = Some(self.read_members(&names)?);
         self.headers = Some(headers);
+        self.members_stale = false;
+        Ok(())
+    }
+
+    /// After a write of our own, the cheap way: one header dump becomes the reference for
+    /// `check`; the member digests stay behind. Until the next `baseline`, `verify` cannot
+    /// tell our writes from others' and answers `Unknown`.
+    pub fn rebase_headers(&mut self) -> io::Result<()> {
+        self.headers = Some(self.headers()?);
+        self.members_stale = true;
         Ok(())
     }
 
@@ -341,12 +354,18 @@ impl IpsetWatch {
         let headers = self.headers()?;
         let names = self.our_names(&headers);
         let members = self.read_members(&names)?;
+        let stale = std::mem::replace(&mut self.members_stale, false);
         let (Some(seen_headers), Some(seen_members)) = (
             self.headers.replace(headers.clone()),
             self.members.replace(members.clone()),
         ) else {
             return Ok(Finding::Unknown("no fingerprint taken yet".into()));
         };
+        if stale {
+            return Ok(Finding::Unknown(
+                "our own writes since the last full fingerprint".into(),
+            ));
+        }
         let mut changed = changed_keys(&seen_headers, &headers);
         changed.extend(changed_keys(&seen_members, &members));
         Ok(self.interest.classify_sets(&changed))
