@@ -271,6 +271,9 @@ impl Metrics {
         for kind in ["Pod", "Namespace", "NetworkPolicy"] {
             m.rejected_objects.with_label_values(&[kind]).set(0);
         }
+        for result in ["unchanged", "changed"] {
+            m.dataplane_kernel_checks.with_label_values(&[result]);
+        }
         m
     }
 
