@@ -17,6 +17,7 @@ pub mod bridge;
 pub mod chains;
 pub mod dispatch;
 pub mod policy;
+pub mod provenance;
 pub mod render;
 
 use std::collections::HashMap;
