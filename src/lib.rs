@@ -26,3 +26,4 @@ pub mod ipsets;
 pub mod model;
 pub mod rules;
 pub mod telemetry;
+pub mod verdict;
