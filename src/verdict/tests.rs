@@ -478,8 +478,12 @@ fn check_cluster(
     namespaces: Vec<NamespaceInfo>,
     pods: Vec<PodInfo>,
     policies: Vec<PolicyInfo>,
+    bridge: bool,
 ) -> Result<(), TestCaseError> {
-    let cfg = RuleConfig::default();
+    let cfg = RuleConfig {
+        bridge: bridge.then(|| "cni0".to_string()),
+        ..RuleConfig::default()
+    };
     let compiled = compile(&cfg, &namespaces, &pods, &policies);
     let mut state = State::new(cfg.clone(), namespaces, pods.clone(), policies);
     let resolver = CalicoResolver::default();
@@ -488,7 +492,7 @@ fn check_cluster(
     }
     let view = NodeView {
         pod_prefixes: cfg.interface_prefixes.clone(),
-        bridge: None,
+        bridge: cfg.bridge.clone(),
     };
     let iface = |p: &PodInfo| resolver.resolve(p).unwrap();
     let outside: [IpAddr; 4] = [
@@ -546,35 +550,49 @@ fn check_cluster(
                 Side::Pod(i) => Some(state.pod_at(i).clone()),
                 _ => None,
             };
-            let packet = |i: Iface, o: Iface| Packet {
-                src,
-                dst,
-                protocol,
-                dport: port,
-                in_iface: i,
-                out_iface: o,
-                physdev_in: None,
-                physdev_out: None,
-                bridged: false,
+            // In routed mode the pod's veth is the interface; in bridge mode the bridge is,
+            // and the port shows only to -m physdev when the kernel knows it (see
+            // rules::bridge: bridged on one node, the entry port when routed out, nothing
+            // when routed in).
+            let packet = |from: Option<&PodInfo>, to: Option<&PodInfo>| {
+                let same_node =
+                    matches!((from, to), (Some(a), Some(b)) if node_of(a) == node_of(b));
+                let mut p = Packet {
+                    src,
+                    dst,
+                    protocol,
+                    dport: port,
+                    in_iface: from.map_or(Iface::NonPod, |a| Iface::Named(iface(a))),
+                    out_iface: to.map_or(Iface::NonPod, |b| Iface::Named(iface(b))),
+                    physdev_in: None,
+                    physdev_out: None,
+                    bridged: false,
+                };
+                if bridge {
+                    let br = || Iface::Named("cni0".into());
+                    if let Some(a) = from {
+                        p.in_iface = br();
+                        p.physdev_in = Some(iface(a));
+                    }
+                    if let Some(b) = to {
+                        p.out_iface = br();
+                        if same_node {
+                            p.physdev_out = Some(iface(b));
+                            p.bridged = true;
+                        }
+                    }
+                }
+                p
             };
             // One trace per node holding a side; the flow passes when every one accepts.
             let mut traces: Vec<(usize, kernel::Trace)> = Vec::new();
             if let Some(a) = &src_pod {
                 let na = node_of(a);
-                let out = match &dst_pod {
-                    Some(b) if node_of(b) == na => Iface::Named(iface(b)),
-                    _ => Iface::NonPod,
-                };
+                let to = dst_pod.as_ref().filter(|b| node_of(b) == na);
                 let (rs, sets) = &compiled.tables[&(na, family)];
                 traces.push((
                     na,
-                    kernel::trace(
-                        rs,
-                        sets,
-                        &view,
-                        "FORWARD",
-                        &packet(Iface::Named(iface(a)), out),
-                    ),
+                    kernel::trace(rs, sets, &view, "FORWARD", &packet(Some(a), to)),
                 ));
             }
             if let Some(b) = &dst_pod {
@@ -583,13 +601,7 @@ fn check_cluster(
                     let (rs, sets) = &compiled.tables[&(nb, family)];
                     traces.push((
                         nb,
-                        kernel::trace(
-                            rs,
-                            sets,
-                            &view,
-                            "FORWARD",
-                            &packet(Iface::NonPod, Iface::Named(iface(b))),
-                        ),
+                        kernel::trace(rs, sets, &view, "FORWARD", &packet(None, Some(b))),
                     ));
                 }
             }
@@ -681,16 +693,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// For random small clusters the evaluator's verdict equals the kernel interpreter's over
-    /// `compile` output, on both nodes and in both families, and the rule the report names as
+    /// `compile` output, on both nodes, in both families, routed and in bridge mode, and the rule the report names as
     /// deciding is one the kernel's trace matched.
     #[test]
     fn evaluator_agrees_with_the_kernel_interpreter(
         namespaces in namespaces(),
         pods in proptest::collection::vec(pod(), 1..7),
         policies in proptest::collection::vec(policy(), 0..5),
+        bridge in any::<bool>(),
     ) {
         let mut seen = std::collections::BTreeSet::new();
         let pods: Vec<PodInfo> = pods.into_iter().rev().filter(|p| seen.insert(p.key.clone())).collect();
-        check_cluster(namespaces, pods, policies)?;
+        check_cluster(namespaces, pods, policies, bridge)?;
     }
 }
