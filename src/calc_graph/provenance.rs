@@ -11,7 +11,7 @@ use crate::rules::chains::{
 };
 use crate::rules::dispatch::dispatch_chains_traced;
 use crate::rules::policy::policy_chains_traced;
-use crate::rules::provenance::{Provenance, RuleRole, TracedChain};
+use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
 
 use super::CalcGraph;
 
@@ -90,6 +90,11 @@ impl CalcGraph {
                 .iter()
                 .filter(|(_, p)| !p.selects.is_empty())
                 .map(|(k, p)| (k.clone(), p.info.clone()))
+                .collect(),
+            sets: self
+                .emitted_sets
+                .iter()
+                .map(|(id, def)| (set_name(family, id), describe_set(def)))
                 .collect(),
         }
     }

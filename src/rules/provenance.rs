@@ -23,6 +23,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kube::core::Expression;
 
+use crate::ipsets::SetDef;
 use crate::model::{
     IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch,
     PortSpec, Protocol,
@@ -261,6 +262,8 @@ pub struct Provenance {
     /// Interface → the local pod that owns it.
     pub pods_by_iface: BTreeMap<String, ObjectKey>,
     pub policies: BTreeMap<ObjectKey, PolicyInfo>,
+    /// Our sets (kernel name) → what they hold.
+    pub sets: BTreeMap<String, String>,
 }
 
 impl Provenance {
@@ -478,6 +481,26 @@ pub fn describe_port(spec: &PortSpec) -> String {
         PortMatch::Range { first, last } if first == last => format!("{proto} {first}"),
         PortMatch::Range { first, last } => format!("{proto} {first}-{last}"),
         PortMatch::Named(n) => format!("{proto} named port {n}"),
+    }
+}
+
+/// What one of our sets holds: `IPs of pods app=web in namespace x`, `ip,port of the TCP
+/// port named http of ...`.
+pub fn describe_set(def: &SetDef) -> String {
+    let pods = describe_peer(&Peer::Pods {
+        namespaces: def.namespaces().clone(),
+        pods: def.pods().clone(),
+    });
+    match def {
+        SetDef::Selector { .. } => format!("addresses of {pods}"),
+        SetDef::NamedPort {
+            protocol,
+            port_name,
+            ..
+        } => format!(
+            "address,port of the {} port named {port_name} of {pods}",
+            protocol.as_str().to_ascii_uppercase()
+        ),
     }
 }
 

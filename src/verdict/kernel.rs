@@ -431,10 +431,14 @@ impl KernelRule {
         }
     }
 
-    /// Whether the rule ends a packet's way through the table with an accept (`ACCEPT`) or
-    /// hands it back (`RETURN`), and whether it jumps somewhere.
-    pub fn accepts_or_returns(&self) -> bool {
-        matches!(self.parsed.target, Target::Accept | Target::Return)
+    /// Whether the rule's target is `ACCEPT`.
+    pub fn accepts(&self) -> bool {
+        self.parsed.target == Target::Accept
+    }
+
+    /// Whether the rule's target is `RETURN`.
+    pub fn returns(&self) -> bool {
+        self.parsed.target == Target::Return
     }
 
     /// The chain a jump or goto leads to.
@@ -443,6 +447,17 @@ impl KernelRule {
             Target::Jump(c) | Target::Goto(c) => Some(c),
             _ => None,
         }
+    }
+
+    /// Whether the rule can match the first packet of a pod's connection: an interface match
+    /// can rule pods out (`-i docker0`, `-o lo`), a conntrack match new connections
+    /// (`--ctstate RELATED,ESTABLISHED`), as far as the rule itself tells.
+    pub fn can_match_new_pod_traffic(&self, view: &NodeView) -> bool {
+        let new_ok = self.parsed.matches.iter().all(|m| match m {
+            Match::CtState(neg, states) => states.iter().any(|s| s == "NEW") != *neg,
+            _ => true,
+        });
+        new_ok && self.can_match_pod_traffic(view)
     }
 
     /// Whether the rule can match pod traffic at all: `false` when an interface match rules

@@ -252,6 +252,9 @@ pub struct State {
     /// Node addresses → node name.
     hosts: HashMap<IpAddr, String>,
     non_workloads: HashMap<ObjectKey, NonWorkload>,
+    /// Every container port each pod declares (named or not), for explaining a flow
+    /// without a port.
+    declared: HashMap<ObjectKey, Vec<(Protocol, u16)>>,
 }
 
 fn dir_index(d: Direction) -> usize {
@@ -337,6 +340,7 @@ impl State {
             interfaces: HashMap::new(),
             hosts: HashMap::new(),
             non_workloads: HashMap::new(),
+            declared: HashMap::new(),
         }
     }
 
@@ -350,6 +354,7 @@ impl State {
         let mut policies = Vec::new();
         let mut non_workloads = HashMap::new();
         let mut hosts = HashMap::new();
+        let mut declared: HashMap<ObjectKey, Vec<(Protocol, u16)>> = HashMap::new();
         for o in objects {
             match o {
                 K8sObject::Namespace(n) => match validate::namespace(n) {
@@ -362,6 +367,21 @@ impl State {
                 },
                 K8sObject::Pod(p) => {
                     let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                    let ports: Vec<(Protocol, u16)> = p
+                        .spec
+                        .iter()
+                        .flat_map(|s| {
+                            s.containers
+                                .iter()
+                                .chain(s.init_containers.iter().flatten())
+                        })
+                        .flat_map(|c| c.ports.iter().flatten())
+                        .filter_map(|cp| {
+                            let proto = Protocol::parse(cp.protocol.as_deref().unwrap_or("TCP"))?;
+                            Some((proto, u16::try_from(cp.container_port).ok()?))
+                        })
+                        .collect();
+                    declared.insert(validate::namespaced_key(&p.metadata), ports);
                     let status = p.status.as_ref();
                     if let Some(node) = &node {
                         let host_ips = status
@@ -416,7 +436,28 @@ impl State {
         hosts.retain(|ip, _| !state.by_ip.contains_key(ip));
         state.hosts = hosts;
         state.non_workloads = non_workloads;
+        state.declared = declared;
         (state, errors)
+    }
+
+    /// The container ports a pod declares for `protocol` (sorted, once each).
+    pub fn declared_ports(&self, pod: &ObjectKey, protocol: Protocol) -> Vec<u16> {
+        let mut ports: Vec<u16> = self
+            .declared
+            .get(pod)
+            .into_iter()
+            .flatten()
+            .filter(|(p, _)| *p == protocol)
+            .map(|(_, n)| *n)
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
+    /// The pod at an address, if a workload has it.
+    pub fn pod_by_ip(&self, ip: &IpAddr) -> Option<&PodInfo> {
+        self.pods_at(ip).first().map(|&i| &self.pods[i])
     }
 
     /// The host-side interface of a pod, which names its workload chains.
@@ -714,6 +755,103 @@ impl State {
             number: Some(n + 1),
             what: what.to_string(),
         })
+    }
+}
+
+/// One pass of a flow's first packet through a hook of one node's filter table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePass {
+    /// `FORWARD`, `INPUT` (to the node itself) or `OUTPUT` (from the node itself).
+    pub hook: &'static str,
+    pub packet: kernel::Packet,
+    /// The directions this pass enforces (what the policies' answer for the node is).
+    pub enforces: Vec<Direction>,
+}
+
+impl State {
+    /// How the flow's first packet crosses `node`'s filter table: one pass for the side(s)
+    /// that are local pods (or the node itself), with the interfaces (routed veths, or the
+    /// bridge and its ports) the kernel shows. Empty when nothing of the flow is on the node.
+    /// A local pod whose interface is not known is an error naming it.
+    pub fn node_passes(&self, flow: &ResolvedFlow, node: &str) -> Result<Vec<NodePass>, FlowError> {
+        use kernel::{Iface, Packet};
+        let local = |side: &Side| match side {
+            Side::Pod(i) => self.pods[*i].node.as_deref() == Some(node),
+            _ => false,
+        };
+        let iface = |side: &Side| -> Result<String, FlowError> {
+            let Side::Pod(i) = side else {
+                return Err(FlowError("not a pod".into()));
+            };
+            let key = &self.pods[*i].key;
+            self.interfaces.get(key).cloned().ok_or_else(|| {
+                FlowError(format!(
+                    "pod {key} is on node {node} but its interface is not known (check the interface-naming scheme and that the pod is running)"
+                ))
+            })
+        };
+        let is_host = |side: &Side| matches!(side, Side::Host { node: n } if n == node);
+        if matches!((&flow.src, &flow.dst), (Side::Pod(a), Side::Pod(b)) if a == b) {
+            return Ok(Vec::new());
+        }
+        let bridge = self.cfg.bridge.clone();
+        let (src_local, dst_local) = (local(&flow.src), local(&flow.dst));
+        let mut p = Packet {
+            src: flow.src_ip,
+            dst: flow.dst_ip,
+            protocol: flow.protocol,
+            dport: flow.port,
+            in_iface: Iface::NonPod,
+            out_iface: Iface::NonPod,
+            physdev_in: None,
+            physdev_out: None,
+            bridged: false,
+        };
+        let mut enforces = Vec::new();
+        let mut hook = "FORWARD";
+        if src_local {
+            let i = iface(&flow.src)?;
+            enforces.push(Direction::Egress);
+            match &bridge {
+                None => p.in_iface = Iface::Named(i),
+                Some(b) => {
+                    p.in_iface = Iface::Named(b.clone());
+                    p.physdev_in = Some(i);
+                }
+            }
+        } else if is_host(&flow.src) {
+            hook = "OUTPUT";
+            p.in_iface = Iface::Absent;
+        }
+        if dst_local {
+            let i = iface(&flow.dst)?;
+            if hook == "FORWARD" {
+                enforces.push(Direction::Ingress);
+            }
+            match &bridge {
+                None => p.out_iface = Iface::Named(i),
+                Some(b) => {
+                    p.out_iface = Iface::Named(b.clone());
+                    // Bridged between two ports of this node; routed in from elsewhere, the
+                    // kernel knows no port (rules::bridge).
+                    if src_local {
+                        p.physdev_out = Some(i);
+                        p.bridged = true;
+                    }
+                }
+            }
+        } else if is_host(&flow.dst) && src_local {
+            hook = "INPUT";
+            p.out_iface = Iface::Absent;
+        }
+        if !src_local && !dst_local {
+            return Ok(Vec::new());
+        }
+        Ok(vec![NodePass {
+            hook,
+            packet: p,
+            enforces,
+        }])
     }
 }
 

@@ -6,9 +6,7 @@ use std::net::IpAddr;
 
 use proptest::prelude::*;
 
-use super::kernel::{
-    self, Iface, KernelSets, KernelVerdict, NodeView, Packet, Ruleset, StepResult,
-};
+use super::kernel::{self, KernelSets, KernelVerdict, NodeView, Ruleset, StepResult};
 use super::*;
 use crate::agent::Calculation;
 use crate::calc_graph::tests::{label_map, pod, policy, NAMESPACES, NODE, NS_LABELS};
@@ -494,7 +492,6 @@ fn check_cluster(
         pod_prefixes: cfg.interface_prefixes.clone(),
         bridge: cfg.bridge.clone(),
     };
-    let iface = |p: &PodInfo| resolver.resolve(p).unwrap();
     let outside: [IpAddr; 4] = [
         "10.0.1.200".parse().unwrap(),
         "192.168.3.3".parse().unwrap(),
@@ -550,61 +547,24 @@ fn check_cluster(
                 Side::Pod(i) => Some(state.pod_at(i).clone()),
                 _ => None,
             };
-            // In routed mode the pod's veth is the interface; in bridge mode the bridge is,
-            // and the port shows only to -m physdev when the kernel knows it (see
-            // rules::bridge: bridged on one node, the entry port when routed out, nothing
-            // when routed in).
-            let packet = |from: Option<&PodInfo>, to: Option<&PodInfo>| {
-                let same_node =
-                    matches!((from, to), (Some(a), Some(b)) if node_of(a) == node_of(b));
-                let mut p = Packet {
-                    src,
-                    dst,
-                    protocol,
-                    dport: port,
-                    in_iface: from.map_or(Iface::NonPod, |a| Iface::Named(iface(a))),
-                    out_iface: to.map_or(Iface::NonPod, |b| Iface::Named(iface(b))),
-                    physdev_in: None,
-                    physdev_out: None,
-                    bridged: false,
-                };
-                if bridge {
-                    let br = || Iface::Named("cni0".into());
-                    if let Some(a) = from {
-                        p.in_iface = br();
-                        p.physdev_in = Some(iface(a));
-                    }
-                    if let Some(b) = to {
-                        p.out_iface = br();
-                        if same_node {
-                            p.physdev_out = Some(iface(b));
-                            p.bridged = true;
-                        }
-                    }
-                }
-                p
-            };
-            // One trace per node holding a side; the flow passes when every one accepts.
+            // One pass per node holding a side (State::node_passes: the interfaces, bridge
+            // ports and hook the kernel shows); the flow passes when every one accepts.
             let mut traces: Vec<(usize, kernel::Trace)> = Vec::new();
-            if let Some(a) = &src_pod {
-                let na = node_of(a);
-                let to = dst_pod.as_ref().filter(|b| node_of(b) == na);
-                let (rs, sets) = &compiled.tables[&(na, family)];
-                traces.push((
-                    na,
-                    kernel::trace(rs, sets, &view, "FORWARD", &packet(Some(a), to)),
-                ));
-            }
-            if let Some(b) = &dst_pod {
-                let nb = node_of(b);
-                if src_pod.as_ref().is_none_or(|a| node_of(a) != nb) {
-                    let (rs, sets) = &compiled.tables[&(nb, family)];
-                    traces.push((
-                        nb,
-                        kernel::trace(rs, sets, &view, "FORWARD", &packet(None, Some(b))),
-                    ));
+            for (n, node) in NODES.iter().enumerate() {
+                let passes = state
+                    .node_passes(&r, node)
+                    .map_err(|e| TestCaseError::fail(e.0))?;
+                let (rs, sets) = &compiled.tables[&(n, family)];
+                for pass in passes {
+                    traces.push((n, kernel::trace(rs, sets, &view, pass.hook, &pass.packet)));
                 }
             }
+            let sides = src_pod
+                .iter()
+                .chain(&dst_pod)
+                .map(node_of)
+                .collect::<std::collections::BTreeSet<_>>();
+            prop_assert_eq!(traces.len(), sides.len());
             let mut kernel_allows = true;
             for (_, t) in &traces {
                 match t.verdict.allowed() {
