@@ -22,6 +22,7 @@ pub mod dataplane;
 pub mod datastore;
 pub mod host;
 pub mod iface_naming;
+pub mod inspect;
 pub mod ipsets;
 pub mod model;
 pub mod rules;
