@@ -411,6 +411,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// The directory of manifests the agents read (the current step's objects).
+    pub fn manifests(&self) -> &Path {
+        &self.manifests
+    }
+
     /// Waits until every node's kernel holds exactly what `netpol-agent compile` renders for
     /// the manifests; on timeout says which node differs and how.
     pub fn wait_converged(&mut self) -> Result<Duration, String> {

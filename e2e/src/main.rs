@@ -7,6 +7,7 @@ mod cni;
 mod cri_server;
 mod demo;
 mod expect;
+mod explain_check;
 mod netns;
 mod probe;
 mod runner;
@@ -80,6 +81,10 @@ struct RunArgs {
     /// Print every step's truth tables, not only failing ones.
     #[arg(long, short)]
     verbose: bool,
+    /// Also hold `netpol-agent explain`'s verdict for every probe (computed from the step's
+    /// objects) against the expectation and the packets; a disagreement fails the step.
+    #[arg(long)]
+    check_explain: bool,
     /// Scenario files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -198,12 +203,18 @@ fn run(args: RunArgs) -> ExitCode {
         probe_timeout: Duration::from_millis(args.probe_timeout_ms),
         retry_wait: Duration::from_secs(1),
         verbose: args.verbose,
+        check_explain: args.check_explain,
     };
     let total = scenarios.len();
     println!(
-        "running {total} scenarios, cni {}, {} at a time",
+        "running {total} scenarios, cni {}, {} at a time{}",
         args.cni.name(),
-        cfg.jobs
+        cfg.jobs,
+        if cfg.check_explain {
+            ", every probe checked against explain"
+        } else {
+            ""
+        }
     );
     let start = Instant::now();
     let outcomes = runner::run_all(scenarios, &cfg, &stop);

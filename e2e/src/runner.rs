@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::expect::{mismatches, render, Observed};
+use crate::explain_check;
 use crate::probe::{self, Job};
 use crate::scenario::{PortKey, Scenario, Step, Target};
 
@@ -24,6 +25,8 @@ pub struct RunConfig {
     pub retry_wait: Duration,
     /// Print every step's tables, not only failing ones.
     pub verbose: bool,
+    /// Hold explain's verdict for every probe against the expectation and the packets.
+    pub check_explain: bool,
 }
 
 pub struct Outcome {
@@ -122,7 +125,15 @@ fn run_steps(
             Ok(d) => format!("converged in {} ms", d.as_millis()),
             Err(e) => format!("NOT CONVERGED: {e}"),
         };
-        if failing.is_empty() && converged.is_ok() {
+        let explain = if cfg.check_explain {
+            match explain_check::check(&cluster, step, &last) {
+                Ok(d) => d,
+                Err(e) => vec![format!("explain could not be checked: {e:#}\n")],
+            }
+        } else {
+            Vec::new()
+        };
+        if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
                 "  ok   {label}: {conv_text}{}",
@@ -136,6 +147,9 @@ fn run_steps(
             continue;
         }
         let _ = writeln!(report, "  FAIL {label}: {conv_text}");
+        for text in &explain {
+            report.push_str(&indent(text));
+        }
         for key in &failing {
             report.push_str(&indent(&render(*key, &step.expect[key], &last[key])));
         }
