@@ -423,7 +423,7 @@ fn audit_of_saved_dumps_names_each_tampering() {
     let cases: Vec<(&str, String, String)> = vec![
         (
             "bypass-above-jump",
-            format!("{rules}").replace("COMMIT", "-I FORWARD 1 -i cali+ -j ACCEPT\nCOMMIT"),
+            rules.replace("COMMIT", "-I FORWARD 1 -i cali+ -j ACCEPT\nCOMMIT"),
             sets.clone(),
         ),
         (
