@@ -240,7 +240,10 @@ fn parse_ports(text: &str) -> Option<Vec<(u16, u16)>> {
 
 /// The hash of a rule whose first comment is `cali:<hash>`.
 pub fn rule_hash(body: &str) -> Option<String> {
-    let w = words(body);
+    hash_of(&words(body))
+}
+
+fn hash_of(w: &[String]) -> Option<String> {
     let i = w.iter().position(|x| x == "--comment")?;
     w.get(i + 1)?
         .strip_prefix(RULE_HASH_PREFIX)
@@ -248,8 +251,7 @@ pub fn rule_hash(body: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-fn parse_rule(body: &str) -> ParsedRule {
-    let w = words(body);
+fn parse_rule(w: &[String]) -> ParsedRule {
     let mut matches = Vec::new();
     let mut target = Target::None;
     let mut module: Option<String> = None;
@@ -407,9 +409,10 @@ fn parse_rule(body: &str) -> ParsedRule {
 impl KernelRule {
     pub fn new(body: impl Into<String>) -> KernelRule {
         let body = body.into();
+        let w = words(&body);
         KernelRule {
-            hash: rule_hash(&body),
-            parsed: parse_rule(&body),
+            hash: hash_of(&w),
+            parsed: parse_rule(&w),
             body,
         }
     }
