@@ -87,10 +87,9 @@ pub fn run(
     let mut next_ipsets_refresh = Instant::now() + ipsets_refresh.unwrap_or(far);
     let mut next_kernel_check: Option<Instant> = None;
     let mut next_kernel_verify: Option<Instant> = None;
-    // Whether the next apply starts from a full read of that part (the fingerprints are then
-    // taken in full); the first one does.
+    // Whether the next apply starts from a full read of the rules (the fingerprint is then
+    // taken just before it); the first one does.
     let mut tables_read = true;
-    let mut sets_read = true;
     let mut next_check: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::apply_retry();
@@ -144,7 +143,7 @@ pub fn run(
         if now >= next_ipsets_refresh || verdict.ipsets.is_some() {
             next_ipsets_refresh = now + ipsets_refresh.unwrap_or(far);
             m.dataplane_resyncs.inc();
-            sets_read = true;
+            sentinel.before_sets_read();
             if let Err(e) = dp.resync_ipsets() {
                 warn!("IP set refresh failed: {e:#}");
             }
@@ -164,19 +163,19 @@ pub fn run(
         if retry_at.is_some_and(|t| now < t) || !dp.is_dirty() {
             continue;
         }
+        if tables_read {
+            sentinel.before_tables_read();
+        }
         match dp.apply() {
             Ok(report) => {
                 retry_at = None;
                 backoff.reset();
                 sentinel.after_apply(
-                    tables_read,
                     report.iptables_lines > 0,
-                    sets_read,
                     report.ipset_lines > 0,
                     dp.take_restore_pids(),
                 );
                 tables_read = false;
-                sets_read = false;
                 // The change checks start once the kernel holds what we want.
                 let now = Instant::now();
                 if next_kernel_check.is_none() {
@@ -211,7 +210,6 @@ pub fn run(
                 error!("apply failed, keeping the rules in place and retrying in {wait:?}: {e:#}");
                 retry_at = Some(Instant::now() + wait);
                 tables_read = true;
-                sets_read = true;
                 dp.invalidate_iptables();
             }
         }

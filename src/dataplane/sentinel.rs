@@ -261,14 +261,35 @@ impl Sentinel {
         v
     }
 
-    /// After a successful apply: our own writes are not changes. `tables_read`/`sets_read`:
-    /// the apply started from a full read of that part (the fingerprint is taken in full);
-    /// otherwise a part we wrote to gets the cheap new reference.
+    /// Just before the rules are read in full: the fingerprint is taken now, not after the
+    /// read, so a change made while the read runs (a read of 27k rules takes a second) is
+    /// seen by the next check instead of being taken for the reference.
+    pub fn before_tables_read(&mut self) {
+        if let Some(Tables::Legacy { watches, .. }) = &mut self.tables {
+            for w in watches.values_mut() {
+                if let Err(e) = w.baseline() {
+                    debug!("legacy iptables fingerprint: {e}");
+                }
+            }
+        }
+    }
+
+    /// Just before the IP sets are read in full; see [`Sentinel::before_tables_read`].
+    pub fn before_sets_read(&mut self) {
+        if let Some(w) = &mut self.sets {
+            if let Err(e) = w.baseline() {
+                debug!("IP set fingerprint: {e}");
+            }
+        }
+    }
+
+    /// After a successful apply: our own writes are not changes. A part we wrote to gets the
+    /// cheap new reference (legacy iptables is then read again by the driver's post-write
+    /// check, which takes the full fingerprint before it reads); a part we only read keeps
+    /// the fingerprint taken before the read.
     pub fn after_apply(
         &mut self,
-        tables_read: bool,
         tables_written: bool,
-        sets_read: bool,
         sets_written: bool,
         restore_pids: Vec<u32>,
     ) {
@@ -279,34 +300,21 @@ impl Sentinel {
             self.own_pids.push_back(pid);
         }
         match &mut self.tables {
-            Some(Tables::Legacy { watches, .. }) => {
+            Some(Tables::Legacy { watches, .. }) if tables_written => {
                 for w in watches.values_mut() {
-                    let done = if tables_read {
-                        w.baseline()
-                    } else if tables_written {
-                        w.rebase_info()
-                    } else {
-                        Ok(())
-                    };
-                    if let Err(e) = done {
+                    if let Err(e) = w.rebase_info() {
                         debug!("legacy iptables fingerprint: {e}");
                     }
                 }
             }
             // Our own commits are told apart by their process ids at the next check.
-            Some(Tables::Nft { .. }) => {}
-            None => {}
+            _ => {}
         }
         if let Some(w) = &mut self.sets {
-            let done = if sets_read {
-                w.baseline()
-            } else if sets_written {
-                w.rebase_headers()
-            } else {
-                Ok(())
-            };
-            if let Err(e) = done {
-                debug!("IP set fingerprint: {e}");
+            if sets_written {
+                if let Err(e) = w.rebase_headers() {
+                    debug!("IP set fingerprint: {e}");
+                }
             }
         }
     }
