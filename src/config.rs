@@ -549,6 +549,7 @@ impl RuleOptions {
                 InsertMode::Append => ChainInsertMode::Append,
             },
             bridge: self.bridge(),
+            deny_log: None,
         })
     }
 

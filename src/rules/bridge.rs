@@ -77,6 +77,7 @@ use ipnet::IpNet;
 use crate::model::IpFamily;
 
 use super::chains::deny;
+use super::deny_log;
 use super::{to_workload_chain, Action, Chain, Rule, RuleConfig, TO_WL_ADDR_DISPATCH};
 
 /// Neighbour solicitation and advertisement: pods on one bridge resolve each other with them.
@@ -149,7 +150,15 @@ pub fn addr_dispatch_chain(
             ..Rule::new(Action::Goto(to_workload_chain(iface)))
         })
         .collect();
-    rules.push(Rule::new(deny(cfg)).comment("Unknown workload address"));
+    // Traffic routed to an address no programmed pod has: a pod not programmed yet, as the
+    // dispatch trees' "Unknown interface".
+    rules.extend(deny_log::logged_drop(
+        cfg.deny_log.as_ref(),
+        Rule::new(deny(cfg)).comment("Unknown workload address"),
+        deny_log::DropKind::UnknownInterface,
+        super::Direction::Ingress,
+        TO_WL_ADDR_DISPATCH,
+    ));
     Chain::new(TO_WL_ADDR_DISPATCH, family, rules)
 }
 

@@ -4,6 +4,7 @@
 
 use crate::model::{IpFamily, ObjectKey};
 
+use super::deny_log::{self, DropKind};
 use super::{
     bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,
     Action, AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction,
@@ -149,22 +150,24 @@ pub fn endpoint_chains(
     ingress: &[ObjectKey],
     egress: &[ObjectKey],
 ) -> [Chain; 2] {
+    let (tw, fw) = (to_workload_chain(iface), from_workload_chain(iface));
     [
         Chain::new(
-            to_workload_chain(iface),
+            tw.clone(),
             family,
-            endpoint_rules(cfg, Direction::Ingress, namespace, ingress),
+            endpoint_rules(cfg, &tw, Direction::Ingress, namespace, ingress),
         ),
         Chain::new(
-            from_workload_chain(iface),
+            fw.clone(),
             family,
-            endpoint_rules(cfg, Direction::Egress, namespace, egress),
+            endpoint_rules(cfg, &fw, Direction::Egress, namespace, egress),
         ),
     ]
 }
 
 fn endpoint_rules(
     cfg: &RuleConfig,
+    chain: &str,
     direction: Direction,
     namespace: &str,
     policies: &[ObjectKey],
@@ -206,11 +209,15 @@ fn endpoint_rules(
                     .mark_match(m.accept, m.accept),
             );
         }
-        rules.push(
+        rules.extend(deny_log::logged_drop(
+            cfg.deny_log.as_ref(),
             Rule::new(deny(cfg))
                 .comment("Drop if no policies passed packet")
                 .mark_match(0, m.pass),
-        );
+            DropKind::Policy,
+            direction,
+            chain,
+        ));
     }
     rules.push(Rule::new(Action::Jump(profile_chain(direction, namespace))));
     rules.push(

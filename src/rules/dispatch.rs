@@ -10,8 +10,9 @@ use std::net::IpAddr;
 use crate::model::IpFamily;
 
 use super::chains::deny;
+use super::deny_log::{logged_drop, DropKind};
 use super::{
-    bridge, from_workload_chain, to_workload_chain, Action, Chain, Rule, RuleConfig,
+    bridge, from_workload_chain, to_workload_chain, Action, Chain, Direction, Rule, RuleConfig,
     FROM_WL_DISPATCH, TO_WL_DISPATCH,
 };
 
@@ -73,7 +74,19 @@ impl Side {
 }
 
 fn tree(cfg: &RuleConfig, family: IpFamily, names: &[&str], side: Side) -> Vec<Chain> {
-    let unknown = || Rule::new(deny(cfg)).comment("Unknown interface");
+    let direction = match side {
+        Side::From => Direction::Egress,
+        Side::To => Direction::Ingress,
+    };
+    let unknown = |chain: &str| {
+        logged_drop(
+            cfg.deny_log.as_ref(),
+            Rule::new(deny(cfg)).comment("Unknown interface"),
+            DropKind::UnknownInterface,
+            direction,
+            chain,
+        )
+    };
     let common = common_prefix(names);
     // Bin key: the common prefix plus the next character, or the name itself when it is the
     // common prefix. BTreeMap keeps bins in name order.
@@ -104,10 +117,10 @@ fn tree(cfg: &RuleConfig, family: IpFamily, names: &[&str], side: Side) -> Vec<C
             .iter()
             .map(|m| side.matching(cfg, m.to_string(), Action::Goto(side.endpoint_chain(m))))
             .collect();
-        rules.push(unknown());
+        rules.extend(unknown(&child));
         children.push(Chain::new(child, family, rules));
     }
-    root_rules.push(unknown());
+    root_rules.extend(unknown(side.root()));
     let mut chains = vec![Chain::new(side.root(), family, root_rules)];
     chains.extend(children);
     chains

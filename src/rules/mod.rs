@@ -146,6 +146,9 @@ pub struct RuleConfig {
     /// CNI `bridge` plugin). `None` is routed mode: each pod has its own routed host veth.
     /// See [`bridge`] for what changes.
     pub bridge: Option<String>,
+    /// Deny logging: an NFLOG rule before every drop policy makes (see
+    /// [`deny_log::logged_drop`]). `None` renders no log rule anywhere.
+    pub deny_log: Option<deny_log::DenyLogConfig>,
 }
 
 impl Default for RuleConfig {
@@ -158,6 +161,7 @@ impl Default for RuleConfig {
             deny_action: DenyAction::Drop,
             insert_mode: ChainInsertMode::Insert,
             bridge: None,
+            deny_log: None,
         }
     }
 }
@@ -176,6 +180,9 @@ pub enum Action {
         value: u32,
         mask: u32,
     },
+    /// `-j NFLOG ...`: copy the packet to an NFLOG group (deny logging, see
+    /// [`deny_log::logged_drop`]).
+    Nflog(deny_log::NflogTarget),
     /// A rule with no target (only counts packets); used for comment-only policy chains.
     None,
 }
@@ -336,6 +343,7 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
         Some(Action::Return) => arg("-j RETURN"),
         Some(Action::Jump(c)) => arg(&format!("-j {c}")),
         Some(Action::Goto(c)) => arg(&format!("-g {c}")),
+        Some(Action::Nflog(target)) => arg(target.text()),
         Some(Action::SetMark { value, mask }) => {
             let mut s = String::new();
             let _ = write!(s, "-j MARK --set-xmark {value:#x}/{mask:#x}");
