@@ -34,6 +34,7 @@ use crate::model::{DatastoreEvent, K8sObject, ObjectKind};
 use crate::rules;
 use crate::telemetry::health::{Health, Loop};
 use crate::telemetry::metrics;
+use crate::traffic::Traffic;
 
 /// What the dataplane's iptables writer owns: the chain and rule-hash names `rules` renders.
 pub const OWNERSHIP: Ownership = Ownership {
@@ -125,7 +126,8 @@ impl std::ops::DerefMut for Calculation {
 }
 
 /// Runs until `stop` is set or the datastore goes away. Leaves the rules in place on exit:
-/// pods stay protected while the agent restarts.
+/// pods stay protected while the agent restarts. `traffic` hears of every event, flush and
+/// turn, and publishes what deny logging and the rule counters need (nothing when off).
 pub fn run(
     mut graph: Calculation,
     dataplane_cfg: DataplaneConfig,
@@ -133,6 +135,7 @@ pub fn run(
     inputs: Receiver<Input>,
     stop: Arc<AtomicBool>,
     health: Arc<Health>,
+    mut traffic: Traffic,
 ) -> anyhow::Result<()> {
     let m = metrics::global();
     let (update_tx, update_rx) = channel::<Batch>();
@@ -155,6 +158,7 @@ pub fn run(
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
+        traffic.tick(&graph);
         let first = match inputs.recv_timeout(IDLE_TURN) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -186,6 +190,7 @@ pub fn run(
                     }
                     graph.set_event_time(Some(Instant::now()));
                     graph.apply(e);
+                    traffic.note(e);
                 }
                 Input::InterfacesChanged => rename_all = true,
             }
@@ -201,6 +206,7 @@ pub fn run(
         });
         m.calc_graph_update_seconds
             .observe(batch_start.elapsed().as_secs_f64());
+        traffic.after_batch(&graph, flushed.as_ref().map(|b| &b.update));
         export_graph_gauges(&graph, &mut rejections_seen);
         if let Some(b) = flushed {
             if !b.update.is_empty() && update_tx.send(b).is_err() {

@@ -12,7 +12,8 @@
 //! Underneath: `model` (the objects as the agent sees them and their validation; imports
 //! nothing of ours), `host` (processes, netlink, preflight checks of the node), `telemetry`
 //! (metrics, health, the HTTP servers), `backoff` (the one retry policy), `config` (flags and
-//! `FELIX_*` variables). `tests/house.rs` keeps these import directions honest.
+//! `FELIX_*` variables). Beside the path, `traffic` reports what the kernel saw of it (deny
+//! logs, rule counters), attributed with what the agent publishes of the graph. `tests/house.rs` keeps these import directions honest.
 
 pub mod agent;
 pub mod backoff;
@@ -26,3 +27,4 @@ pub mod ipsets;
 pub mod model;
 pub mod rules;
 pub mod telemetry;
+pub mod traffic;

@@ -15,6 +15,7 @@
 
 pub mod bridge;
 pub mod chains;
+pub mod counted;
 pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
@@ -332,25 +333,36 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
     for m in &rule.matches {
         arg(m);
     }
-    match &rule.action {
-        None | Some(Action::None) => {}
-        Some(Action::Accept) => arg("-j ACCEPT"),
-        Some(Action::Drop) => arg("-j DROP"),
-        Some(Action::Reject) => arg(match family {
-            IpFamily::V4 => "-j REJECT --reject-with icmp-port-unreachable",
-            IpFamily::V6 => "-j REJECT --reject-with icmp6-port-unreachable",
-        }),
-        Some(Action::Return) => arg("-j RETURN"),
-        Some(Action::Jump(c)) => arg(&format!("-j {c}")),
-        Some(Action::Goto(c)) => arg(&format!("-g {c}")),
-        Some(Action::Nflog(target)) => arg(target.text()),
-        Some(Action::SetMark { value, mask }) => {
-            let mut s = String::new();
-            let _ = write!(s, "-j MARK --set-xmark {value:#x}/{mask:#x}");
-            arg(&s)
+    if let Some(action) = &rule.action {
+        let target = action_text(action, family);
+        if !target.is_empty() {
+            arg(&target);
         }
     }
     out
+}
+
+/// A target as iptables-save prints it (`-j DROP`, `-g chain`, ...); empty for
+/// [`Action::None`].
+pub fn action_text(action: &Action, family: IpFamily) -> String {
+    match action {
+        Action::None => String::new(),
+        Action::Accept => "-j ACCEPT".into(),
+        Action::Drop => "-j DROP".into(),
+        Action::Reject => match family {
+            IpFamily::V4 => "-j REJECT --reject-with icmp-port-unreachable".into(),
+            IpFamily::V6 => "-j REJECT --reject-with icmp6-port-unreachable".into(),
+        },
+        Action::Return => "-j RETURN".into(),
+        Action::Jump(c) => format!("-j {c}"),
+        Action::Goto(c) => format!("-g {c}"),
+        Action::Nflog(target) => target.text().to_string(),
+        Action::SetMark { value, mask } => {
+            let mut s = String::new();
+            let _ = write!(s, "-j MARK --set-xmark {value:#x}/{mask:#x}");
+            s
+        }
+    }
 }
 
 /// felix's `GetLengthLimitedID`: `prefix + suffix` when it fits in `max` characters, else
