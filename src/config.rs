@@ -455,7 +455,7 @@ pub struct AgentOptions {
     pub policy_counters_enabled: bool,
     /// Seconds between reads of the kernel's rule counters (per-policy counters, and the
     /// denied-packet counters of deny logging).
-    #[arg(long, env = "FELIX_POLICYCOUNTERSINTERVAL", default_value = "30", value_parser = parse_timeout)]
+    #[arg(long, env = "FELIX_POLICYCOUNTERSINTERVAL", default_value = "60", value_parser = parse_timeout)]
     pub policy_counters_interval: Duration,
 }
 

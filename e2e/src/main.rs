@@ -6,6 +6,7 @@ mod cluster;
 mod cni;
 mod cri_server;
 mod demo;
+mod deny_check;
 mod expect;
 mod netns;
 mod probe;
@@ -80,6 +81,11 @@ struct RunArgs {
     /// Print every step's truth tables, not only failing ones.
     #[arg(long, short)]
     verbose: bool,
+    /// Turn deny logging on in every node and check it: each probe the expectation denies
+    /// must be logged exactly once, by the node that dropped it, naming both pods, the
+    /// direction and the policies isolating the pod there; no allowed probe may be.
+    #[arg(long)]
+    check_deny_logs: bool,
     /// Scenario files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -192,18 +198,25 @@ fn run(args: RunArgs) -> ExitCode {
             cni: args.cni,
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(args.converge_timeout_secs),
+            deny_logs: args.check_deny_logs,
         },
         jobs: args.jobs,
         probe_workers: args.probe_workers,
         probe_timeout: Duration::from_millis(args.probe_timeout_ms),
         retry_wait: Duration::from_secs(1),
         verbose: args.verbose,
+        check_deny_logs: args.check_deny_logs,
     };
     let total = scenarios.len();
     println!(
-        "running {total} scenarios, cni {}, {} at a time",
+        "running {total} scenarios, cni {}, {} at a time{}",
         args.cni.name(),
-        cfg.jobs
+        cfg.jobs,
+        if args.check_deny_logs {
+            ", checking deny logs"
+        } else {
+            ""
+        }
     );
     let start = Instant::now();
     let outcomes = runner::run_all(scenarios, &cfg, &stop);
@@ -248,6 +261,7 @@ fn demo(args: DemoArgs) -> ExitCode {
             cni: Cni::Calico,
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(20),
+            deny_logs: false,
         },
         manifests: args.cluster,
         policies: args.policies,

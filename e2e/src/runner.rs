@@ -24,6 +24,8 @@ pub struct RunConfig {
     pub retry_wait: Duration,
     /// Print every step's tables, not only failing ones.
     pub verbose: bool,
+    /// Check the agents' deny logs after each step (`cluster.deny_logs` turns them on).
+    pub check_deny_logs: bool,
 }
 
 pub struct Outcome {
@@ -108,13 +110,15 @@ fn run_steps(
         cluster.sync(&step.world)?;
         let converged = cluster.wait_converged();
         let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
-        let first = probe_step(&cluster, scenario.target, step, cfg);
+        let mut marks = cluster.log_marks();
+        let (first, mut ports) = probe_step(&cluster, scenario.target, step, cfg);
         let mut failing = failing_keys(step, &first);
         let mut last = first;
         let mut retried = false;
         if !failing.is_empty() {
             std::thread::sleep(cfg.retry_wait);
-            last = probe_step(&cluster, scenario.target, step, cfg);
+            marks = cluster.log_marks();
+            (last, ports) = probe_step(&cluster, scenario.target, step, cfg);
             failing = failing_keys(step, &last);
             retried = true;
         }
@@ -122,6 +126,22 @@ fn run_steps(
             Ok(d) => format!("converged in {} ms", d.as_millis()),
             Err(e) => format!("NOT CONVERGED: {e}"),
         };
+        if cfg.check_deny_logs && failing.is_empty() && converged.is_ok() {
+            let problems =
+                crate::deny_check::check(&cluster, &step.world, &step.expect, &ports, &marks);
+            if !problems.is_empty() {
+                let _ = writeln!(
+                    report,
+                    "  FAIL {label}: {conv_text}; deny logs: {} problems",
+                    problems.len()
+                );
+                for p in problems.iter().take(20) {
+                    let _ = writeln!(report, "    {p}");
+                }
+                report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
+                return Ok(false);
+            }
+        }
         if failing.is_empty() && converged.is_ok() {
             let _ = writeln!(
                 report,
@@ -165,7 +185,7 @@ fn probe_step(
     target: Target,
     step: &Step,
     cfg: &RunConfig,
-) -> BTreeMap<PortKey, Observed> {
+) -> (BTreeMap<PortKey, Observed>, crate::probe::SourcePorts) {
     let mut jobs = Vec::new();
     for key in step.expect.keys() {
         for from in cluster.pods.values() {

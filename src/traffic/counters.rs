@@ -7,8 +7,8 @@
 //! The calculation loop builds a [`CounterPlan`] from the graph (which rule hash, in which
 //! chain and family, counts what) and publishes it at most once per interval when chains
 //! changed; a thread reads the kernel on the interval (`host::rule_counters`: one getsockopt
-//! pair per family on legacy, one netlink dump per family on nft; no child process) and adds
-//! what each counted rule gained since the last read.
+//! pair per family on legacy, one netlink dump per counted chain on nft; no child process)
+//! and adds what each counted rule gained since the last read.
 //!
 //! Counting rules: the first read after start is the baseline (counts from before the agent
 //! started are not exported); a rule seen for the first time later (a new policy, a new pod)
@@ -27,8 +27,8 @@ use crate::host::rule_counters::{self, Family, Xtables};
 use crate::model::{IpFamily, ObjectKey};
 use crate::rules::counted::Classifier;
 use crate::rules::{
-    from_workload_chain, policy_chain, to_workload_chain, Direction, CHAIN_PREFIX,
-    FROM_WL_DISPATCH, RULE_HASH_PREFIX, TO_WL_ADDR_DISPATCH, TO_WL_DISPATCH,
+    from_workload_chain, policy_chain, to_workload_chain, Direction, FROM_WL_DISPATCH,
+    RULE_HASH_PREFIX, TO_WL_ADDR_DISPATCH, TO_WL_DISPATCH,
 };
 use crate::telemetry::metrics;
 
@@ -150,6 +150,18 @@ impl CounterPlan {
             .map(|(_, c)| c)
     }
 
+    /// The chains of `family` holding counted rules (what a read asks the kernel for).
+    pub fn chains(&self, family: IpFamily) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .chains
+            .keys()
+            .filter(|(f, _)| *f == family)
+            .map(|(_, c)| c.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Every counted rule.
     pub fn rules(&self) -> impl Iterator<Item = (IpFamily, &str, &str, &Counted)> {
         self.chains.iter().flat_map(|((f, chain), rules)| {
@@ -250,17 +262,19 @@ fn read_all(
                 IpFamily::V6 => Family::V6,
             };
             let mut reading = HashMap::new();
-            let result = rule_counters::read(settings.xtables, fam, "filter", CHAIN_PREFIX, |c| {
-                let Some(hash) = c.comment.strip_prefix(RULE_HASH_PREFIX) else {
-                    return;
-                };
-                if plan.lookup(family, c.chain, hash).is_some() {
-                    reading.insert(
-                        (c.chain.to_string(), hash.to_string()),
-                        (c.packets, c.bytes),
-                    );
-                }
-            });
+            let chains = plan.chains(family);
+            let result =
+                rule_counters::read_chains(settings.xtables, fam, "filter", &chains, |c| {
+                    let Some(hash) = c.comment.strip_prefix(RULE_HASH_PREFIX) else {
+                        return;
+                    };
+                    if plan.lookup(family, c.chain, hash).is_some() {
+                        reading.insert(
+                            (c.chain.to_string(), hash.to_string()),
+                            (c.packets, c.bytes),
+                        );
+                    }
+                });
             (family, result.map(|_| reading))
         })
         .collect()

@@ -314,3 +314,72 @@ pub fn deny_lines(log: &str) -> Vec<serde_json::Value> {
 pub fn dir_of(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// A TCP SYN header (checksummed for `src` → `dst`) for raw sockets.
+pub fn tcp_syn(
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    seq: u32,
+) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0..2].copy_from_slice(&sport.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[4..8].copy_from_slice(&seq.to_be_bytes());
+    h[12] = 5 << 4;
+    h[13] = 0x02; // SYN
+    h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    let mut sum: u32 = 0;
+    for chunk in src.octets().chunks(2).chain(dst.octets().chunks(2)) {
+        sum += u32::from(u16::from_be_bytes([chunk[0], chunk[1]]));
+    }
+    sum += 6 + 20;
+    for chunk in h.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([chunk[0], chunk[1]]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    h
+}
+
+/// Sends `pps` SYNs per second for `duration` from pod `from` to `to:port`, each from a new
+/// source port (each its own flow); returns how many were sent.
+pub fn syn_flood(
+    node: &PodNode,
+    from: &str,
+    to: std::net::Ipv4Addr,
+    port: u16,
+    pps: u64,
+    duration: Duration,
+) -> u64 {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let pod = node.pod(from);
+    let src = pod.v4;
+    let socket = crate::common::in_netns(&pod.ns.name, || {
+        let s = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::TCP)).unwrap();
+        s.bind(&SockAddr::from(std::net::SocketAddr::new(src.into(), 0)))
+            .unwrap();
+        s
+    });
+    let target = SockAddr::from(std::net::SocketAddr::new(to.into(), 0));
+    let start = Instant::now();
+    let total = (pps as f64 * duration.as_secs_f64()) as u64;
+    let mut sent = 0u64;
+    while sent < total {
+        let due = ((start.elapsed().as_secs_f64() * pps as f64) as u64).min(total);
+        while sent < due {
+            let sport = 1024 + (sent % 64000) as u16;
+            let syn = tcp_syn(src, to, sport, port, sent as u32);
+            if socket.send_to(&syn, &target).is_ok() {
+                sent += 1;
+            } else {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sent
+}
