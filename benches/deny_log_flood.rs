@@ -9,13 +9,15 @@
 //! - idle (the baseline): no flood;
 //! - flood: `y/attacker` sends `NPA_FLOOD_PPS` (default 20000) SYNs per second to
 //!   `x/server:80` from a raw socket, each from a new source port (every SYN a new flow: the
-//!   worst case for deduplication).
+//!   worst case for deduplication);
+//! - the same flood against the agent restarted with deny logging off: what the flood costs
+//!   the node whatever the agent does (the kernel's forwarding and dropping, the sender).
 //!
 //! In both phases `y/client` runs TCP transactions against `x/web` (connect, one byte each
 //! way, close) back to back, so other pods' traffic is measured under the same load: their
-//! rate and p50/p99 latency, flood against idle. Per phase: the agent's CPU time (all its
-//! threads, `/proc/<pid>/stat`) and its deny-log thread's (`nflog-<group>`), as a share of one
-//! core; deny lines written (from the agent's log) and their rate; and from `/metrics` the NFLOG
+//! rate and p50/p99 latency, flood against idle and against the flood without deny logging.
+//! Per phase: the agent's CPU time (all its threads, from each thread's `schedstat`) and its
+//! deny-log thread's (`nflog-<group>`), as a share of one core; deny lines written (from the agent's log) and their rate; and from `/metrics` the NFLOG
 //! messages read and lost and the packets the kernel counted as denied for `x/server`.
 //! The machine's cores are shared by the flood's sender, the bystanders and the agent, so the
 //! bystanders' figures include the sender's own CPU use.
@@ -53,31 +55,20 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64
-}
-
-/// utime + stime of a `/proc/.../stat` file, in seconds.
-fn stat_cpu(path: &str) -> Option<f64> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / ticks())
-}
-
-/// (whole process, the named thread) CPU seconds.
+/// CPU seconds of the process's threads (all, and those named `thread`), from each thread's
+/// `schedstat` (nanoseconds on the CPU; the tick-based `stat` fields are too coarse here).
 fn agent_cpu(pid: u32, thread: &str) -> (f64, f64) {
-    let all = stat_cpu(&format!("/proc/{pid}/stat")).unwrap_or(0.0);
-    let mut named = 0.0;
+    let (mut all, mut named) = (0.0, 0.0);
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
+            let ns: f64 = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0.0);
+            all += ns / 1e9;
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
             if comm.trim() == thread {
-                named += stat_cpu(&t.path().join("stat").display().to_string()).unwrap_or(0.0);
+                named += ns / 1e9;
             }
         }
     }
@@ -207,13 +198,33 @@ fn main() {
     node.wait_converged(Duration::from_secs(30));
     echo_server(&node, "x/web", 8080);
     let web = SocketAddr::new(node.pod("x/web").v4.into(), 8080);
-    let pid = node.agent_pid();
     let thread = format!("nflog-{GROUP}");
     let server = node.pod("x/server").v4;
     std::thread::sleep(Duration::from_secs(1));
 
     let mut phases = Vec::new();
-    for (name, flood) in [("idle", false), ("flood", true)] {
+    let mut metrics = String::new();
+    for (name, flood, logging) in [
+        ("idle", false, true),
+        ("flood", true, true),
+        ("flood, deny logging off", true, false),
+    ] {
+        if !logging {
+            // The same agent without deny logging: what the flood costs the node anyway.
+            if let Some(mut agent) = node.agent.take() {
+                let _ = agent.kill();
+                let _ = agent.wait();
+            }
+            node.start_agent(&[
+                ("FELIX_LOGFORMAT", "json"),
+                ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+                ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+                ("FELIX_PROMETHEUSMETRICSPORT", "9092"),
+            ]);
+            node.wait_converged(Duration::from_secs(30));
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let pid = node.agent_pid();
         let lines_before = deny_lines(&node.log()).len();
         let stop = Arc::new(AtomicBool::new(false));
         let by = bystander(node.pod("y/client").ns.name.clone(), web, stop.clone());
@@ -233,6 +244,12 @@ fn main() {
         // Lines of packets the kernel logged near the end reach the log within a moment.
         std::thread::sleep(Duration::from_millis(500));
         let lines = deny_lines(&node.log()).len() - lines_before;
+        if flood && logging {
+            std::thread::sleep(Duration::from_millis(1500));
+            metrics = common::http_get(&node.node.name, 9091, "/metrics")
+                .unwrap()
+                .1;
+        }
         phases.push(Phase {
             name,
             wall,
@@ -246,16 +263,12 @@ fn main() {
             p99: lat.get(lat.len() * 99 / 100).copied().unwrap_or_default(),
         });
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    let metrics = common::http_get(&node.node.name, 9091, "/metrics")
-        .unwrap()
-        .1;
 
     println!(
         "deny-log flood: {pps} denied SYNs/s for {secs} s from y/attacker to x/server:80 (new source port each), deny-log rate {rate}/s burst {burst}, nft backend"
     );
     println!(
-        "{:<6} {:>8} {:>7} {:>9} {:>11} {:>11} {:>12} {:>10} {:>10} {:>8}",
+        "{:<24} {:>8} {:>7} {:>9} {:>11} {:>11} {:>12} {:>10} {:>10} {:>8}",
         "phase",
         "sent",
         "lines",
@@ -269,7 +282,7 @@ fn main() {
     );
     for p in &phases {
         println!(
-            "{:<6} {:>8} {:>7} {:>9.1} {:>10.3}% {:>10.3}% {:>12.0} {:>10.3} {:>10.3} {:>8}",
+            "{:<24} {:>8} {:>7} {:>9.1} {:>10.3}% {:>10.3}% {:>12.0} {:>10.3} {:>10.3} {:>8}",
             p.name,
             p.sent,
             p.lines,
@@ -282,12 +295,20 @@ fn main() {
             p.bystander_failed
         );
     }
-    let (idle, flood) = (&phases[0], &phases[1]);
+    let (idle, flood, off) = (&phases[0], &phases[1], &phases[2]);
+    let rate = |p: &Phase| p.bystander as f64 / p.wall;
+    let cpu = |p: &Phase| p.agent_cpu / p.wall;
     println!(
         "flood vs idle: agent cpu {:.2}x, bystander rate {:.2}x, bystander p99 {:.2}x",
-        (flood.agent_cpu / flood.wall) / (idle.agent_cpu / idle.wall).max(1e-9),
-        (flood.bystander as f64 / flood.wall) / (idle.bystander as f64 / idle.wall).max(1e-9),
+        cpu(flood) / cpu(idle).max(1e-9),
+        rate(flood) / rate(idle).max(1e-9),
         flood.p99.as_secs_f64() / idle.p99.as_secs_f64().max(1e-9)
+    );
+    println!(
+        "flood with deny logging vs without: agent cpu {:.2}x, bystander rate {:.2}x, bystander p99 {:.2}x",
+        cpu(flood) / cpu(off).max(1e-9),
+        rate(flood) / rate(off).max(1e-9),
+        flood.p99.as_secs_f64() / off.p99.as_secs_f64().max(1e-9)
     );
     println!(
         "metrics: nflog messages {}, lost {}, overruns {}, lines {}, suppressed {}, denied packets counted by the kernel for x/server {}",

@@ -7,6 +7,11 @@
 //! list as `policies` exactly the policies that isolate the pod on that side in that
 //! direction — computed here from the scenario's own policies and pod labels, not from the
 //! agent — which also means that pod must be isolated in the direction the line says.
+//!
+//! A probe to a port its target does not serve fails whatever policy says (nothing answers),
+//! so the expectation's "denied" says nothing about policy there: such a probe must not be
+//! logged when no policy isolates either end, and is not checked otherwise (telling whether
+//! policy would have allowed it takes the policy evaluation the check avoids).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -75,20 +80,40 @@ fn flow_of(v: &serde_json::Value) -> Option<FlowKey> {
     })
 }
 
-/// The problems with the deny lines written since `marks` for the probes of one step
-/// (empty: all good).
+/// What the check found for one step.
+pub struct Checked {
+    /// Empty: all good.
+    pub problems: Vec<String>,
+    /// Denied probes, each of which had to be logged.
+    pub denied: usize,
+    /// Allowed probes (and probes of unserved ports no policy isolates), none of which could
+    /// be.
+    pub allowed: usize,
+    /// Probes of unserved ports where policy isolates an end: not checked.
+    pub unchecked: usize,
+}
+
+/// Checks the deny lines written since `marks` against the probes of one step.
 pub fn check(
     cluster: &Cluster,
     world: &World,
     expect: &BTreeMap<PortKey, TruthTable>,
     ports: &SourcePorts,
     marks: &[u64],
-) -> Vec<String> {
+) -> Checked {
     let isolated = match isolation(world) {
         Ok(i) => i,
-        Err(e) => return vec![format!("cannot read the step's policies: {e:#}")],
+        Err(e) => {
+            return Checked {
+                problems: vec![format!("cannot read the step's policies: {e:#}")],
+                denied: 0,
+                allowed: 0,
+                unchecked: 0,
+            }
+        }
     };
     let mut problems = Vec::new();
+    let mut unchecked = 0;
     // (probe, its flow, allowed?)
     let mut probes = Vec::new();
     for (key, table) in expect {
@@ -102,6 +127,24 @@ pub fn check(
             else {
                 problems.push(format!("{key} {from} -> {to}: the probe never left"));
                 continue;
+            };
+            let served = dst
+                .pod
+                .ports
+                .iter()
+                .any(|p| p.port == key.port && p.protocol == key.protocol);
+            let (from_isolated, to_isolated) = (
+                isolated.get(from).is_some_and(|i| !i.1.is_empty()),
+                isolated.get(to).is_some_and(|i| !i.0.is_empty()),
+            );
+            let allowed = match (served, allowed) {
+                (true, allowed) => allowed,
+                // Unanswered whatever policy says: no policy in the way means no line.
+                (false, _) if !from_isolated && !to_isolated => true,
+                (false, _) => {
+                    unchecked += 1;
+                    continue;
+                }
             };
             let flow = FlowKey {
                 protocol: key.protocol.as_str().to_ascii_lowercase(),
@@ -182,5 +225,11 @@ pub fn check(
             problems.push(format!("{what}: {}", wrong.join("; ")));
         }
     }
-    problems
+    let denied = probes.iter().filter(|p| !p.4).count();
+    Checked {
+        problems,
+        denied,
+        allowed: probes.len() - denied,
+        unchecked,
+    }
 }

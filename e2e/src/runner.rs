@@ -126,26 +126,37 @@ fn run_steps(
             Ok(d) => format!("converged in {} ms", d.as_millis()),
             Err(e) => format!("NOT CONVERGED: {e}"),
         };
+        let mut deny_text = String::new();
         if cfg.check_deny_logs && failing.is_empty() && converged.is_ok() {
-            let problems =
+            let checked =
                 crate::deny_check::check(&cluster, &step.world, &step.expect, &ports, &marks);
-            if !problems.is_empty() {
+            if !checked.problems.is_empty() {
                 let _ = writeln!(
                     report,
                     "  FAIL {label}: {conv_text}; deny logs: {} problems",
-                    problems.len()
+                    checked.problems.len()
                 );
-                for p in problems.iter().take(20) {
+                for p in checked.problems.iter().take(20) {
                     let _ = writeln!(report, "    {p}");
                 }
                 report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
                 return Ok(false);
             }
+            deny_text = format!(
+                "; deny logs: {} denied probes logged, {} allowed not{}",
+                checked.denied,
+                checked.allowed,
+                if checked.unchecked > 0 {
+                    format!(", {} to unserved ports not checked", checked.unchecked)
+                } else {
+                    String::new()
+                }
+            );
         }
         if failing.is_empty() && converged.is_ok() {
             let _ = writeln!(
                 report,
-                "  ok   {label}: {conv_text}{}",
+                "  ok   {label}: {conv_text}{}{deny_text}",
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {
