@@ -362,6 +362,12 @@ fn deny_logs_name_pods_direction_and_policies(backend: &'static str) {
     }
     let denied = cases.iter().filter(|(_, e)| e.is_some()).count();
     assert_eq!(lines.len(), denied, "no other deny lines: {lines:#?}");
+    if let Some(sample) = lines
+        .iter()
+        .find(|l| l["protocol"] == "tcp" && l["direction"] == "ingress")
+    {
+        println!("{backend} sample line: {sample}");
+    }
     let slowest = delays.iter().max().unwrap();
     println!(
         "{backend}: {denied} denied probes, one line each, slowest {slowest:?}; {} allowed, none logged",
