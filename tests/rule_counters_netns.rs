@@ -226,6 +226,12 @@ fn policy_and_pod_counters_follow_real_packets_and_pods_leaving() {
         let bytes = metric(&text, "netpol_policy_bytes_total", policy);
         let denied = metric(&text, "netpol_denied_packets_total", pod);
         if allowed == Some(5) && denied == Some(3) {
+            for name in netpol_agent::telemetry::metrics::TRAFFIC_NAMES {
+                assert!(
+                    text.contains(&format!("# TYPE {name} ")),
+                    "{name} missing:\n{text}"
+                );
+            }
             // 72 bytes of payload, 8 of UDP header, 20 of IPv4 header.
             assert_eq!(bytes, Some(5 * 100), "{text}");
             break;

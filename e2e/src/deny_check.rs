@@ -27,9 +27,11 @@ use crate::scenario::{PortKey, World};
 /// How long lines may take to appear after the probes ended.
 const SETTLE: Duration = Duration::from_secs(2);
 
-/// The policies isolating each pod, per direction: `(ingress, egress)`, each `ns/name`,
-/// sorted (the agent lists them in key order too).
-fn isolation(world: &World) -> anyhow::Result<BTreeMap<String, (Vec<String>, Vec<String>)>> {
+/// Per pod, the policies isolating it: `(ingress, egress)`, each `ns/name`, sorted (the
+/// agent lists them in key order too).
+type Isolation = BTreeMap<String, (Vec<String>, Vec<String>)>;
+
+fn isolation(world: &World) -> anyhow::Result<Isolation> {
     let mut policies = Vec::new();
     for (key, doc) in &world.policies {
         let np: NetworkPolicy =

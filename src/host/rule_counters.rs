@@ -361,7 +361,7 @@ mod nft {
 
     /// An attribute's value with the lifetime of the message (`NlaBuffer::value` borrows the
     /// buffer struct instead).
-    fn value<'a>(nla: NlaBuffer<&'a [u8]>) -> &'a [u8] {
+    fn value(nla: NlaBuffer<&[u8]>) -> &[u8] {
         let len = usize::from(nla.length());
         let whole = nla.into_inner();
         whole.get(4..len.min(whole.len())).unwrap_or(&[])
@@ -646,7 +646,7 @@ mod tests {
         let mut out = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
         out.extend_from_slice(&kind.to_ne_bytes());
         out.extend_from_slice(value);
-        while out.len() % 4 != 0 {
+        while !out.len().is_multiple_of(4) {
             out.push(0);
         }
         out

@@ -93,6 +93,11 @@ pub const NAMES: &[&str] = &[
     "netpol_datastore_in_sync",
     "netpol_rejections_total",
     "netpol_rejected_objects",
+];
+
+/// The metrics of deny logging and the rule counters: exported when those are on, the
+/// labelled ones once something was counted for a pod or policy.
+pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_deny_log_messages_total",
     "netpol_deny_log_lost_total",
     "netpol_deny_log_overruns_total",
@@ -420,7 +425,7 @@ mod tests {
         m.policy_packets.with_label_values(&["x", "p", "ingress"]);
         m.policy_bytes.with_label_values(&["x", "p", "ingress"]);
         let text = m.encode();
-        for name in NAMES {
+        for name in NAMES.iter().chain(TRAFFIC_NAMES) {
             assert!(
                 text.contains(&format!("# TYPE {name} ")),
                 "{name} missing from\n{text}"

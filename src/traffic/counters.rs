@@ -218,7 +218,7 @@ impl Deltas {
         &mut self,
         family: IpFamily,
         plan: &CounterPlan,
-        reading: HashMap<(String, String), (u64, u64)>,
+        reading: Reading,
         gains: &mut Gains,
     ) {
         let baseline = self.baseline_done.insert(family);
@@ -245,14 +245,14 @@ impl Deltas {
     }
 }
 
+/// One family's counted rules: (chain, hash) → (packets, bytes).
+pub type Reading = HashMap<(String, String), (u64, u64)>;
+
 /// Reads every family once; the counted rules' readings per family.
 fn read_all(
     settings: &CounterSettings,
     plan: &CounterPlan,
-) -> Vec<(
-    IpFamily,
-    std::io::Result<HashMap<(String, String), (u64, u64)>>,
-)> {
+) -> Vec<(IpFamily, std::io::Result<Reading>)> {
     settings
         .families
         .iter()
