@@ -189,8 +189,8 @@ pub fn run(
                         started = Instant::now();
                     }
                     graph.set_event_time(Some(Instant::now()));
+                    traffic.before(&graph, e);
                     graph.apply(e);
-                    traffic.note(e);
                 }
                 Input::InterfacesChanged => rename_all = true,
             }

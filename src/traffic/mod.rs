@@ -8,6 +8,7 @@ pub mod attribution;
 pub mod counters;
 pub mod deny_log;
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -46,8 +47,9 @@ pub struct Traffic {
 struct DenyState {
     attribution: Arc<Attribution>,
     reader: DenyLog,
-    /// Pods whose addresses changed in this batch (looked up in the graph after it).
-    touched: Vec<ObjectKey>,
+    /// Pods events of this batch were about, with their addresses before the batch (their
+    /// addresses after it are looked up in the graph then).
+    touched: HashMap<ObjectKey, Vec<std::net::IpAddr>>,
     chains_published: bool,
 }
 
@@ -82,7 +84,7 @@ impl Traffic {
             traffic.deny = Some(DenyState {
                 attribution,
                 reader,
-                touched: Vec::new(),
+                touched: HashMap::new(),
                 chains_published: false,
             });
         }
@@ -110,23 +112,28 @@ impl Traffic {
         self.deny.as_ref().map(|d| d.attribution.clone())
     }
 
-    /// One datastore event entered the graph.
-    pub fn note(&mut self, event: &DatastoreEvent) {
+    /// A datastore event is about to enter the graph: remembers a pod's addresses before it.
+    pub fn before(&mut self, graph: &CalcGraph, event: &DatastoreEvent) {
         let Some(deny) = self.deny.as_mut() else {
             return;
         };
-        match event {
-            DatastoreEvent::Upsert(o) => {
-                if let K8sObject::Pod(p) = o.as_ref() {
-                    deny.touched.push(namespaced_key(&p.metadata));
-                }
+        let key = match event {
+            DatastoreEvent::Upsert(o) => match o.as_ref() {
+                K8sObject::Pod(p) => namespaced_key(&p.metadata),
+                _ => return,
+            },
+            DatastoreEvent::Delete(r) if r.kind == ObjectKind::Pod => match r.key.split_once('/') {
+                Some((ns, name)) => ObjectKey::new(ns, name),
+                None => return,
+            },
+            _ => return,
+        };
+        let old = graph.pod(&key).map(|p| p.ips.as_slice()).unwrap_or(&[]);
+        let seen = deny.touched.entry(key).or_default();
+        for ip in old {
+            if !seen.contains(ip) {
+                seen.push(*ip);
             }
-            DatastoreEvent::Delete(r) if r.kind == ObjectKind::Pod => {
-                if let Some((ns, name)) = r.key.split_once('/') {
-                    deny.touched.push(ObjectKey::new(ns, name));
-                }
-            }
-            _ => {}
         }
     }
 
@@ -137,12 +144,11 @@ impl Traffic {
         if let Some(deny) = self.deny.as_mut() {
             if !deny.touched.is_empty() {
                 let touched = std::mem::take(&mut deny.touched);
-                let ips: Vec<Vec<std::net::IpAddr>> = touched
-                    .iter()
-                    .map(|k| graph.pod(k).map(|p| p.ips.clone()).unwrap_or_default())
-                    .collect();
                 deny.attribution
-                    .update_addresses(touched.iter().zip(ips.iter().map(Vec::as_slice)));
+                    .update_addresses(touched.iter().map(|(key, old)| {
+                        let new = graph.pod(key).map(|p| p.ips.as_slice()).unwrap_or(&[]);
+                        (key, old.as_slice(), new)
+                    }));
             }
             if chains_changed || (update.is_some() && !deny.chains_published) {
                 deny.attribution
