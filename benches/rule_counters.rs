@@ -84,6 +84,7 @@ fn main() {
             policies: 1_000,
             namespaces: 300,
             local,
+            dual: false,
         };
         let (mut g, _) = synthetic::build(scale, &mut Rng(42));
         g.flush();

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use netpol_agent::model::validate;
+use netpol_agent::model::{validate, IpFamily};
 
 use crate::cluster::{node_name, Cluster};
 use crate::expect::TruthTable;
@@ -100,6 +100,7 @@ pub fn check(
     cluster: &Cluster,
     world: &World,
     expect: &BTreeMap<PortKey, TruthTable>,
+    families: &[IpFamily],
     ports: &SourcePorts,
     marks: &[u64],
 ) -> Checked {
@@ -118,44 +119,46 @@ pub fn check(
     let mut unchecked = 0;
     // (probe, its flow, allowed?)
     let mut probes = Vec::new();
-    for (key, table) in expect {
-        for (from, to, allowed) in table.pairs() {
-            let (Some(src), Some(dst)) = (cluster.pods.get(from), cluster.pods.get(to)) else {
-                continue;
-            };
-            let Some(port) = ports
-                .get(key)
-                .and_then(|p| p.get(&(from.to_string(), to.to_string())))
-            else {
-                problems.push(format!("{key} {from} -> {to}: the probe never left"));
-                continue;
-            };
-            let served = dst
-                .pod
-                .ports
-                .iter()
-                .any(|p| p.port == key.port && p.protocol == key.protocol);
-            let (from_isolated, to_isolated) = (
-                isolated.get(from).is_some_and(|i| !i.1.is_empty()),
-                isolated.get(to).is_some_and(|i| !i.0.is_empty()),
-            );
-            let allowed = match (served, allowed) {
-                (true, allowed) => allowed,
-                // Unanswered whatever policy says: no policy in the way means no line.
-                (false, _) if !from_isolated && !to_isolated => true,
-                (false, _) => {
-                    unchecked += 1;
+    for &family in families {
+        for (key, table) in expect {
+            for (from, to, allowed) in table.pairs() {
+                let (Some(src), Some(dst)) = (cluster.pods.get(from), cluster.pods.get(to)) else {
                     continue;
-                }
-            };
-            let flow = FlowKey {
-                protocol: key.protocol.as_str().to_ascii_lowercase(),
-                src_ip: src.pod.ip.to_string(),
-                src_port: u64::from(*port),
-                dst_ip: dst.pod.ip.to_string(),
-                dst_port: u64::from(key.port),
-            };
-            probes.push((*key, from.to_string(), to.to_string(), flow, allowed));
+                };
+                let Some(port) = ports
+                    .get(&(family, *key))
+                    .and_then(|p| p.get(&(from.to_string(), to.to_string())))
+                else {
+                    problems.push(format!("{key} {from} -> {to}: the probe never left"));
+                    continue;
+                };
+                let served = dst
+                    .pod
+                    .ports
+                    .iter()
+                    .any(|p| p.port == key.port && p.protocol == key.protocol);
+                let (from_isolated, to_isolated) = (
+                    isolated.get(from).is_some_and(|i| !i.1.is_empty()),
+                    isolated.get(to).is_some_and(|i| !i.0.is_empty()),
+                );
+                let allowed = match (served, allowed) {
+                    (true, allowed) => allowed,
+                    // Unanswered whatever policy says: no policy in the way means no line.
+                    (false, _) if !from_isolated && !to_isolated => true,
+                    (false, _) => {
+                        unchecked += 1;
+                        continue;
+                    }
+                };
+                let flow = FlowKey {
+                    protocol: key.protocol.as_str().to_ascii_lowercase(),
+                    src_ip: src.pod.addr(family).to_string(),
+                    src_port: u64::from(*port),
+                    dst_ip: dst.pod.addr(family).to_string(),
+                    dst_port: u64::from(key.port),
+                };
+                probes.push((*key, from.to_string(), to.to_string(), flow, allowed));
+            }
         }
     }
     // Wait until every denied probe has a line (or give up after SETTLE).

@@ -8,6 +8,8 @@ mod cri_server;
 mod demo;
 mod deny_check;
 mod expect;
+mod explain_check;
+mod family;
 mod netns;
 mod probe;
 mod runner;
@@ -15,6 +17,7 @@ mod runtime;
 mod scenario;
 mod sctp;
 mod servers;
+mod services;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +29,9 @@ use clap::{Args, Parser, Subcommand};
 
 use cluster::{Backend, ClusterConfig};
 use cni::Cni;
+use family::FamilyMode;
 use runner::RunConfig;
+use services::ServiceProxy;
 
 #[derive(Parser)]
 #[command(
@@ -69,6 +74,14 @@ struct RunArgs {
     /// auto-detection should find).
     #[arg(long, value_enum, default_value = "nft")]
     iptables_backend: Backend,
+    /// IP families of pods, ClusterIPs and the node underlay; scenario addresses are mapped
+    /// into the IPv6 pod space for ipv6 and dual, and dual probes every pair over both.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    ip_family: FamilyMode,
+    /// How the simulated kube-proxy DNATs ClusterIPs: iptables rules, or an nft table of its
+    /// own (kube-proxy's nftables mode).
+    #[arg(long, value_enum, default_value = "iptables")]
+    service_proxy: ServiceProxy,
     /// Timeout of one probe, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     probe_timeout_ms: u64,
@@ -86,6 +99,10 @@ struct RunArgs {
     /// direction and the policies isolating the pod there; no allowed probe may be.
     #[arg(long)]
     check_deny_logs: bool,
+    /// Also hold `netpol-agent explain`'s verdict for every probe (computed from the step's
+    /// objects) against the expectation and the packets; a disagreement fails the step.
+    #[arg(long)]
+    check_explain: bool,
     /// Scenario files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -199,6 +216,8 @@ fn run(args: RunArgs) -> ExitCode {
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(args.converge_timeout_secs),
             deny_logs: args.check_deny_logs,
+            family: args.ip_family,
+            proxy: args.service_proxy,
         },
         jobs: args.jobs,
         probe_workers: args.probe_workers,
@@ -206,16 +225,26 @@ fn run(args: RunArgs) -> ExitCode {
         retry_wait: Duration::from_secs(1),
         verbose: args.verbose,
         check_deny_logs: args.check_deny_logs,
+        check_explain: args.check_explain,
     };
     let total = scenarios.len();
+    let checks: Vec<&str> = [
+        (cfg.check_explain, "every probe checked against explain"),
+        (args.check_deny_logs, "checking deny logs"),
+    ]
+    .into_iter()
+    .filter_map(|(on, what)| on.then_some(what))
+    .collect();
     println!(
-        "running {total} scenarios, cni {}, {} at a time{}",
+        "running {total} scenarios, cni {}, ip family {}, service proxy {}, {} at a time{}",
         args.cni.name(),
+        args.ip_family.name(),
+        args.service_proxy.name(),
         cfg.jobs,
-        if args.check_deny_logs {
-            ", checking deny logs"
+        if checks.is_empty() {
+            String::new()
         } else {
-            ""
+            format!(", {}", checks.join(", "))
         }
     );
     let start = Instant::now();
@@ -262,6 +291,8 @@ fn demo(args: DemoArgs) -> ExitCode {
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(20),
             deny_logs: false,
+            family: FamilyMode::Ipv4,
+            proxy: ServiceProxy::Iptables,
         },
         manifests: args.cluster,
         policies: args.policies,

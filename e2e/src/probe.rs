@@ -6,11 +6,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use netpol_agent::model::IpFamily;
 use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
 
 use crate::expect::{Observed, Outcome};
@@ -24,8 +25,12 @@ pub struct Job {
     pub from_netns: Arc<File>,
     pub to: String,
     pub to_uid: usize,
-    pub addr: Ipv4Addr,
+    /// The target (ClusterIP or pod address) in the family probed.
+    pub addr: IpAddr,
 }
+
+/// What a set of probes saw, per family and port key.
+pub type Results = BTreeMap<(IpFamily, PortKey), Observed>;
 
 static NONCE: AtomicU32 = AtomicU32::new(0);
 
@@ -40,20 +45,20 @@ fn nonce() -> u32 {
     }
 }
 
-/// The source port each probe left from, per port key and (from, to): with the addresses,
-/// what names the probe's flow in a deny log.
-pub type SourcePorts = BTreeMap<PortKey, BTreeMap<(String, String), u16>>;
+/// The source port each probe left from, per family, port key and (from, to): with the
+/// addresses, what names the probe's flow in a deny log.
+pub type SourcePorts = BTreeMap<(IpFamily, PortKey), BTreeMap<(String, String), u16>>;
 
-/// Runs every job on `workers` threads and returns what each pair saw per port key, and the
-/// source port of each probe.
+/// Runs every job on `workers` threads and returns what each pair saw per family and port
+/// key, and the source port of each probe.
 pub fn run(
     jobs: Vec<Job>,
     workers: usize,
     timeout: Duration,
     sctp: &SctpLog,
-) -> (BTreeMap<PortKey, Observed>, SourcePorts) {
+) -> (Results, SourcePorts) {
     let queue = Mutex::new(jobs);
-    let results: Mutex<BTreeMap<PortKey, Observed>> = Mutex::new(BTreeMap::new());
+    let results: Mutex<Results> = Mutex::new(BTreeMap::new());
     let ports: Mutex<SourcePorts> = Mutex::new(BTreeMap::new());
     std::thread::scope(|scope| {
         for _ in 0..workers.max(1) {
@@ -79,14 +84,14 @@ pub fn run(
                         ports
                             .lock()
                             .expect("not poisoned")
-                            .entry(job.key)
+                            .entry((IpFamily::of(&job.addr), job.key))
                             .or_default()
                             .insert((job.from.clone(), job.to.clone()), port);
                     }
                     results
                         .lock()
                         .expect("not poisoned")
-                        .entry(job.key)
+                        .entry((IpFamily::of(&job.addr), job.key))
                         .or_default()
                         .insert((job.from.clone(), job.to.clone()), outcome);
                 }
@@ -101,7 +106,7 @@ pub fn run(
 
 /// The outcome, and the source port the probe left from (when it left).
 fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> (Outcome, Option<u16>) {
-    let addr: SocketAddr = SocketAddrV4::new(job.addr, job.key.port).into();
+    let addr = SocketAddr::new(job.addr, job.key.port);
     match job.key.protocol {
         Protocol::Tcp => tcp(addr, &job.to, timeout),
         Protocol::Udp => udp(addr, &job.to, timeout),
@@ -115,11 +120,21 @@ fn local_port(socket: &Socket) -> Option<u16> {
 
 fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) {
     let start = Instant::now();
-    let Ok(socket) = Socket::new(Domain::IPV4, Type::STREAM, Some(SockProtocol::TCP)) else {
+    let Ok(socket) = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM,
+        Some(SockProtocol::TCP),
+    ) else {
         return (Outcome::WrongPeer("cannot open a TCP socket".into()), None);
     };
     // Bound first, so the source port is known even when the connection never completes.
-    let any: SocketAddr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0).into();
+    let any = SocketAddr::new(
+        match addr {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        },
+        0,
+    );
     if socket.bind(&any.into()).is_err() {
         return (Outcome::WrongPeer("cannot bind a TCP socket".into()), None);
     }
@@ -142,7 +157,12 @@ fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) 
 }
 
 fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) {
-    let Ok(socket) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+    let local = if addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let Ok(socket) = std::net::UdpSocket::bind(local) else {
         return (Outcome::WrongPeer("cannot open a UDP socket".into()), None);
     };
     let port = socket.local_addr().ok().map(|a| a.port());
@@ -187,8 +207,11 @@ fn udp_probe(
 }
 
 fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> (Outcome, Option<u16>) {
+    // A raw socket of the target's family: the kernel writes the IP header (IPv4 and IPv6
+    // alike) and our CRC32c needs no pseudo-header.
+    let dest = SocketAddr::new(job.addr, 0);
     let Ok(socket) = Socket::new(
-        Domain::IPV4,
+        Domain::for_address(dest),
         Type::RAW,
         Some(SockProtocol::from(SCTP_PROTOCOL)),
     ) else {
@@ -200,7 +223,6 @@ fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> (Outcome, Option<u1
     let tag = nonce();
     let src_port = 20_000 + (tag % 40_000) as u16;
     let packet = crate::sctp::init_packet(src_port, job.key.port, tag);
-    let dest: SocketAddr = SocketAddrV4::new(job.addr, 0).into();
     if socket.send_to(&packet, &dest.into()).is_err() {
         return (Outcome::Blocked, None);
     }

@@ -4,15 +4,18 @@
 //! more after a short wait before it counts as failed; the first failed step ends the
 //! scenario. Scenarios run `--jobs` at a time; each one's report is printed in one piece.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use netpol_agent::model::IpFamily;
+
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::expect::{mismatches, render, Observed};
-use crate::probe::{self, Job};
+use crate::explain_check;
+use crate::family::{addr_of, family_name};
+use crate::probe::{self, Job, Results};
 use crate::scenario::{PortKey, Scenario, Step, Target};
 
 #[derive(Clone, Debug)]
@@ -26,6 +29,8 @@ pub struct RunConfig {
     pub verbose: bool,
     /// Check the agents' deny logs after each step (`cluster.deny_logs` turns them on).
     pub check_deny_logs: bool,
+    /// Hold explain's verdict for every probe against the expectation and the packets.
+    pub check_explain: bool,
 }
 
 pub struct Outcome {
@@ -112,24 +117,39 @@ fn run_steps(
         let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
         let mut marks = cluster.log_marks();
         let (first, mut ports) = probe_step(&cluster, scenario.target, step, cfg);
-        let mut failing = failing_keys(step, &first);
+        let families = cfg.cluster.family.families();
+        let mut failing = failing_keys(step, families, &first);
         let mut last = first;
         let mut retried = false;
         if !failing.is_empty() {
             std::thread::sleep(cfg.retry_wait);
             marks = cluster.log_marks();
             (last, ports) = probe_step(&cluster, scenario.target, step, cfg);
-            failing = failing_keys(step, &last);
+            failing = failing_keys(step, families, &last);
             retried = true;
         }
         let conv_text = match &converged {
             Ok(d) => format!("converged in {} ms", d.as_millis()),
             Err(e) => format!("NOT CONVERGED: {e}"),
         };
+        let explain = if cfg.check_explain {
+            match explain_check::check(&cluster, step, &last) {
+                Ok(d) => d,
+                Err(e) => vec![format!("explain could not be checked: {e:#}\n")],
+            }
+        } else {
+            Vec::new()
+        };
         let mut deny_text = String::new();
-        if cfg.check_deny_logs && failing.is_empty() && converged.is_ok() {
-            let checked =
-                crate::deny_check::check(&cluster, &step.world, &step.expect, &ports, &marks);
+        if cfg.check_deny_logs && failing.is_empty() && converged.is_ok() && explain.is_empty() {
+            let checked = crate::deny_check::check(
+                &cluster,
+                &step.world,
+                &step.expect,
+                families,
+                &ports,
+                &marks,
+            );
             if !checked.problems.is_empty() {
                 let _ = writeln!(
                     report,
@@ -153,22 +173,41 @@ fn run_steps(
                 }
             );
         }
-        if failing.is_empty() && converged.is_ok() {
+        if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
                 "  ok   {label}: {conv_text}{}{deny_text}",
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {
-                for (key, table) in &step.expect {
-                    report.push_str(&indent(&render(*key, table, &last[key])));
+                for &family in cfg.cluster.family.families() {
+                    for (key, table) in &step.expect {
+                        report.push_str(&indent(&render_family(
+                            cfg,
+                            family,
+                            *key,
+                            table,
+                            &last[&(family, *key)],
+                        )));
+                    }
                 }
             }
             continue;
         }
         let _ = writeln!(report, "  FAIL {label}: {conv_text}");
-        for key in &failing {
-            report.push_str(&indent(&render(*key, &step.expect[key], &last[key])));
+        for text in &explain {
+            report.push_str(&indent(text));
+        }
+        let empty = Observed::new();
+        for (family, key) in &failing {
+            let seen = last.get(&(*family, *key)).unwrap_or(&empty);
+            report.push_str(&indent(&render_family(
+                cfg,
+                *family,
+                *key,
+                &step.expect[key],
+                seen,
+            )));
         }
         if !failing.is_empty() {
             report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
@@ -182,39 +221,69 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
 }
 
-fn failing_keys(step: &Step, observed: &BTreeMap<PortKey, Observed>) -> Vec<PortKey> {
-    let empty = Observed::new();
-    step.expect
-        .iter()
-        .filter(|(key, table)| !mismatches(table, observed.get(key).unwrap_or(&empty)).is_empty())
-        .map(|(key, _)| *key)
-        .collect()
+/// A table, headed by its family when the cluster has more than IPv4.
+fn render_family(
+    cfg: &RunConfig,
+    family: IpFamily,
+    key: PortKey,
+    table: &crate::expect::TruthTable,
+    seen: &Observed,
+) -> String {
+    let text = render(key, table, seen);
+    if cfg.cluster.family.families() == [IpFamily::V4] {
+        text
+    } else {
+        format!("over {}:\n{text}", family_name(family))
+    }
 }
 
+/// The (family, key) pairs whose observation differs from the expectation: every family of
+/// the cluster is held to the same table.
+fn failing_keys(
+    step: &Step,
+    families: &[IpFamily],
+    observed: &Results,
+) -> Vec<(IpFamily, PortKey)> {
+    let empty = Observed::new();
+    let mut out = Vec::new();
+    for &family in families {
+        for (key, table) in &step.expect {
+            let seen = observed.get(&(family, *key)).unwrap_or(&empty);
+            if !mismatches(table, seen).is_empty() {
+                out.push((family, *key));
+            }
+        }
+    }
+    out
+}
+
+/// Every ordered pair × probed key × family of the cluster, in one pool.
 fn probe_step(
     cluster: &Cluster,
     target: Target,
     step: &Step,
     cfg: &RunConfig,
-) -> (BTreeMap<PortKey, Observed>, crate::probe::SourcePorts) {
+) -> (Results, probe::SourcePorts) {
     let mut jobs = Vec::new();
-    for key in step.expect.keys() {
-        for from in cluster.pods.values() {
-            for to in cluster.pods.values() {
-                if from.pod.uid == to.pod.uid {
-                    continue;
+    for &family in cfg.cluster.family.families() {
+        for key in step.expect.keys() {
+            for from in cluster.pods.values() {
+                for to in cluster.pods.values() {
+                    if from.pod.uid == to.pod.uid {
+                        continue;
+                    }
+                    jobs.push(Job {
+                        key: *key,
+                        from: from.pod.key(),
+                        from_netns: from.handle.clone(),
+                        to: to.pod.key(),
+                        to_uid: to.pod.uid,
+                        addr: match target {
+                            Target::Service => addr_of(to.pod.cluster_ip, family),
+                            Target::Pod => to.pod.addr(family),
+                        },
+                    });
                 }
-                jobs.push(Job {
-                    key: *key,
-                    from: from.pod.key(),
-                    from_netns: from.handle.clone(),
-                    to: to.pod.key(),
-                    to_uid: to.pod.uid,
-                    addr: match target {
-                        Target::Service => to.pod.cluster_ip,
-                        Target::Pod => to.pod.ip,
-                    },
-                });
             }
         }
     }

@@ -16,9 +16,10 @@
 //! `compile`) names it at the edge and answers with `set_interface`, before `flush`. Until it
 //! is named a local pod has no chains, and its traffic meets "Unknown interface".
 
+mod provenance;
 mod set_index;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub mod update;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

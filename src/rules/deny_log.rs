@@ -29,6 +29,7 @@
 
 use std::fmt;
 
+use crate::rules::provenance::{RuleList, RuleRole};
 use crate::rules::{Action, Direction, Rule};
 
 /// Longest prefix both backends store and print identically.
@@ -454,6 +455,25 @@ pub fn logged_drop(
     }
     .matching(cfg.limit.clone());
     vec![log, drop]
+}
+
+/// [`logged_drop`] into a traced rule list: the log rule is a [`RuleRole::DenyLog`], the drop
+/// keeps `role`.
+pub(crate) fn push_logged_drop(
+    rules: &mut RuleList,
+    cfg: Option<&DenyLogConfig>,
+    drop: Rule,
+    kind: DropKind,
+    direction: Direction,
+    chain: &str,
+    role: impl FnOnce() -> RuleRole,
+) {
+    let mut logged = logged_drop(cfg, drop, kind, direction, chain);
+    let drop = logged.pop().expect("logged_drop returns the drop last");
+    for log in logged {
+        rules.push(log, || RuleRole::DenyLog);
+    }
+    rules.push(drop, role);
 }
 
 #[cfg(test)]
