@@ -10,7 +10,7 @@
 
 use crate::model::IpFamily;
 
-use super::chains::deny;
+use super::deny;
 use super::{action_text, Action, RuleConfig};
 
 pub const POLICY_DROP_COMMENT: &str = "Drop if no policies passed packet";

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use crate::model::IpFamily;
 
-use super::chains::deny;
+use super::deny;
 use super::deny_log::{push_logged_drop, DropKind};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
