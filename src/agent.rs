@@ -206,9 +206,10 @@ pub fn run(
             graph.interfaces_changed();
         }
         m.calc_graph_events.inc_by(datastore_events);
-        let flushed = in_sync.then(|| Batch {
+        let mut flushed = in_sync.then(|| Batch {
             update: graph.flush(),
             programming_starts: graph.take_programming_starts(),
+            on_applied: Vec::new(),
         });
         if just_synced {
             info!(
@@ -221,9 +222,17 @@ pub fn run(
         m.calc_graph_update_seconds
             .observe(batch_start.elapsed().as_secs_f64());
         traffic.after_batch(&graph, flushed.as_ref().map(|b| &b.update));
+        if let Some(f) = traffic.take_on_applied() {
+            match flushed.as_mut() {
+                // Even with an empty update: behind the batches still being applied.
+                Some(b) => b.on_applied.push(f),
+                // Nothing was ever sent: nothing to wait for.
+                None => f(),
+            }
+        }
         export_graph_gauges(&graph, &mut rejections_seen);
         if let Some(b) = flushed {
-            if !b.update.is_empty() && update_tx.send(b).is_err() {
+            if (!b.update.is_empty() || !b.on_applied.is_empty()) && update_tx.send(b).is_err() {
                 break 'events;
             }
         }

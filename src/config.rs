@@ -468,6 +468,15 @@ pub struct AgentOptions {
     /// denied-packet counters of deny logging).
     #[arg(long, env = "FELIX_POLICYCOUNTERSINTERVAL", default_value = "60", value_parser = parse_timeout)]
     pub policy_counters_interval: Duration,
+    /// Cut tracked connections that policy no longer allows: after an update takes something
+    /// from a local pod, its conntrack entries are held against the new policy state and the
+    /// denied ones deleted.
+    #[arg(long, env = "FELIX_CONNTRACKREEVALUATE", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub conntrack_reevaluate: bool,
+    /// Conntrack re-evaluation: seconds between two re-evaluations at most (changes in
+    /// between are coalesced into one).
+    #[arg(long, env = "FELIX_CONNTRACKREEVALUATEINTERVAL", default_value = "0.25", value_parser = parse_timeout)]
+    pub conntrack_reevaluate_interval: Duration,
 }
 
 impl AgentOptions {

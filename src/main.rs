@@ -45,6 +45,7 @@ use netpol_agent::rules::{chains::kernel_chain_rules, render};
 use netpol_agent::telemetry::health::Health;
 use netpol_agent::telemetry::http;
 use netpol_agent::traffic::counters::CounterSettings;
+use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
 use netpol_agent::traffic::{Traffic, TrafficConfig};
 
@@ -71,7 +72,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Enforce NetworkPolicy on this node until stopped (SIGTERM leaves the rules in place).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Remove every chain, kernel-chain rule and IP set netpol-agent owns, and nothing else.
     Cleanup(CleanupArgs),
     /// Print the ipset and iptables-restore input a node needs for a set of manifests.
@@ -150,7 +151,7 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     init_logging(&cli.log);
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Cleanup(args) => cleanup(args),
         Command::Compile(args) => compile(args),
         Command::Explain(args) => return inspect::explain::run(&args),
@@ -299,6 +300,11 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 interval: opts.policy_counters_interval,
             }),
             policy_counters: opts.policy_counters_enabled,
+            conntrack: opts.conntrack_reevaluate.then(|| CutterSettings {
+                node: node.clone(),
+                rules: dataplane_cfg.rules.clone(),
+                interval: opts.conntrack_reevaluate_interval,
+            }),
         },
         stop.clone(),
     )?;

@@ -564,6 +564,18 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             "--policy-counters-interval",
             "seconds > 0",
         ),
+        (
+            "FELIX_CONNTRACKREEVALUATE",
+            "sometimes",
+            "--conntrack-reevaluate",
+            "true or false",
+        ),
+        (
+            "FELIX_CONNTRACKREEVALUATEINTERVAL",
+            "0",
+            "--conntrack-reevaluate-interval",
+            "seconds > 0",
+        ),
     ];
     for (var, value, flag, accepted) in cases {
         rejects(var, value, flag, accepted, &[]);
@@ -668,6 +680,8 @@ fn help_documents_every_variable_and_default() {
         "FELIX_DENYLOGDEDUPWINDOW",
         "FELIX_POLICYCOUNTERSENABLED",
         "FELIX_POLICYCOUNTERSINTERVAL",
+        "FELIX_CONNTRACKREEVALUATE",
+        "FELIX_CONNTRACKREEVALUATEINTERVAL",
     ] {
         assert!(
             help.contains(&format!("[env: {var}=]")),

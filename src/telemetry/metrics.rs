@@ -67,6 +67,12 @@ pub struct Metrics {
     pub policy_bytes: IntCounterVec,
     pub rule_counter_read_seconds: Histogram,
     pub rule_counter_read_errors: IntCounter,
+    // conntrack re-evaluation (FELIX_CONNTRACKREEVALUATE)
+    pub conntrack_reevaluations: IntCounter,
+    pub conntrack_entries_evaluated: IntCounter,
+    /// Labels: direction (the side whose policy denies the flow now).
+    pub conntrack_cuts: IntCounterVec,
+    pub conntrack_errors: IntCounter,
 }
 
 /// The names of every metric, for documentation checks and tests.
@@ -114,6 +120,14 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_policy_bytes_total",
     "netpol_rule_counters_read_seconds",
     "netpol_rule_counters_read_errors_total",
+];
+
+/// The metrics of conntrack re-evaluation: exported when it is on.
+pub const CONNTRACK_NAMES: &[&str] = &[
+    "netpol_conntrack_reevaluations_total",
+    "netpol_conntrack_entries_evaluated_total",
+    "netpol_conntrack_cuts_total",
+    "netpol_conntrack_errors_total",
 ];
 
 fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
@@ -363,6 +377,27 @@ impl Metrics {
                 "netpol_rule_counters_read_errors_total",
                 "reads of the kernel's rule counters that failed",
             ),
+            conntrack_reevaluations: counter(
+                &r,
+                "netpol_conntrack_reevaluations_total",
+                "re-evaluations of local pods' tracked connections after policy took something away (at most one per FELIX_CONNTRACKREEVALUATEINTERVAL)",
+            ),
+            conntrack_entries_evaluated: counter(
+                &r,
+                "netpol_conntrack_entries_evaluated_total",
+                "conntrack entries of re-evaluated pods held against the new policy state",
+            ),
+            conntrack_cuts: counter_vec(
+                &r,
+                "netpol_conntrack_cuts_total",
+                "tracked connections deleted because policy now denies them, by the direction that denies them",
+                &["direction"],
+            ),
+            conntrack_errors: counter(
+                &r,
+                "netpol_conntrack_errors_total",
+                "conntrack listings or deletions that failed",
+            ),
             registry: r,
         };
         // Series that exist from the start, so a scrape shows them at zero.
@@ -442,8 +477,9 @@ mod tests {
             .with_label_values(&["ingress"]);
         m.policy_packets.with_label_values(&["x", "p", "ingress"]);
         m.policy_bytes.with_label_values(&["x", "p", "ingress"]);
+        m.conntrack_cuts.with_label_values(&["ingress"]);
         let text = m.encode();
-        for name in NAMES.iter().chain(TRAFFIC_NAMES) {
+        for name in NAMES.iter().chain(TRAFFIC_NAMES).chain(CONNTRACK_NAMES) {
             assert!(
                 text.contains(&format!("# TYPE {name} ")),
                 "{name} missing from\n{text}"

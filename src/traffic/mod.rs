@@ -6,7 +6,9 @@
 
 pub mod attribution;
 pub mod counters;
+pub mod cutter;
 pub mod deny_log;
+pub mod reevaluate;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -21,9 +23,13 @@ use crate::calc_graph::CalcGraph;
 use crate::model::validate::namespaced_key;
 use crate::model::{DatastoreEvent, K8sObject, ObjectKey, ObjectKind};
 
+use crate::dataplane::driver::OnApplied;
+
 use attribution::{Attribution, LocalChains};
 use counters::{CounterPlan, CounterSettings, PlanSlot};
+use cutter::{Cutter, CutterSettings, Job};
 use deny_log::{DenyLog, DenyLogSettings};
+use reevaluate::Change;
 
 /// What to start: deny logging, rule counters, both or neither.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +39,8 @@ pub struct TrafficConfig {
     /// `policy_counters` is.
     pub counters: Option<CounterSettings>,
     pub policy_counters: bool,
+    /// Conntrack re-evaluation (`FELIX_CONNTRACKREEVALUATE`).
+    pub conntrack: Option<CutterSettings>,
 }
 
 /// The calculation loop's side of deny logging and the rule counters: it tells this what
@@ -42,6 +50,17 @@ pub struct TrafficConfig {
 pub struct Traffic {
     deny: Option<DenyState>,
     counters: Option<CounterState>,
+    cut: Option<CutState>,
+}
+
+struct CutState {
+    cutter: Cutter,
+    /// This batch's changes.
+    pending: Vec<Change>,
+    /// Whether a batch was flushed before this one (the first flush only sets the baseline).
+    flushed_before: bool,
+    /// The finished batch's hand-over, for the agent to run once the dataplane applied it.
+    ready: Option<OnApplied>,
 }
 
 struct DenyState {
@@ -92,7 +111,7 @@ impl Traffic {
         if let Some(settings) = cfg.counters.filter(|_| cfg.policy_counters || denies) {
             let slot: Arc<PlanSlot> = Arc::default();
             let interval = settings.interval;
-            let thread = counters::spawn(settings, slot.clone(), stop)
+            let thread = counters::spawn(settings, slot.clone(), stop.clone())
                 .context("starting the rule-counter thread")?;
             traffic.counters = Some(CounterState {
                 slot,
@@ -102,6 +121,14 @@ impl Traffic {
                 dirty: true,
                 built: None,
                 _thread: thread,
+            });
+        }
+        if let Some(settings) = cfg.conntrack {
+            traffic.cut = Some(CutState {
+                cutter: Cutter::spawn(settings, stop)?,
+                pending: Vec::new(),
+                flushed_before: false,
+                ready: None,
             });
         }
         Ok(traffic)
@@ -114,6 +141,9 @@ impl Traffic {
 
     /// A datastore event is about to enter the graph: remembers a pod's addresses before it.
     pub fn before(&mut self, graph: &CalcGraph, event: &DatastoreEvent) {
+        if let Some(cut) = self.cut.as_mut() {
+            cut.pending.extend(Change::of_event(event));
+        }
         let Some(deny) = self.deny.as_mut() else {
             return;
         };
@@ -139,6 +169,23 @@ impl Traffic {
 
     /// After a batch of events (and its flush, when there was one).
     pub fn after_batch(&mut self, graph: &CalcGraph, update: Option<&Update>) {
+        if let Some(cut) = self.cut.as_mut() {
+            if !cut.pending.is_empty() {
+                let job = Job {
+                    changes: std::mem::take(&mut cut.pending),
+                    cut: cut.flushed_before,
+                };
+                let tx = cut.cutter.sender();
+                let previous = cut.ready.take();
+                cut.ready = Some(Box::new(move || {
+                    if let Some(f) = previous {
+                        f();
+                    }
+                    let _ = tx.send(job);
+                }));
+            }
+            cut.flushed_before |= update.is_some();
+        }
         let chains_changed =
             update.is_some_and(|u| !u.chains_upserted.is_empty() || !u.chains_removed.is_empty());
         if let Some(deny) = self.deny.as_mut() {
@@ -162,6 +209,12 @@ impl Traffic {
                 c.maybe_build(graph);
             }
         }
+    }
+
+    /// What must run once the dataplane holds the batch just flushed (conntrack
+    /// re-evaluation of its changes); `None` when nothing waits.
+    pub fn take_on_applied(&mut self) -> Option<OnApplied> {
+        self.cut.as_mut().and_then(|c| c.ready.take())
     }
 
     /// The calculation loop's turn (also when idle): metrics of the deny-log reader, and a
