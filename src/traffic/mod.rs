@@ -1,8 +1,10 @@
 //! What the kernel tells about the traffic policy decided, at the edge: deny logs (the NFLOG
 //! group the deny-log rules feed, read on a thread of its own) and the kernel's rule counters
-//! (per-policy allows, per-pod denies) read on a timer. The calculation loop publishes what
-//! the graph knows ([`attribution`], [`counters::CounterPlan`]); these threads never touch the
-//! graph.
+//! (per-policy allows, per-pod denies) read on a timer; and conntrack re-evaluation
+//! ([`reevaluate`], [`cutter`]), which cuts tracked connections a policy change now denies. The
+//! calculation loop publishes what the graph knows ([`attribution`], [`counters::CounterPlan`])
+//! and hands over each batch's changes once the dataplane applied it; these threads never touch
+//! the graph.
 
 pub mod attribution;
 pub mod counters;
