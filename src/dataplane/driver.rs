@@ -50,7 +50,13 @@ pub struct Batch {
     pub update: Update,
     /// When the events behind each changed local endpoint entered the calc graph.
     pub programming_starts: Vec<Instant>,
+    /// Called once the kernel holds this batch (after the apply that carries it, or at once
+    /// when it changed nothing there): what must not run before the rules are in.
+    pub on_applied: Vec<OnApplied>,
 }
+
+/// See [`Batch::on_applied`].
+pub type OnApplied = Box<dyn FnOnce() + Send>;
 
 /// Runs the dataplane thread until `stop` is set or the sender goes away.
 pub fn run(
@@ -97,6 +103,7 @@ pub fn run(
     let mut applied_once = false;
     // Programming-latency starts of the updates absorbed since the last successful apply.
     let mut pending_starts: Vec<Instant> = Vec::new();
+    let mut pending_applied: Vec<OnApplied> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Dataplane);
         let mut deadline = next_refresh
@@ -113,9 +120,11 @@ pub fn run(
                 received_any = true;
                 dp.absorb(&b.update);
                 pending_starts.extend(b.programming_starts);
+                pending_applied.extend(b.on_applied);
                 while let Ok(b) = updates.try_recv() {
                     dp.absorb(&b.update);
                     pending_starts.extend(b.programming_starts);
+                    pending_applied.extend(b.on_applied);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -160,7 +169,12 @@ pub fn run(
             tables_read = true;
             dp.invalidate_iptables();
         }
-        if retry_at.is_some_and(|t| now < t) || !dp.is_dirty() {
+        if !dp.is_dirty() {
+            // The kernel already holds everything absorbed.
+            pending_applied.drain(..).for_each(|f| f());
+            continue;
+        }
+        if retry_at.is_some_and(|t| now < t) {
             continue;
         }
         if tables_read {
@@ -189,6 +203,7 @@ pub fn run(
                     m.programming_latency_seconds
                         .observe(start.elapsed().as_secs_f64());
                 }
+                pending_applied.drain(..).for_each(|f| f());
                 m.dataplane_in_sync.set(1);
                 if !applied_once {
                     applied_once = true;

@@ -4,6 +4,7 @@
 
 use crate::model::{IpFamily, ObjectKey};
 
+use super::deny_log::{self, DropKind};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
@@ -221,13 +222,15 @@ fn render_endpoint(
     traced: bool,
 ) -> [Rendered; 2] {
     let chain = |direction: Direction, name: String, policies: &[ObjectKey]| {
-        endpoint_rules(cfg, direction, namespace, policies, traced).finish(name, family, || {
-            ChainRole::Workload {
+        endpoint_rules(cfg, &name, direction, namespace, policies, traced).finish(
+            name.clone(),
+            family,
+            || ChainRole::Workload {
                 pod: pod.cloned(),
                 iface: iface.to_string(),
                 direction,
-            }
-        })
+            },
+        )
     };
     [
         chain(Direction::Ingress, to_workload_chain(iface), ingress),
@@ -237,6 +240,7 @@ fn render_endpoint(
 
 fn endpoint_rules(
     cfg: &RuleConfig,
+    chain: &str,
     direction: Direction,
     namespace: &str,
     policies: &[ObjectKey],
@@ -296,10 +300,15 @@ fn endpoint_rules(
                 || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
             );
         }
-        rules.push(
+        deny_log::push_logged_drop(
+            &mut rules,
+            cfg.deny_log.as_ref(),
             Rule::new(deny(cfg))
                 .comment("Drop if no policies passed packet")
                 .mark_match(0, m.pass),
+            DropKind::Policy,
+            direction,
+            chain,
             || RuleRole::DropIfNoPolicyPassed,
         );
     }
