@@ -18,6 +18,7 @@ pub mod chains;
 pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
+pub mod provenance;
 pub mod render;
 
 use std::collections::HashMap;
@@ -159,6 +160,14 @@ impl Default for RuleConfig {
             insert_mode: ChainInsertMode::Insert,
             bridge: None,
         }
+    }
+}
+
+/// What a drop of ours does: felix's deny action (every policy, dispatch and static drop).
+pub(crate) fn deny(cfg: &RuleConfig) -> Action {
+    match cfg.deny_action {
+        DenyAction::Drop => Action::Drop,
+        DenyAction::Reject => Action::Reject,
     }
 }
 
