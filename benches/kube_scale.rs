@@ -3,10 +3,10 @@
 //! nothing about time.
 //!
 //! ```text
-//! cargo bench --bench kube_scale -- rest  [SCALE]   # RSS at rest, dir and Kubernetes datastores
+//! cargo bench --bench kube_scale -- rest  [SCALE] [--kube-only]   # RSS at rest, dir and Kubernetes datastores
 //! cargo bench --bench kube_scale -- lists [SCALE]   # initial sync: streaming vs paginated lists
-//! cargo bench --bench kube_scale -- churn [SCALE] [--seconds S] [--rate R]
-//! cargo bench --bench kube_scale -- all             # rest at 10k and 150k, lists and churn at 150k
+//! cargo bench --bench kube_scale -- churn [SCALE] [--seconds S] [--rate R] [--paginated]
+//! cargo bench --bench kube_scale -- all             # rest at 10k and 150k, lists and churn (both list modes) at 150k
 //! ```
 //! `SCALE` is `10k` (10k pods, 1k policies, 300 namespaces) or `150k` (150k pods, 10k
 //! policies, 5k namespaces, the default), both with 1500 pods on the agent's node; or
@@ -41,7 +41,8 @@
 //!   event to `ipset test` in the namespace answering as it should (the member added, moved
 //!   to a set of the new labels, removed), polled every millisecond through a long-running
 //!   `ipset -`. Also the agent's CPU (its own and its children's, from `/proc`) per 1k
-//!   events, and the bytes the server sent per second.
+//!   events, and the bytes the server sent per second. `--paginated`: the server refuses
+//!   streaming lists, so the agent lists in pages (its relists too).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -450,13 +451,13 @@ fn api_in(ns: &NetNs) -> FakeApi {
 
 // ---- scenarios ----
 
-fn rest(s: Scale) {
+fn rest(s: Scale, kube_only: bool) {
     let cluster = Cluster::new(s);
     println!(
         "## at rest: {} pods ({} on {NODE}), {} policies, {} namespaces",
         s.pods, s.local, s.policies, s.namespaces
     );
-    {
+    if !kube_only {
         let ns = NetNs::new("scale-dir");
         let work = TempDir::new("scale-dir");
         let dir = work.path.join("manifests");
@@ -613,15 +614,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-fn churn(s: Scale, seconds: u64, rate: u64) {
+fn churn(s: Scale, seconds: u64, rate: u64, streaming: Streaming) {
     let cluster = Cluster::new(s);
+    let mode = match streaming {
+        Streaming::Served => "streaming lists",
+        _ => "paginated lists, after a refusal",
+    };
     println!(
-        "## churn: {} pods, {} policies, {} namespaces; {rate} pod events/s for {seconds} s",
+        "## churn ({mode}): {} pods, {} policies, {} namespaces; {rate} pod events/s for {seconds} s",
         s.pods, s.policies, s.namespaces
     );
     let ns = NetNs::new("scale-churn");
     let work = TempDir::new("scale-churn");
     let api = api_in(&ns);
+    api.set_streaming(streaming);
     for res in kube_api::ALL {
         api.limit_history(res, 100_000);
     }
@@ -629,7 +635,7 @@ fn churn(s: Scale, seconds: u64, rate: u64) {
     let mut agent = Agent::start(&ns, &work.path, Source::Kube(&api));
     let r = start_and_settle(&mut agent, "Kubernetes datastore in sync");
     println!(
-        "initial sync (streaming lists): in sync {:.2} s, first apply {:.2} s, {:.1} MiB received, RSS at rest {:.1} MiB (peak {:.1})",
+        "initial sync ({mode}): in sync {:.2} s, first apply {:.2} s, {:.1} MiB received, RSS at rest {:.1} MiB (peak {:.1})",
         r.in_sync.as_secs_f64(),
         r.applied.as_secs_f64(),
         received(&api) as f64 / (1 << 20) as f64,
@@ -918,16 +924,23 @@ fn main() {
         chosen.local = l;
     }
     let seconds = flag("--seconds").unwrap_or(60) as u64;
+    // The server refuses streaming lists: the agent lists in pages.
+    let list_mode = if args.iter().any(|a| a == "--paginated") {
+        Streaming::Refused
+    } else {
+        Streaming::Served
+    };
     let rate = flag("--rate").unwrap_or(100) as u64;
     match args.first().map(String::as_str) {
-        Some("rest") => rest(chosen),
+        Some("rest") => rest(chosen, args.iter().any(|a| a == "--kube-only")),
         Some("lists") => lists(chosen),
-        Some("churn") => churn(chosen, seconds, rate),
+        Some("churn") => churn(chosen, seconds, rate, list_mode),
         Some("all") | None => {
-            rest(small);
-            rest(large);
+            rest(small, false);
+            rest(large, false);
             lists(large);
-            churn(large, seconds, rate);
+            churn(large, seconds, rate, Streaming::Served);
+            churn(large, seconds, rate, Streaming::Refused);
         }
         Some(other) => panic!("unknown scenario {other:?}: rest, lists, churn or all"),
     }
