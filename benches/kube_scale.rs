@@ -3,7 +3,7 @@
 //! nothing about time.
 //!
 //! ```text
-//! cargo bench --bench kube_scale -- rest  [SCALE] [--kube-only]   # RSS at rest, dir and Kubernetes datastores
+//! cargo bench --bench kube_scale -- rest  [SCALE] [--kube-only|--dir-only]   # RSS at rest, dir and Kubernetes datastores
 //! cargo bench --bench kube_scale -- lists [SCALE]   # initial sync: streaming vs paginated lists
 //! cargo bench --bench kube_scale -- churn [SCALE] [--seconds S] [--rate R] [--paginated]
 //! cargo bench --bench kube_scale -- all             # rest at 10k and 150k, lists and churn (both list modes) at 150k
@@ -451,13 +451,14 @@ fn api_in(ns: &NetNs) -> FakeApi {
 
 // ---- scenarios ----
 
-fn rest(s: Scale, kube_only: bool) {
+/// `dir`, `kube`: which datastores to measure.
+fn rest(s: Scale, dir: bool, kube: bool) {
     let cluster = Cluster::new(s);
     println!(
         "## at rest: {} pods ({} on {NODE}), {} policies, {} namespaces",
         s.pods, s.local, s.policies, s.namespaces
     );
-    if !kube_only {
+    if dir {
         let ns = NetNs::new("scale-dir");
         let work = TempDir::new("scale-dir");
         let dir = work.path.join("manifests");
@@ -472,6 +473,10 @@ fn rest(s: Scale, kube_only: bool) {
             r.in_sync.as_secs_f64(),
             r.applied.as_secs_f64()
         );
+        agent.kill_for_profile();
+    }
+    if !kube {
+        return;
     }
     let ns = NetNs::new("scale-kube");
     let work = TempDir::new("scale-kube");
@@ -932,12 +937,15 @@ fn main() {
     };
     let rate = flag("--rate").unwrap_or(100) as u64;
     match args.first().map(String::as_str) {
-        Some("rest") => rest(chosen, args.iter().any(|a| a == "--kube-only")),
+        Some("rest") => {
+            let only = |name: &str| args.iter().any(|a| a == name);
+            rest(chosen, !only("--kube-only"), !only("--dir-only"))
+        }
         Some("lists") => lists(chosen),
         Some("churn") => churn(chosen, seconds, rate, list_mode),
         Some("all") | None => {
-            rest(small, false);
-            rest(large, false);
+            rest(small, true, true);
+            rest(large, true, true);
             lists(large);
             churn(large, seconds, rate, Streaming::Served);
             churn(large, seconds, rate, Streaming::Refused);
