@@ -174,7 +174,7 @@ fn parse_matrix(text: &str, pods: &[String]) -> anyhow::Result<TruthTable> {
     Ok(table)
 }
 
-fn parse_key(key: &str) -> anyhow::Result<PortKey> {
+pub fn parse_key(key: &str) -> anyhow::Result<PortKey> {
     let (proto, port) = key
         .split_once('/')
         .ok_or_else(|| anyhow!("expectation key {key:?} is neither \"*\" nor \"PROTO/PORT\""))?;
