@@ -4,6 +4,7 @@
 
 use crate::model::{IpFamily, ObjectKey};
 
+use super::cluster::{ADMIN_TIER_NAME, BASELINE_TIER_NAME};
 use super::{
     bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,
     Action, AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction,
@@ -140,7 +141,8 @@ impl ChainInsertMode {
     }
 }
 
-/// `cali-tw-<iface>` (ingress, to the workload) and `cali-fw-<iface>` (egress).
+/// `cali-tw-<iface>` (ingress, to the workload) and `cali-fw-<iface>` (egress), for a pod
+/// no ClusterNetworkPolicy applies to: its NetworkPolicies' chains per direction.
 pub fn endpoint_chains(
     cfg: &RuleConfig,
     family: IpFamily,
@@ -148,6 +150,45 @@ pub fn endpoint_chains(
     namespace: &str,
     ingress: &[ObjectKey],
     egress: &[ObjectKey],
+) -> [Chain; 2] {
+    tiered_endpoint_chains(
+        cfg,
+        family,
+        iface,
+        namespace,
+        &TierChains::network_only(ingress),
+        &TierChains::network_only(egress),
+    )
+}
+
+/// The policy chains one direction of a workload chain jumps to, tier by tier, each list in
+/// evaluation order: ClusterNetworkPolicy Admin chains, the NetworkPolicies, ClusterNetworkPolicy
+/// Baseline chains.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierChains<'a> {
+    pub admin: &'a [String],
+    pub network: &'a [ObjectKey],
+    pub baseline: &'a [String],
+}
+
+impl<'a> TierChains<'a> {
+    pub fn network_only(network: &'a [ObjectKey]) -> TierChains<'a> {
+        TierChains {
+            network,
+            ..TierChains::default()
+        }
+    }
+}
+
+/// `cali-tw-<iface>` and `cali-fw-<iface>` with felix's tier layout: per direction, a
+/// section per tier that has policies there (see `endpoint_rules`).
+pub fn tiered_endpoint_chains(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    iface: &str,
+    namespace: &str,
+    ingress: &TierChains<'_>,
+    egress: &TierChains<'_>,
 ) -> [Chain; 2] {
     [
         Chain::new(
@@ -163,11 +204,19 @@ pub fn endpoint_chains(
     ]
 }
 
+/// Conntrack, then the tiers in order, then the namespace profile. A tier section clears the
+/// pass bit, jumps to each policy chain while no policy of the tier passed (`-m mark --mark
+/// 0/pass`), and returns as soon as one accepted. Only the NetworkPolicy tier ends in a drop
+/// (a pod some NetworkPolicy selects in this direction is isolated); the ClusterNetworkPolicy
+/// tiers never isolate: what no rule of theirs decided falls through to the next tier (felix
+/// gives its `kube-admin` and `kube-baseline` tiers the default action Pass). A Deny drops
+/// inside the policy chain. The NetworkPolicy tier keeps the comments it had before tiers
+/// existed, so a node without ClusterNetworkPolicies renders exactly as before.
 fn endpoint_rules(
     cfg: &RuleConfig,
     direction: Direction,
     namespace: &str,
-    policies: &[ObjectKey],
+    tiers: &TierChains<'_>,
 ) -> Vec<Rule> {
     let m = cfg.marks;
     let established = "-m conntrack --ctstate RELATED,ESTABLISHED";
@@ -187,30 +236,50 @@ fn endpoint_rules(
         value: 0,
         mask: m.accept | m.pass,
     }));
-    if !policies.is_empty() {
+    let network: Vec<String> = tiers
+        .network
+        .iter()
+        .map(|p| policy_chain(direction, &p.namespace, &p.name))
+        .collect();
+    let sections: [(String, &[String], Option<&str>); 3] = [
+        (
+            format!("Start of tier {ADMIN_TIER_NAME}"),
+            tiers.admin,
+            None,
+        ),
+        (
+            "Start of policies".to_string(),
+            &network,
+            Some("Drop if no policies passed packet"),
+        ),
+        (
+            format!("Start of tier {BASELINE_TIER_NAME}"),
+            tiers.baseline,
+            None,
+        ),
+    ];
+    for (start, chains, end_drop) in sections {
+        if chains.is_empty() {
+            continue;
+        }
         rules.push(
             Rule::new(Action::SetMark {
                 value: 0,
                 mask: m.pass,
             })
-            .comment("Start of policies"),
+            .comment(start),
         );
-        for p in policies {
-            rules.push(
-                Rule::new(Action::Jump(policy_chain(direction, &p.namespace, &p.name)))
-                    .mark_match(0, m.pass),
-            );
+        for chain in chains {
+            rules.push(Rule::new(Action::Jump(chain.clone())).mark_match(0, m.pass));
             rules.push(
                 Rule::new(Action::Return)
                     .comment("Return if policy accepted")
                     .mark_match(m.accept, m.accept),
             );
         }
-        rules.push(
-            Rule::new(deny(cfg))
-                .comment("Drop if no policies passed packet")
-                .mark_match(0, m.pass),
-        );
+        if let Some(end) = end_drop {
+            rules.push(Rule::new(deny(cfg)).comment(end).mark_match(0, m.pass));
+        }
     }
     rules.push(Rule::new(Action::Jump(profile_chain(direction, namespace))));
     rules.push(

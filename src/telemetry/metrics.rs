@@ -231,7 +231,7 @@ impl Metrics {
             active_local_policies: gauge(
                 &r,
                 "netpol_active_local_policies",
-                "NetworkPolicies selecting at least one local endpoint",
+                "NetworkPolicies and ClusterNetworkPolicies selecting at least one local endpoint",
             ),
             datastore_in_sync: gauge(
                 &r,
@@ -241,7 +241,7 @@ impl Metrics {
             rejections: counter_vec(
                 &r,
                 "netpol_rejections_total",
-                "objects rejected (kind: Pod, Namespace, NetworkPolicy, Manifest; reason: invalid, interface, parse)",
+                "objects rejected (kind: Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Manifest; reason: invalid, interface, parse)",
                 &["kind", "reason"],
             ),
             rejected_objects: gauge_vec(
@@ -253,7 +253,7 @@ impl Metrics {
             registry: r,
         };
         // Series that exist from the start, so a scrape shows them at zero.
-        for kind in ["Pod", "Namespace", "NetworkPolicy"] {
+        for kind in ["Pod", "Namespace", "NetworkPolicy", "ClusterNetworkPolicy"] {
             m.rejected_objects.with_label_values(&[kind]).set(0);
         }
         m
