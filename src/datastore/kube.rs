@@ -1,5 +1,6 @@
 //! The Kubernetes API datastore: Pods (all namespaces, remote ones feed the IP sets),
-//! Namespaces and NetworkPolicies (all namespaces), listed and watched with
+//! Namespaces and NetworkPolicies (all namespaces), and ClusterNetworkPolicies (their own
+//! follower, `kube_cnp`: the CRD may be missing), listed and watched with
 //! `kube::runtime::watcher`, turned into the same [`DatastoreEvent`]s as the directory source.
 //!
 //! # API
@@ -36,8 +37,9 @@
 //! - `Upsert` only when the trimmed form of an object differs from the one last delivered
 //!   (a kubelet status heartbeat or a new resourceVersion alone is no event), `Delete` only
 //!   for an object that was delivered;
-//! - `InSync` exactly once, after the first complete listing of all three kinds has been
-//!   delivered. Every event before it belongs to that initial listing.
+//! - `InSync` exactly once, after the first complete listing of all four kinds has been
+//!   delivered (a ClusterNetworkPolicy resource the API server does not serve counts as an
+//!   empty listing). Every event before it belongs to that initial listing.
 //!
 //! Relists: the watcher relists on `410 Gone`: an `ERROR` event in the watch, an expired
 //! `continue` token half way through a paginated list, and an HTTP 410 answering a watch
@@ -98,7 +100,7 @@ use crate::model::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
 pub const KEPT_POD_ANNOTATIONS: &[&str] = &[SANDBOX_ID_ANNOTATION];
 
 /// How many kinds must be listed before `InSync`.
-const KINDS: usize = 3;
+const KINDS: usize = 4;
 
 /// How often the runtime looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -125,6 +127,9 @@ pub struct KubeOptions {
     pub backoff: Policy,
     /// An error this long after the previous one starts again from the first wait.
     pub backoff_reset: Duration,
+    /// How often to look again for a ClusterNetworkPolicy resource the API server does not
+    /// serve (its CRD not installed), see `kube_cnp`.
+    pub missing_crd_recheck: Duration,
 }
 
 impl Default for KubeOptions {
@@ -134,6 +139,7 @@ impl Default for KubeOptions {
             watch_timeout: None,
             backoff: Policy::KUBE_WATCH,
             backoff_reset: Policy::KUBE_WATCH_RESET,
+            missing_crd_recheck: super::kube_cnp::MISSING_CRD_RECHECK,
         }
     }
 }
@@ -197,17 +203,17 @@ async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
     Ok(client)
 }
 
-/// Where the three watchers deliver; counts the kinds that finished their first listing.
-struct Out {
+/// Where the watchers deliver; counts the kinds that finished their first listing.
+pub(super) struct Out {
     tx: Box<dyn EventSink>,
     listed: AtomicUsize,
 }
 
 /// The receiver is gone: the datastore stops.
-struct Closed;
+pub(super) struct Closed;
 
 impl Out {
-    fn send(&self, event: DatastoreEvent) -> Result<(), Closed> {
+    pub(super) fn send(&self, event: DatastoreEvent) -> Result<(), Closed> {
         if self.tx.deliver(event) {
             Ok(())
         } else {
@@ -215,8 +221,8 @@ impl Out {
         }
     }
 
-    /// One kind delivered its first complete listing; the last of the three sends `InSync`.
-    fn kind_listed(&self) -> Result<(), Closed> {
+    /// One kind delivered its first complete listing; the last of them sends `InSync`.
+    pub(super) fn kind_listed(&self) -> Result<(), Closed> {
         if self.listed.fetch_add(1, Ordering::SeqCst) + 1 == KINDS {
             info!("Kubernetes datastore in sync");
             self.send(DatastoreEvent::InSync)?;
@@ -234,7 +240,8 @@ async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc
     tokio::select! {
         _ = follow::<Pod>(Api::all(client.clone()), &options, &out) => {}
         _ = follow::<Namespace>(Api::all(client.clone()), &options, &out) => {}
-        _ = follow::<NetworkPolicy>(Api::all(client), &options, &out) => {}
+        _ = follow::<NetworkPolicy>(Api::all(client.clone()), &options, &out) => {}
+        _ = super::kube_cnp::follow(Api::all(client), &options, &out) => {}
         () = stopped(&stop) => {}
     }
     info!("Kubernetes datastore stopped");
@@ -247,7 +254,7 @@ async fn stopped(stop: &AtomicBool) {
 }
 
 /// The kinds the datastore watches.
-trait Kind:
+pub(super) trait Kind:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + PartialEq + Send + Sync + 'static
 {
     const KIND: ObjectKind;
@@ -363,7 +370,7 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
     }
 }
 
-fn is_expired(err: &watcher::Error) -> bool {
+pub(super) fn is_expired(err: &watcher::Error) -> bool {
     match err {
         watcher::Error::WatchError(status) => status.code == 410,
         watcher::Error::WatchStartFailed(::kube::Error::Api(status))
@@ -373,7 +380,7 @@ fn is_expired(err: &watcher::Error) -> bool {
 }
 
 /// The delivered state of one kind (a reflector store) and the relist in progress.
-struct Mirror<K: Kind> {
+pub(super) struct Mirror<K: Kind> {
     writer: Writer<K>,
     store: Store<K>,
     relist: Option<Relist<K>>,
@@ -412,7 +419,7 @@ impl<K: Kind> Default for Mirror<K> {
 impl<K: Kind> Mirror<K> {
     /// Applies one (trimmed) watcher event; returns the datastore events to deliver, and
     /// whether this completed the first listing of the kind.
-    fn apply(&mut self, event: watcher::Event<K>) -> (Vec<DatastoreEvent>, bool) {
+    pub(super) fn apply(&mut self, event: watcher::Event<K>) -> (Vec<DatastoreEvent>, bool) {
         match event {
             watcher::Event::Apply(obj) => {
                 let key = StoreRef::from_obj(&obj);
