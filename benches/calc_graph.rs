@@ -86,6 +86,7 @@ fn label_change(pods: usize) -> LabelChange {
         policies: (pods / 10).max(100),
         namespaces: (pods / 30).max(10),
         local: LOCAL_PODS,
+        dual: false,
     };
     let mut rng = Rng(7);
     let (mut g, mut apps) = build(scale, &mut rng);
@@ -128,12 +129,14 @@ fn main() {
                 policies: 1_000,
                 namespaces: 300,
                 local: LOCAL_PODS,
+                dual: false,
             }),
             Some("compile-150k") => full_compile(Scale {
                 pods: 150_000,
                 policies: 10_000,
                 namespaces: 5_000,
                 local: LOCAL_PODS,
+                dual: false,
             }),
             Some("label-change") => {
                 let base = label_change(1_000);

@@ -7,8 +7,14 @@
 //! on panic (a Drop guard; the parent also sweeps `npa-bench-<child pid>-*` after each
 //! child). `Dataplane` programs them through `Exec::in_netns` with the iptables legacy (or, with
 //! `NETPOL_BENCH_BACKEND=nft`, nft)
-//! backend, IPv4 only. The synthetic cluster comes from `support/synthetic.rs` (10k pods, 1k
-//! policies, 300 namespaces; shared with the calc graph benchmark).
+//! backend. The synthetic cluster comes from `support/synthetic.rs` (10k pods, 1k
+//! policies, 300 namespaces; shared with the calc graph benchmark). Every scenario runs
+//! twice: IPv4 only, and dual-stack (`-dual`: every pod has an IPv4 and an IPv6 address,
+//! every ipBlock comes in both families, the graph renders both and every change is applied
+//! as the agent applies it with IPv6 on: one `ipset restore` per family and phase, one
+//! `iptables-restore` and one `ip6tables-restore`; the floor likewise restores both
+//! families). Figures are printed per scenario with `[ipv4]` or `[dual]` in front, the dual
+//! line right after its IPv4 one.
 //!
 //! Scenarios:
 //! - cold start with 110 and with 1500 local pods: wall time from feeding the first object
@@ -88,22 +94,45 @@ fn bench_backend() -> Backend {
     }
 }
 
-fn iptables_tool(action: &str) -> String {
+fn iptables_tool(family: IpFamily, action: &str) -> String {
+    let base = match family {
+        IpFamily::V4 => "iptables",
+        IpFamily::V6 => "ip6tables",
+    };
     match bench_backend() {
-        Backend::Nft => format!("iptables-nft-{action}"),
-        Backend::Legacy => format!("iptables-legacy-{action}"),
+        Backend::Nft => format!("{base}-nft-{action}"),
+        Backend::Legacy => format!("{base}-legacy-{action}"),
     }
 }
 /// Seed of the synthetic cluster.
 const SEED: u64 = 42;
-const SCENARIOS: [&str; 4] = ["cold-110", "label-change", "policy-add", "cold-1500"];
+const SCENARIOS: [&str; 8] = [
+    "cold-110",
+    "cold-110-dual",
+    "label-change",
+    "label-change-dual",
+    "policy-add",
+    "policy-add-dual",
+    "cold-1500",
+    "cold-1500-dual",
+];
 
-fn scale(local: usize) -> Scale {
+fn scale(local: usize, dual: bool) -> Scale {
     Scale {
         pods: 10_000,
         policies: 1_000,
         namespaces: 300,
         local,
+        dual,
+    }
+}
+
+/// `[ipv4]` or `[dual]`, in front of every figure line.
+fn tag(scale: Scale) -> &'static str {
+    if scale.dual {
+        "[dual]"
+    } else {
+        "[ipv4]"
     }
 }
 
@@ -138,16 +167,21 @@ impl NetNs {
         run_ok(&mut cmd, input)
     }
 
-    /// The namespace's iptables filter table and our IP sets, in a form that two namespaces
-    /// holding the same rules and sets print identically: save comments dropped; sets
-    /// sorted, `create` lines cut to name and type (hash size and initval vary).
-    fn state(&self) -> (Vec<String>, Vec<String>) {
-        let rules = self
-            .run(&iptables_tool("save"), &["-t", "filter"], "")
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(str::to_string)
-            .collect();
+    /// The namespace's filter tables (of `families`, IPv6 lines tagged `v6 `) and our IP
+    /// sets, in a form that two namespaces holding the same rules and sets print
+    /// identically: save comments dropped; sets sorted, `create` lines cut to name and type
+    /// (hash size and initval vary).
+    fn state(&self, families: &[IpFamily]) -> (Vec<String>, Vec<String>) {
+        let mut rules = Vec::new();
+        for &family in families {
+            let tag = if family == IpFamily::V6 { "v6 " } else { "" };
+            rules.extend(
+                self.run(&iptables_tool(family, "save"), &["-t", "filter"], "")
+                    .lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .map(|l| format!("{tag}{l}")),
+            );
+        }
         let mut sets: Vec<String> = self
             .run("ipset", &["save"], "")
             .lines()
@@ -227,8 +261,8 @@ fn sweep_netns(pid: u32) -> usize {
 struct Scripts {
     /// `ipset restore` input before iptables (creations, additions).
     ipset_before: String,
-    /// `iptables-restore --noflush` lines of the filter table.
-    iptables: String,
+    /// `iptables-restore --noflush` lines of the filter table, per family.
+    iptables: BTreeMap<IpFamily, String>,
     /// `ipset restore` input after iptables (deletions, destructions).
     ipset_after: String,
     /// Lines that count (see the module documentation).
@@ -238,14 +272,18 @@ struct Scripts {
 impl Scripts {
     /// Runs the scripts in `ns` in dataplane order, timed (processes included).
     fn apply(&self, ns: &NetNs) -> Duration {
-        let iptables =
-            (!self.iptables.is_empty()).then(|| format!("*filter\n{}COMMIT\n", self.iptables));
+        let iptables: Vec<(IpFamily, String)> = self
+            .iptables
+            .iter()
+            .filter(|(_, body)| !body.is_empty())
+            .map(|(f, body)| (*f, format!("*filter\n{body}COMMIT\n")))
+            .collect();
         let start = Instant::now();
         if !self.ipset_before.is_empty() {
             ns.run("ipset", &["restore"], &self.ipset_before);
         }
-        if let Some(script) = &iptables {
-            ns.run(&iptables_tool("restore"), &["--noflush"], script);
+        for (family, script) in &iptables {
+            ns.run(&iptables_tool(*family, "restore"), &["--noflush"], script);
         }
         if !self.ipset_after.is_empty() {
             ns.run("ipset", &["restore"], &self.ipset_after);
@@ -254,39 +292,42 @@ impl Scripts {
     }
 }
 
-/// The complete desired state as the bare restore scripts of `compile`.
+/// The complete desired state of every family the graph renders as the bare restore
+/// scripts of `compile`.
 fn full_scripts(graph: &Calculation) -> (Scripts, usize, usize) {
     let state = graph.snapshot();
-    let fam = state
-        .families
-        .get(&IpFamily::V4)
-        .expect("the graph has an IPv4 state");
     let cfg = RuleConfig::default();
-    let ipset = ipsets::restore_script(&fam.sets, DEFAULT_MAX_SET_SIZE);
-    let iptables = render::restore_script(
-        &fam.chains,
-        &kernel_chain_rules(&cfg, IpFamily::V4),
-        cfg.insert_mode,
-    );
-    // Without the `*filter` and `COMMIT` framing, which `Scripts::apply` adds back.
-    let body: Vec<&str> = iptables
-        .lines()
-        .filter(|l| *l != "*filter" && *l != "COMMIT")
-        .collect();
-    let ipset_lines = ipset.lines().count();
-    let iptables_lines = body.len();
-    let scripts = Scripts {
-        ipset_before: ipset,
-        iptables: body.iter().map(|l| format!("{l}\n")).collect(),
-        ipset_after: String::new(),
-        lines: ipset_lines + iptables_lines,
-    };
+    let mut scripts = Scripts::default();
+    let (mut ipset_lines, mut iptables_lines) = (0, 0);
+    for (&family, fam) in &state.families {
+        let ipset = ipsets::restore_script(&fam.sets, DEFAULT_MAX_SET_SIZE);
+        let iptables = render::restore_script(
+            &fam.chains,
+            &kernel_chain_rules(&cfg, family),
+            cfg.insert_mode,
+        );
+        // Without the `*filter` and `COMMIT` framing, which `Scripts::apply` adds back.
+        let body: Vec<&str> = iptables
+            .lines()
+            .filter(|l| *l != "*filter" && *l != "COMMIT")
+            .collect();
+        ipset_lines += ipset.lines().count();
+        iptables_lines += body.len();
+        scripts.ipset_before.push_str(&ipset);
+        scripts
+            .iptables
+            .insert(family, body.iter().map(|l| format!("{l}\n")).collect());
+    }
+    scripts.lines = ipset_lines + iptables_lines;
     (scripts, ipset_lines, iptables_lines)
 }
 
+/// Our chains by family and name.
+type Chains = BTreeMap<(IpFamily, String), Chain>;
+
 /// The floor of one update (see the module documentation), as restore scripts. `chains`:
 /// our chains before the update; brought to after it.
-fn floor_scripts(update: &Update, chains: &mut BTreeMap<String, Chain>) -> Scripts {
+fn floor_scripts(update: &Update, chains: &mut Chains) -> Scripts {
     use fmt::Write as _;
     let mut s = Scripts::default();
     // Writing to a String cannot fail.
@@ -317,11 +358,12 @@ fn floor_scripts(update: &Update, chains: &mut BTreeMap<String, Chain>) -> Scrip
         s.lines += 1;
     }
 
-    let (mut declares, mut appends, mut edits, mut removals) =
-        (String::new(), String::new(), String::new(), String::new());
-    for (_, chain) in &update.chains_upserted {
+    // Per family: declarations, appends to new chains, edits, removals.
+    let mut parts: BTreeMap<IpFamily, [String; 4]> = BTreeMap::new();
+    for (family, chain) in &update.chains_upserted {
+        let [declares, appends, edits, _] = parts.entry(*family).or_default();
         let name = &chain.name;
-        match chains.get(name) {
+        match chains.get(&(*family, name.clone())) {
             None => {
                 let _ = writeln!(declares, ":{name} - [0:0]");
                 for r in &chain.rules {
@@ -350,20 +392,27 @@ fn floor_scripts(update: &Update, chains: &mut BTreeMap<String, Chain>) -> Scrip
             }
         }
     }
-    for (_, name) in &update.chains_removed {
-        if chains.get(name).is_some_and(|c| !c.rules.is_empty()) {
+    for (family, name) in &update.chains_removed {
+        let [_, _, _, removals] = parts.entry(*family).or_default();
+        if chains
+            .get(&(*family, name.clone()))
+            .is_some_and(|c| !c.rules.is_empty())
+        {
             let _ = writeln!(removals, "-F {name}");
         }
         let _ = writeln!(removals, "-X {name}");
         s.lines += 1;
     }
-    s.iptables = declares + &appends + &edits + &removals;
-
-    for (_, chain) in &update.chains_upserted {
-        chains.insert(chain.name.clone(), chain.clone());
+    for (family, [declares, appends, edits, removals]) in parts {
+        s.iptables
+            .insert(family, declares + &appends + &edits + &removals);
     }
-    for (_, name) in &update.chains_removed {
-        chains.remove(name);
+
+    for (family, chain) in &update.chains_upserted {
+        chains.insert((*family, chain.name.clone()), chain.clone());
+    }
+    for (family, name) in &update.chains_removed {
+        chains.remove(&(*family, name.clone()));
     }
     s
 }
@@ -414,9 +463,9 @@ fn ipset_lines() -> u64 {
 
 // ---- scenarios ----
 
-fn new_dataplane(ns: &NetNs) -> Dataplane {
+fn new_dataplane(ns: &NetNs, families: Vec<IpFamily>) -> Dataplane {
     Dataplane::new(&DataplaneConfig {
-        families: vec![IpFamily::V4],
+        families,
         rules: RuleConfig::default(),
         backend: bench_backend(),
         ownership: netpol_agent::agent::OWNERSHIP,
@@ -451,7 +500,7 @@ struct Started {
     ours: NetNs,
     mirror: NetNs,
     /// Our chains as of the last update, for the floor of the next.
-    chains: BTreeMap<String, Chain>,
+    chains: Chains,
 }
 
 struct ColdStart {
@@ -468,7 +517,7 @@ struct ColdStart {
 fn cold_start(scale: Scale) -> ColdStart {
     let ours = NetNs::new();
     let mirror = NetNs::new();
-    let mut dataplane = new_dataplane(&ours);
+    let mut dataplane = new_dataplane(&ours, scale.families());
     let mut rng = Rng(SEED);
     let ipset_before = ipset_lines();
 
@@ -492,12 +541,16 @@ fn cold_start(scale: Scale) -> ColdStart {
     }
     let (floor, floor_ipset_lines, floor_iptables_lines) = full_scripts(&graph);
     let floor_time = floor.apply(&mirror);
-    let chains = graph
+    let chains: Chains = graph
         .snapshot()
         .families
-        .remove(&IpFamily::V4)
-        .map(|f| f.chains)
-        .unwrap_or_default();
+        .into_iter()
+        .flat_map(|(family, f)| {
+            f.chains
+                .into_iter()
+                .map(move |(name, chain)| ((family, name), chain))
+        })
+        .collect();
     ColdStart {
         started: Started {
             scale,
@@ -572,22 +625,25 @@ fn diff_state(a: &(Vec<String>, Vec<String>), b: &(Vec<String>, Vec<String>)) ->
 fn check(started: &Started) -> String {
     let desired_ns = NetNs::new();
     full_scripts(&started.graph).0.apply(&desired_ns);
-    let desired = desired_ns.state();
-    let ours = started.ours.state();
+    let families = started.scale.families();
+    let desired = desired_ns.state(&families);
+    let ours = started.ours.state(&families);
     format!(
         "ours vs desired state: {}; floor mirror vs ours: {}",
         diff_state(&desired, &ours),
-        diff_state(&ours, &started.mirror.state()),
+        diff_state(&ours, &started.mirror.state(&families)),
     )
 }
 
-fn cold_scenario(local: usize) {
-    let c = cold_start(scale(local));
+fn cold_scenario(local: usize, dual: bool) {
+    let c = cold_start(scale(local, dual));
     let s = &c.started;
     let ours_lines = c.ipset_lines + c.iptables_lines;
     let floor_lines = c.floor_ipset_lines + c.floor_iptables_lines;
+    let families = s.scale.families();
     println!(
-        "cold start    pods={} policies={} local={} (active policies {}, chains {}): ours {:.1} ms (graph {:.1} + kernel {:.1}) | floor {:.1} ms | lines ours/floor {}/{} ({}) [ipset {}/{}, iptables {}/{}] | ours vs floor namespace: {}",
+        "{} cold start    pods={} policies={} local={} (active policies {}, chains {}): ours {:.1} ms (graph {:.1} + kernel {:.1}) | floor {:.1} ms | lines ours/floor {}/{} ({}) [ipset {}/{}, iptables {}/{}] | ours vs floor namespace: {}",
+        tag(s.scale),
         s.scale.pods,
         s.scale.policies,
         s.graph.local_endpoint_count(),
@@ -604,7 +660,7 @@ fn cold_scenario(local: usize) {
         c.floor_ipset_lines,
         c.iptables_lines,
         c.floor_iptables_lines,
-        diff_state(&s.mirror.state(), &s.ours.state()),
+        diff_state(&s.mirror.state(&families), &s.ours.state(&families)),
     );
 }
 
@@ -695,7 +751,7 @@ fn figures(samples: &[&Sample]) -> String {
 /// end-of-scenario check of both namespaces.
 fn report(what: &str, started: &Started, samples: &[Sample]) {
     let all: Vec<&Sample> = samples.iter().collect();
-    println!("{what}: {}", figures(&all));
+    println!("{} {what}: {}", tag(started.scale), figures(&all));
     let classes: BTreeSet<&str> = samples.iter().map(|s| s.class).collect();
     if classes.len() > 1 {
         for class in classes {
@@ -706,8 +762,8 @@ fn report(what: &str, started: &Started, samples: &[Sample]) {
     println!("  end state: {}", check(started));
 }
 
-fn label_change_scenario() {
-    let mut st = cold_start(scale(110)).started;
+fn label_change_scenario(dual: bool) {
+    let mut st = cold_start(scale(110, dual)).started;
     let sc = st.scale;
     let selected = st.selected_apps.clone();
     let local_candidates: Vec<usize> = (0..sc.local)
@@ -754,8 +810,8 @@ fn label_change_scenario() {
     );
 }
 
-fn policy_add_scenario() {
-    let mut st = cold_start(scale(110)).started;
+fn policy_add_scenario(dual: bool) {
+    let mut st = cold_start(scale(110, dual)).started;
     let sc = st.scale;
     let reps = 50;
     let mut samples = Vec::with_capacity(reps);
@@ -803,10 +859,14 @@ fn main() {
     if let Some(pos) = args.iter().position(|a| a == "--scenario") {
         init_tracing();
         match args.get(pos + 1).map(String::as_str) {
-            Some("cold-110") => cold_scenario(110),
-            Some("label-change") => label_change_scenario(),
-            Some("policy-add") => policy_add_scenario(),
-            Some("cold-1500") => cold_scenario(1500),
+            Some("cold-110") => cold_scenario(110, false),
+            Some("cold-110-dual") => cold_scenario(110, true),
+            Some("label-change") => label_change_scenario(false),
+            Some("label-change-dual") => label_change_scenario(true),
+            Some("policy-add") => policy_add_scenario(false),
+            Some("policy-add-dual") => policy_add_scenario(true),
+            Some("cold-1500") => cold_scenario(1500, false),
+            Some("cold-1500-dual") => cold_scenario(1500, true),
             other => panic!("unknown scenario {other:?}"),
         }
         return;

@@ -2,9 +2,9 @@
 //! as a multi-document YAML manifest file, for what needs the cluster on disk: the directory
 //! datastore at scale, `netpol-agent compile` comparisons across versions, idle-cost runs.
 //!
-//! `cargo bench --bench synthetic_manifests -- OUT [PODS [POLICIES [NAMESPACES [LOCAL [SEED]]]]]`
-//! (defaults 10000 pods, 1000 policies, 300 namespaces, 110 pods on `node-0`, seed 42). The
-//! same arguments give the same bytes.
+//! `cargo bench --bench synthetic_manifests -- OUT [PODS [POLICIES [NAMESPACES [LOCAL [SEED]]]]] [--dual]`
+//! (defaults 10000 pods, 1000 policies, 300 namespaces, 110 pods on `node-0`, seed 42;
+//! `--dual`: dual-stack pods and ipBlocks). The same arguments give the same bytes.
 
 #[path = "support/synthetic.rs"]
 mod synthetic;
@@ -22,6 +22,7 @@ fn arg(args: &[String], i: usize, default: usize) -> usize {
 
 fn main() {
     // `cargo bench` passes `--bench` first; skip flags.
+    let dual = std::env::args().any(|a| a == "--dual");
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -35,6 +36,7 @@ fn main() {
         policies: arg(&args, 2, 1_000),
         namespaces: arg(&args, 3, 300),
         local: arg(&args, 4, 110),
+        dual,
     };
     let mut rng = Rng(arg(&args, 5, 42) as u64);
     let file = std::fs::File::create(out).unwrap_or_else(|e| panic!("creating {out}: {e}"));

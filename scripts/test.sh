@@ -17,24 +17,30 @@ set -e
 read -r unit_passed unit_failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p+0, f+0 }' target/test-output.txt)
 echo "cargo tests: $unit_passed passed, $unit_failed failed"
 
-# The end-to-end suite: every scenario in e2e/scenarios on simulated nodes in network
-# namespaces, with the release binaries (what users run).
-# Each simulated CNI runs the whole set: Calico-style veths, sandbox-ID veths learned over
-# CRI, hybridnet (routes in table 39999, discovered over netlink), and flannel-style bridge
-# ports matched with physdev.
+# The end-to-end suite on simulated nodes in network namespaces, with the release binaries
+# (what users run): every scenario in e2e/scenarios and e2e/regressions, on the cells of the
+# matrix (CNI topology : IP family : kube-proxy mode) chosen by value for CI: every topology
+# on IPv4 with kube-proxy's iptables mode, IPv6 and dual-stack on the Calico-style and
+# bridge topologies, the routes resolver on dual-stack, and kube-proxy's nftables mode twice.
+# The whole 24-cell matrix is `bash scripts/e2e-matrix.sh`.
 cargo build --release --locked --bins
 e2e_passed=0
 e2e_failed=0
 e2e_status=0
-for cni in ${NETPOL_E2E_CNIS:-calico sandbox hybridnet bridge}; do
+default_cells="calico:ipv4:iptables sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
+calico:ipv6:iptables calico:dual:nftables bridge:ipv6:nftables bridge:dual:iptables hybridnet:dual:iptables"
+for cell in ${NETPOL_E2E_CELLS:-$default_cells}; do
+  IFS=: read -r cni family proxy <<< "$cell"
+  log="target/e2e-$cni-$family-$proxy.txt"
   set +e
-  target/release/netpol-e2e run --cni "$cni" --jobs "${NETPOL_E2E_JOBS:-3}" e2e/scenarios 2>&1 | tee "target/e2e-$cni.txt"
+  target/release/netpol-e2e run --cni "$cni" --ip-family "$family" --service-proxy "$proxy" \
+    --jobs "${NETPOL_E2E_JOBS:-3}" e2e/scenarios e2e/regressions 2>&1 | tee "$log"
   status_one=${PIPESTATUS[0]}
   set -e
-  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "target/e2e-$cni.txt")
+  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$log")
   if [ "$status_one" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
   if [ "$status_one" -ne 0 ]; then e2e_status=$status_one; fi
-  echo "e2e scenarios, cni $cni: $p passed, $f failed"
+  echo "e2e scenarios, $cni / $family / $proxy: $p passed, $f failed"
   e2e_passed=$((e2e_passed + p))
   e2e_failed=$((e2e_failed + f))
 done

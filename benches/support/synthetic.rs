@@ -6,6 +6,9 @@
 //! first `Scale::local` of them on the benchmarked node (`NODE`); policies of five shapes (pod
 //! selector peers, namespace+pod selector peers with named ports, ipBlock with except and port
 //! ranges, default deny, namespace-selector peers). The same seed gives the same cluster.
+//! With `Scale::dual` every pod is dual-stack (its IPv4 address and `fd00::<the same 32
+//! bits>`), every ipBlock peer comes in both families and the graph renders both; the draws
+//! are the same, so the dual cluster is the IPv4 one plus its IPv6 half.
 
 #![allow(dead_code)]
 
@@ -54,6 +57,18 @@ pub struct Scale {
     pub namespaces: usize,
     /// Pods on the benchmarked node: pods `0..local`.
     pub local: usize,
+    /// Dual-stack pods, ipBlocks in both families, both families rendered.
+    pub dual: bool,
+}
+
+impl Scale {
+    pub fn families(&self) -> Vec<IpFamily> {
+        if self.dual {
+            vec![IpFamily::V4, IpFamily::V6]
+        } else {
+            vec![IpFamily::V4]
+        }
+    }
 }
 
 pub fn labels(pairs: &[(&str, String)]) -> Option<BTreeMap<String, String>> {
@@ -88,6 +103,11 @@ pub fn namespace(i: usize) -> Namespace {
 
 pub fn pod_ip(j: usize) -> String {
     format!("10.{}.{}.{}", (j >> 16) & 0xff, (j >> 8) & 0xff, j & 0xff)
+}
+
+/// Pod `j`'s IPv6 address in a dual-stack cluster.
+pub fn pod_ip6(j: usize) -> String {
+    format!("fd00::a{:02x}:{:x}", (j >> 16) & 0xff, j & 0xffff)
 }
 
 /// Namespace index of pod `j`.
@@ -131,7 +151,11 @@ pub fn pod(j: usize, scale: Scale, app: usize) -> Pod {
         }),
         status: Some(PodStatus {
             phase: Some("Running".into()),
-            pod_ips: Some(vec![PodIP { ip: pod_ip(j) }]),
+            pod_ips: Some(if scale.dual {
+                vec![PodIP { ip: pod_ip(j) }, PodIP { ip: pod_ip6(j) }]
+            } else {
+                vec![PodIP { ip: pod_ip(j) }]
+            }),
             ..Default::default()
         }),
     }
@@ -185,14 +209,26 @@ pub fn policy(k: usize, scale: Scale, rng: &mut Rng) -> NetworkPolicy {
         }
         2 => {
             spec.policy_types = Some(vec!["Egress".into()]);
-            spec.egress = Some(vec![NetworkPolicyEgressRule {
-                to: Some(vec![NetworkPolicyPeer {
+            let except = rng.below(200);
+            let mut to = vec![NetworkPolicyPeer {
+                ip_block: Some(IPBlock {
+                    cidr: "10.0.0.0/8".into(),
+                    except: Some(vec![format!("10.{except}.0.0/16")]),
+                }),
+                ..Default::default()
+            }];
+            if scale.dual {
+                // The same block for the IPv6 half of the pods (fd00::a<b>:<cd> for 10.b.c.d).
+                to.push(NetworkPolicyPeer {
                     ip_block: Some(IPBlock {
-                        cidr: "10.0.0.0/8".into(),
-                        except: Some(vec![format!("10.{}.0.0/16", rng.below(200))]),
+                        cidr: "fd00::a00:0/104".into(),
+                        except: Some(vec![format!("fd00::a{except:02x}:0/112")]),
                     }),
                     ..Default::default()
-                }]),
+                });
+            }
+            spec.egress = Some(vec![NetworkPolicyEgressRule {
+                to: Some(to),
                 ports: Some(vec![
                     tcp(IntOrString::Int(443), None),
                     tcp(IntOrString::Int(8000), Some(8100)),
@@ -238,11 +274,11 @@ pub fn selected_app(np: &NetworkPolicy) -> Option<usize> {
         .ok()
 }
 
-pub fn new_graph() -> Calculation {
+pub fn new_graph(families: Vec<IpFamily>) -> Calculation {
     Calculation::new(
         GraphConfig {
             node_name: NODE.into(),
-            families: vec![IpFamily::V4],
+            families,
             rules: RuleConfig::default(),
         },
         Box::new(CalicoResolver::default()),
@@ -252,7 +288,7 @@ pub fn new_graph() -> Calculation {
 /// Feeds a whole synthetic cluster; objects are built and dropped one at a time, as a watch
 /// would deliver them. Returns the graph and the app label value of each pod.
 pub fn build(scale: Scale, rng: &mut Rng) -> (Calculation, Vec<usize>) {
-    let mut g = new_graph();
+    let mut g = new_graph(scale.families());
     for i in 0..scale.namespaces {
         g.upsert_namespace(&namespace(i));
     }

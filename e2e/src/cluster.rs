@@ -1,7 +1,9 @@
 //! One simulated cluster: node namespaces joined by an underlay bridge, pod namespaces wired
-//! to their node the way the chosen CNI does it, kube-proxy-style ClusterIP DNAT on every
-//! node, the manifests kubelet and the CNI would have produced in a directory, and a real
-//! `netpol-agent run` per node reading it. Dropping the cluster removes all of it: servers
+//! to their node the way the chosen CNI does it, kube-proxy's ClusterIP DNAT (iptables or
+//! nftables mode) and kubelet's chains on every node, the manifests kubelet and the CNI
+//! would have produced in a directory, and a real `netpol-agent run` per node reading it.
+//! Every address exists in each family of `--ip-family` (IPv6 ones through the embedding of
+//! `family`), and the convergence check compares every family the agents program. Dropping the cluster removes all of it: servers
 //! first (their sockets pin namespaces), then agents, pods, nodes, the underlay and the
 //! directory — also when a step failed or the run was interrupted.
 
@@ -19,10 +21,12 @@ use netpol_agent::model::IpFamily;
 use serde_json::json;
 
 use crate::cni::{Cni, Wiring, BRIDGE};
+use crate::family::{addr_of, family_name, net_of, FamilyMode};
 use crate::netns::{Netns, PREFIX};
 use crate::runtime::NodeRuntime;
-use crate::scenario::{node_pod_cidr, Pod, World};
+use crate::scenario::{node_pod_cidr, service_cidr, Pod, World};
 use crate::servers::{PodServers, SctpLog};
+use crate::services::{self, Service, ServiceProxy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
@@ -31,11 +35,15 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// `iptables-nft-save`, `iptables-legacy-restore`, ...
-    pub fn tool(self, action: &str) -> String {
+    /// `iptables-nft-save`, `ip6tables-legacy-restore`, ... for `family`.
+    pub fn tool_for(self, family: IpFamily, action: &str) -> String {
+        let base = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
         match self {
-            Backend::Nft => format!("iptables-nft-{action}"),
-            Backend::Legacy => format!("iptables-legacy-{action}"),
+            Backend::Nft => format!("{base}-nft-{action}"),
+            Backend::Legacy => format!("{base}-legacy-{action}"),
         }
     }
 }
@@ -46,6 +54,10 @@ pub struct ClusterConfig {
     pub cni: Cni,
     pub backend: Backend,
     pub converge_timeout: Duration,
+    /// The families of pods, ClusterIPs and the underlay.
+    pub family: FamilyMode,
+    /// Who DNATs ClusterIPs: kube-proxy's iptables or nftables mode.
+    pub proxy: ServiceProxy,
 }
 
 struct Node {
@@ -75,6 +87,9 @@ pub struct Cluster {
     pub pods: BTreeMap<String, PodNet>,
     written: World,
     pub sctp: Arc<SctpLog>,
+    /// Pods whose kube-proxy chains exist (iptables mode deletes the chains of pods gone);
+    /// `None` before kube-proxy's first write.
+    proxied: Option<std::collections::BTreeSet<usize>>,
 }
 
 /// The bridge address of node `i` in `--cni bridge`, the pods' gateway.
@@ -82,8 +97,86 @@ fn bridge_gateway(node: usize) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(10, 244, node as u8, 1)
 }
 
-fn underlay_ip(node: usize) -> String {
-    format!("192.168.200.{}", node + 1)
+/// The node's address on the underlay (`/24`, embedded for IPv6 like every address).
+fn underlay_ip(node: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(192, 168, 200, node as u8 + 1)
+}
+
+/// The prefix length of a `/24` of the IPv4 plan in `family`.
+fn len24(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => 24,
+        IpFamily::V6 => 120,
+    }
+}
+
+/// `ip` keeps IPv6 addresses tentative for a second of duplicate address detection unless
+/// told not to; on links of our own making there is nothing to detect.
+fn nodad(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "",
+        IpFamily::V6 => " nodad",
+    }
+}
+
+/// "Everything" in `family`, spelled so that `ip -batch` (which takes no `-4`/`-6` per line)
+/// picks the family from it.
+fn any_dst(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "0.0.0.0/0",
+        IpFamily::V6 => "::/0",
+    }
+}
+
+/// A host route's prefix length in `family`.
+fn host_len(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => 32,
+        IpFamily::V6 => 128,
+    }
+}
+
+/// The link-local address the kernel gave `iface` (once both veth ends are up; read the
+/// way Calico's plugin reads it, retrying briefly while it appears).
+fn host_link_local(netns: &Netns, iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let out = netns.exec_ok(
+            "ip",
+            &["-6", "-o", "addr", "show", "dev", iface, "scope", "link"],
+            None,
+        )?;
+        let found = out.split_whitespace().skip_while(|w| *w != "inet6").nth(1);
+        if let Some(addr) = found.and_then(|a| a.split('/').next()?.parse().ok()) {
+            return Ok(addr);
+        }
+        if Instant::now() > deadline {
+            bail!("{iface} in {} has no IPv6 link-local address", netns.name);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Calico's host-side veth MAC (every host veth has it; the pods' neighbour entries for
+/// their gateway point at it).
+const CALICO_HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
+
+/// IPv6 in a namespace we just made: no duplicate address detection on its links (Calico's
+/// CNI plugin turns it off on both veth ends; our underlay and bridges are ours alone).
+fn ipv6_namespace_defaults(netns: &Netns) -> anyhow::Result<()> {
+    for key in [
+        "net/ipv6/conf/all/disable_ipv6",
+        "net/ipv6/conf/default/disable_ipv6",
+    ] {
+        netns.sysctl(key, "0")?;
+    }
+    for key in [
+        "net/ipv6/conf/all/accept_dad",
+        "net/ipv6/conf/default/accept_dad",
+    ] {
+        netns.sysctl(key, "0")?;
+    }
+    Ok(())
 }
 
 pub fn node_name(node: usize) -> String {
@@ -108,7 +201,10 @@ impl Cluster {
             pods: BTreeMap::new(),
             written: World::default(),
             sctp: Arc::new(SctpLog::default()),
+            proxied: None,
         };
+        let families = cluster.cfg.family.families();
+        let v6 = cluster.cfg.family.has(IpFamily::V6);
         for i in 0..nodes {
             let netns = Netns::create(&format!("{}-n{i}", cluster.tag))?;
             for (key, value) in [
@@ -118,25 +214,66 @@ impl Cluster {
             ] {
                 netns.sysctl(key, value)?;
             }
+            if v6 {
+                ipv6_namespace_defaults(&netns)?;
+                netns.sysctl("net/ipv6/conf/all/forwarding", "1")?;
+            }
             // A default route out of a port-less bridge (no dummy module here): proxy ARP
             // answers for 169.254.1.1 only
             // when the node routes it elsewhere, as a real node's default route does.
-            netns.ip_batch(
-                "link add dummy0 type bridge\nlink set dummy0 up\nroute add default dev dummy0\n",
-            )?;
+            let mut lines = String::from("link add dummy0 type bridge\nlink set dummy0 up\n");
+            for &f in families {
+                let _ = writeln!(lines, "route add {} dev dummy0", any_dst(f));
+            }
+            netns.ip_batch(&lines)?;
             match cluster.cfg.cni.wiring() {
                 Wiring::Routed { table: Some(table) } => {
-                    netns.ip_batch(&format!("rule add from all lookup {table} pref 1\n"))?;
+                    // `from all` is IPv4 unless `ip` is told the family (`-batch` lines
+                    // take no `-6`, and `from ::/0` is read as IPv4 "all" too).
+                    for &f in families {
+                        let flag = match f {
+                            IpFamily::V4 => "-4",
+                            IpFamily::V6 => "-6",
+                        };
+                        let table = table.to_string();
+                        netns.exec_ok(
+                            "ip",
+                            &[
+                                flag, "rule", "add", "from", "all", "lookup", &table, "pref", "1",
+                            ],
+                            None,
+                        )?;
+                    }
                 }
                 Wiring::Routed { table: None } => {}
                 Wiring::Bridged => {
-                    let gateway = bridge_gateway(i);
-                    netns.ip_batch(&format!(
-                        "link add {BRIDGE} type bridge\naddr add {gateway}/24 dev {BRIDGE}\nlink set {BRIDGE} up\n"
-                    ))?;
+                    let mut lines = format!("link add {BRIDGE} type bridge\n");
+                    for &f in families {
+                        let _ = writeln!(
+                            lines,
+                            "addr add {}/{} dev {BRIDGE}{}",
+                            addr_of(bridge_gateway(i), f),
+                            len24(f),
+                            nodad(f)
+                        );
+                    }
+                    lines.push_str(&format!("link set {BRIDGE} up\n"));
+                    netns.ip_batch(&lines)?;
                     // Bridged frames must traverse iptables (br_netfilter, per namespace).
                     netns.sysctl("net/bridge/bridge-nf-call-iptables", "1")?;
+                    if v6 {
+                        netns.sysctl("net/bridge/bridge-nf-call-ip6tables", "1")?;
+                    }
                 }
+            }
+            // kubelet's chains, in both families whatever the cluster's: kubelet makes them
+            // for IPv4 and IPv6 at start.
+            for f in [IpFamily::V4, IpFamily::V6] {
+                netns.exec_ok(
+                    &cluster.cfg.backend.tool_for(f, "restore"),
+                    &["--noflush"],
+                    Some(&services::kubelet_restore(f)),
+                )?;
             }
             cluster.nodes.push(Node {
                 name: node_name(i),
@@ -159,17 +296,26 @@ impl Cluster {
                     "link add ul{i} type veth peer name eth0 netns {}\nlink set ul{i} master br0\nlink set ul{i} up\n",
                     node.netns.name
                 ))?;
-                let mut lines = format!(
-                    "addr add {}/24 dev eth0\nlink set eth0 up\n",
-                    underlay_ip(i)
-                );
-                for j in (0..nodes).filter(|j| *j != i) {
+                let mut lines = String::new();
+                for &f in families {
                     let _ = writeln!(
                         lines,
-                        "route add {} via {} dev eth0",
-                        node_pod_cidr(j),
-                        underlay_ip(j)
+                        "addr add {}/{} dev eth0{}",
+                        addr_of(underlay_ip(i), f),
+                        len24(f),
+                        nodad(f)
                     );
+                }
+                lines.push_str("link set eth0 up\n");
+                for j in (0..nodes).filter(|j| *j != i) {
+                    for &f in families {
+                        let _ = writeln!(
+                            lines,
+                            "route add {} via {} dev eth0",
+                            net_of(node_pod_cidr(j), f),
+                            addr_of(underlay_ip(j), f)
+                        );
+                    }
                 }
                 node.netns.ip_batch(&lines)?;
             }
@@ -240,7 +386,11 @@ impl Cluster {
         }
         for (key, doc) in &target.policies {
             if self.written.policies.get(key) != Some(doc) {
-                write_atomic(&policy_dir.join(file_name(key)), doc)?;
+                // Scenario addresses are IPv4; the cluster's families decide what the
+                // ipBlocks become (see `family`).
+                let doc = crate::family::rewrite_policy(doc, self.cfg.family)
+                    .with_context(|| format!("policy {key}"))?;
+                write_atomic(&policy_dir.join(file_name(key)), &doc)?;
             }
         }
         for key in self.written.policies.keys() {
@@ -273,28 +423,79 @@ impl Cluster {
 
     fn add_pod(&mut self, pod: &Pod) -> anyhow::Result<()> {
         let node = &self.nodes[pod.node];
+        let families = self.cfg.family.families();
+        let has_v4 = self.cfg.family.has(IpFamily::V4);
+        let has_v6 = self.cfg.family.has(IpFamily::V6);
         let netns = Netns::create(&format!("{}-p{}", self.tag, pod.uid))?;
+        if has_v6 {
+            ipv6_namespace_defaults(&netns)?;
+        }
         let iface = self.cfg.cni.host_iface(&self.tag, pod);
         match self.cfg.cni.wiring() {
             Wiring::Routed { table } => {
+                // What Calico's CNI plugin does (hybridnet and the sandbox scheme route
+                // alike): host veth with Calico's MAC, a host route per pod address (/32,
+                // /128) to it; IPv4: proxy ARP answers for the 169.254.1.1 gateway; IPv6:
+                // the pod's default route goes via the host veth's own link-local address,
+                // which the host answers neighbour solicitations for.
                 let table = table.map(|t| format!(" table {t}")).unwrap_or_default();
                 node.netns.ip_batch(&format!(
                     "link add {iface} type veth peer name eth0 netns {pod_ns}\n\
-                     link set {iface} up\n\
-                     route add {ip}/32 dev {iface}{table}\n",
+                     link set {iface} address {CALICO_HOST_MAC}\n",
                     pod_ns = netns.name,
-                    ip = pod.ip
                 ))?;
-                node.netns
-                    .sysctl(&format!("net/ipv4/conf/{iface}/proxy_arp"), "1")?;
-                node.netns
-                    .sysctl(&format!("net/ipv4/neigh/{iface}/proxy_delay"), "0")?;
-                netns.ip_batch(&format!(
-                    "addr add {ip}/32 dev eth0\nlink set eth0 up\n\
-                     route add 169.254.1.1 dev eth0 scope link\n\
-                     route add default via 169.254.1.1 dev eth0\n",
-                    ip = pod.ip
-                ))?;
+                if has_v4 {
+                    node.netns
+                        .sysctl(&format!("net/ipv4/conf/{iface}/proxy_arp"), "1")?;
+                    node.netns
+                        .sysctl(&format!("net/ipv4/neigh/{iface}/proxy_delay"), "0")?;
+                }
+                if has_v6 {
+                    for (key, value) in [
+                        ("disable_ipv6", "0"),
+                        ("accept_dad", "0"),
+                        ("proxy_ndp", "1"),
+                        ("forwarding", "1"),
+                        ("accept_ra", "0"),
+                    ] {
+                        node.netns
+                            .sysctl(&format!("net/ipv6/conf/{iface}/{key}"), value)?;
+                    }
+                }
+                let mut host = format!("link set {iface} up\n");
+                for &f in families {
+                    let _ = writeln!(
+                        host,
+                        "route add {}/{} dev {iface}{table}",
+                        pod.addr(f),
+                        host_len(f)
+                    );
+                }
+                node.netns.ip_batch(&host)?;
+                let mut inside = String::new();
+                for &f in families {
+                    let _ = writeln!(
+                        inside,
+                        "addr add {}/{} dev eth0{}",
+                        pod.addr(f),
+                        host_len(f),
+                        nodad(f)
+                    );
+                }
+                inside.push_str("link set eth0 up\n");
+                if has_v4 {
+                    inside.push_str(
+                        "route add 169.254.1.1 dev eth0 scope link\n\
+                         route add default via 169.254.1.1 dev eth0\n",
+                    );
+                }
+                netns.ip_batch(&inside)?;
+                if has_v6 {
+                    // As the plugin does: the gateway is whatever link-local address the
+                    // host veth has once both ends are up.
+                    let gateway = host_link_local(&node.netns, &iface)?;
+                    netns.ip_batch(&format!("route add ::/0 via {gateway} dev eth0\n"))?;
+                }
             }
             Wiring::Bridged => {
                 node.netns.ip_batch(&format!(
@@ -303,19 +504,35 @@ impl Cluster {
                      link set {iface} up\n",
                     pod_ns = netns.name
                 ))?;
-                netns.ip_batch(&format!(
-                    "addr add {ip}/24 dev eth0\nlink set eth0 up\n\
-                     route add default via {gw} dev eth0\n",
-                    ip = pod.ip,
-                    gw = bridge_gateway(pod.node)
-                ))?;
+                // flannel's bridge plugin: the pod in the node's subnet (/24, or its /120
+                // embedding) with the bridge's address of the family as the gateway.
+                let mut inside = String::new();
+                for &f in families {
+                    let _ = writeln!(
+                        inside,
+                        "addr add {}/{} dev eth0{}",
+                        pod.addr(f),
+                        len24(f),
+                        nodad(f)
+                    );
+                }
+                inside.push_str("link set eth0 up\n");
+                for &f in families {
+                    let _ = writeln!(
+                        inside,
+                        "route add {} via {} dev eth0",
+                        any_dst(f),
+                        addr_of(bridge_gateway(pod.node), f)
+                    );
+                }
+                netns.ip_batch(&inside)?;
             }
         }
         if let Some(runtime) = self.nodes[pod.node].runtime.as_ref() {
             runtime.add_pod(&self.tag, pod)?;
         }
         let handle = Arc::new(netns.handle.try_clone()?);
-        let servers = PodServers::start(&netns.handle, pod, self.sctp.clone())?;
+        let servers = PodServers::start(&netns.handle, pod, families, self.sctp.clone())?;
         self.pods.insert(
             pod.key(),
             PodNet {
@@ -329,6 +546,13 @@ impl Cluster {
     }
 
     fn pod_manifest(&self, pod: &Pod) -> serde_json::Value {
+        let ips: Vec<String> = self
+            .cfg
+            .family
+            .families()
+            .iter()
+            .map(|&f| pod.addr(f).to_string())
+            .collect();
         // One container per port, as upstream's model does, with named container ports.
         let containers: Vec<serde_json::Value> = pod
             .ports
@@ -354,8 +578,8 @@ impl Cluster {
                 "labels": pod.labels,
             },
             "spec": {"nodeName": node_name(pod.node), "containers": containers},
-            "status": {"phase": "Running", "podIP": pod.ip.to_string(),
-                       "podIPs": [{"ip": pod.ip.to_string()}]},
+            "status": {"phase": "Running", "podIP": ips[0],
+                       "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()},
         })
     }
 
@@ -373,52 +597,48 @@ impl Cluster {
         write_atomic(&self.work.join("interfaces.yaml"), &map)
     }
 
-    /// kube-proxy's part: a ClusterIP per pod, DNATed to the pod for each port it serves,
-    /// from pods (PREROUTING) and from the node (OUTPUT), on every node.
-    fn write_services(&self) -> anyhow::Result<()> {
-        let mut nat = String::from(
-            "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
-             :POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n",
-        );
-        let mut rules = String::new();
-        for net in self.pods.values() {
-            let pod = &net.pod;
-            let chain = format!("KUBE-SEP-E2E{}", pod.uid);
-            let _ = writeln!(nat, ":{chain} - [0:0]");
-            for p in &pod.ports {
-                let proto = p.protocol.as_str().to_ascii_lowercase();
-                let _ = writeln!(
-                    rules,
-                    "-A KUBE-SERVICES -d {}/32 -p {proto} -m {proto} --dport {} -m comment --comment \"{}:{}\" -j {chain}",
-                    pod.cluster_ip,
-                    p.port,
-                    pod.key(),
-                    p.port
-                );
-                let _ = writeln!(
-                    rules,
-                    "-A {chain} -p {proto} -m {proto} --dport {port} -j DNAT --to-destination {}:{port}",
-                    pod.ip,
-                    port = p.port
-                );
+    /// kube-proxy's part: a ClusterIP per pod and family, DNATed to the pod for each port it
+    /// serves, from pods and from the node, on every node (see `services`).
+    fn write_services(&mut self) -> anyhow::Result<()> {
+        let uids: std::collections::BTreeSet<usize> =
+            self.pods.values().map(|n| n.pod.uid).collect();
+        let first = self.proxied.is_none();
+        let removed: Vec<usize> = self
+            .proxied
+            .as_ref()
+            .map(|before| before.difference(&uids).copied().collect())
+            .unwrap_or_default();
+        for &family in self.cfg.family.families() {
+            let list: Vec<Service> = self
+                .pods
+                .values()
+                .map(|net| Service {
+                    name: net.pod.key(),
+                    uid: net.pod.uid,
+                    cluster_ip: addr_of(net.pod.cluster_ip, family),
+                    backend: net.pod.addr(family),
+                    ports: net.pod.ports.iter().map(|p| (p.protocol, p.port)).collect(),
+                })
+                .collect();
+            for node in &self.nodes {
+                match self.cfg.proxy {
+                    ServiceProxy::Iptables => {
+                        let script = services::kube_proxy_iptables(family, &list, &removed, first);
+                        node.netns.exec_ok(
+                            &self.cfg.backend.tool_for(family, "restore"),
+                            &["--noflush"],
+                            Some(&script),
+                        )?;
+                    }
+                    ServiceProxy::Nftables => {
+                        let script =
+                            services::kube_proxy_nft(family, &list, net_of(service_cidr(), family));
+                        node.netns.exec_ok("nft", &["-f", "-"], Some(&script))?;
+                    }
+                }
             }
         }
-        nat.push_str(
-            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
-        );
-        nat.push_str(
-            "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
-        );
-        nat.push_str(&rules);
-        nat.push_str("COMMIT\n");
-        // kube-proxy's hint: tells iptables wrappers (and our backend detection) which
-        // backend this node uses.
-        nat.push_str("*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n");
-        let restore = self.cfg.backend.tool("restore");
-        for node in &self.nodes {
-            // The node's nat and mangle tables are kube-proxy's alone: rewritten whole.
-            node.netns.exec_ok(&restore, &[], Some(&nat))?;
-        }
+        self.proxied = Some(uids);
         Ok(())
     }
 
@@ -426,9 +646,17 @@ impl Cluster {
     /// the manifests; on timeout says which node differs and how.
     pub fn wait_converged(&mut self) -> Result<Duration, String> {
         let start = Instant::now();
+        let families = self.cfg.family.agent_families();
         let mut want = Vec::new();
         for node in &self.nodes {
-            want.push(self.compiled(node).map_err(|e| format!("compile: {e:#}"))?);
+            let mut per_family = Vec::new();
+            for &family in families {
+                per_family.push(
+                    self.compiled(node, family)
+                        .map_err(|e| format!("compile ({}): {e:#}", family_name(family)))?,
+                );
+            }
+            want.push(per_family);
         }
         loop {
             let mut differs = None;
@@ -442,16 +670,24 @@ impl Cluster {
                         ));
                     }
                 }
-                let have = observed(&self.cfg, &node.netns);
-                match have {
-                    Ok(have) if &have == want => {}
-                    Ok(have) => {
-                        differs = Some((node.name.clone(), node.log.clone(), diff(want, &have)));
-                        break;
+                for (&family, want) in families.iter().zip(want) {
+                    let label = family_name(family);
+                    match observed(&self.cfg, &node.netns, family) {
+                        Ok(have) if &have == want => {}
+                        Ok(have) => {
+                            let why = format!("{label}: {}", diff(want, &have));
+                            differs = Some((node.name.clone(), node.log.clone(), why));
+                            break;
+                        }
+                        Err(e) => {
+                            let why = format!("{label}: {e:#}");
+                            differs = Some((node.name.clone(), node.log.clone(), why));
+                            break;
+                        }
                     }
-                    Err(e) => {
-                        differs = Some((node.name.clone(), node.log.clone(), format!("{e:#}")))
-                    }
+                }
+                if differs.is_some() {
+                    break;
                 }
             }
             let Some((name, log, why)) = differs else {
@@ -468,11 +704,21 @@ impl Cluster {
         }
     }
 
-    fn compiled(&self, node: &Node) -> anyhow::Result<OwnedState> {
-        let sets = self.work.join(format!("want-{}.ipset", node.name));
-        let rules = self.work.join(format!("want-{}.iptables", node.name));
-        let out = std::process::Command::new(&self.cfg.agent)
-            .args(["compile", "--node", &node.name, "--manifests"])
+    /// What `node` must hold in `family`: `netpol-agent compile` (`--ipv6` for IPv6).
+    fn compiled(&self, node: &Node, family: IpFamily) -> anyhow::Result<OwnedState> {
+        let tag = match family {
+            IpFamily::V4 => "4",
+            IpFamily::V6 => "6",
+        };
+        let sets = self.work.join(format!("want-{}.ipset{tag}", node.name));
+        let rules = self.work.join(format!("want-{}.iptables{tag}", node.name));
+        let mut cmd = std::process::Command::new(&self.cfg.agent);
+        cmd.args(["compile", "--node", &node.name]);
+        if family == IpFamily::V6 {
+            cmd.arg("--ipv6");
+        }
+        let out = cmd
+            .arg("--manifests")
             .arg(&self.manifests)
             .arg("--ipsets-out")
             .arg(&sets)
@@ -489,7 +735,7 @@ impl Cluster {
             &std::fs::read_to_string(&rules)?,
             &netpol_agent::agent::OWNERSHIP,
         );
-        state.add_ipsets(&std::fs::read_to_string(&sets)?, IpFamily::V4);
+        state.add_ipsets(&std::fs::read_to_string(&sets)?, family);
         Ok(state)
     }
 
@@ -534,7 +780,10 @@ fn compile_env(cfg: &ClusterConfig, map_file: &Path) -> Vec<(&'static str, Strin
 fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
     let mut env = vec![
         ("FELIX_INTERFACEPREFIX", cfg.cni.prefix().to_string()),
-        ("FELIX_IPV6SUPPORT", "false".into()),
+        (
+            "FELIX_IPV6SUPPORT",
+            cfg.family.has(IpFamily::V6).to_string(),
+        ),
         ("FELIX_IPTABLESBACKEND", "auto".into()),
         ("FELIX_LOGSEVERITYSCREEN", "INFO".into()),
     ];
@@ -544,13 +793,17 @@ fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
     env
 }
 
-fn observed(cfg: &ClusterConfig, netns: &Netns) -> anyhow::Result<OwnedState> {
+fn observed(cfg: &ClusterConfig, netns: &Netns, family: IpFamily) -> anyhow::Result<OwnedState> {
     let mut state = OwnedState::default();
     state.add_iptables(
-        &netns.exec_ok(&cfg.backend.tool("save"), &["-t", "filter"], None)?,
+        &netns.exec_ok(
+            &cfg.backend.tool_for(family, "save"),
+            &["-t", "filter"],
+            None,
+        )?,
         &netpol_agent::agent::OWNERSHIP,
     );
-    state.add_ipsets(&netns.exec_ok("ipset", &["save"], None)?, IpFamily::V4);
+    state.add_ipsets(&netns.exec_ok("ipset", &["save"], None)?, family);
     Ok(state)
 }
 

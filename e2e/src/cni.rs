@@ -29,10 +29,12 @@ pub enum Cni {
 /// How pods reach their node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wiring {
-    /// A point-to-point veth: pod `/32`, `169.254.1.1` gateway with proxy ARP, a host route
-    /// to the pod in `table` (None = main).
+    /// A point-to-point veth: pod `/32` (`/128`), `169.254.1.1` gateway with proxy ARP (for
+    /// IPv6 the host veth's link-local address), a host route per pod address in `table`
+    /// (None = main).
     Routed { table: Option<u32> },
-    /// A port of the node's `cni0` bridge: pod in the node's /24, gateway `.1` on the bridge.
+    /// A port of the node's `cni0` bridge: pod in the node's /24 (its `/120` embedding),
+    /// gateway `.1` (embedded) on the bridge.
     Bridged,
 }
 

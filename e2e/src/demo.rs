@@ -179,14 +179,14 @@ fn reach(cluster: &Cluster) -> Reach {
                     from_netns: from.handle.clone(),
                     to: to.pod.key(),
                     to_uid: to.pod.uid,
-                    addr: to.pod.cluster_ip,
+                    addr: std::net::IpAddr::V4(to.pod.cluster_ip),
                 });
             }
         }
     }
     let observed = probe::run(jobs, 32, Duration::from_millis(800), &cluster.sctp);
     let mut out = Reach::new();
-    for (key, results) in observed {
+    for ((_, key), results) in observed {
         for ((from, to), outcome) in results {
             let entry = out.entry((from, to)).or_default();
             if outcome.connected() {

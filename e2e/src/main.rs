@@ -8,6 +8,7 @@ mod cni;
 mod cri_server;
 mod demo;
 mod expect;
+mod family;
 mod netns;
 mod probe;
 mod runner;
@@ -15,6 +16,7 @@ mod runtime;
 mod scenario;
 mod sctp;
 mod servers;
+mod services;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +28,9 @@ use clap::{Args, Parser, Subcommand};
 
 use cluster::{Backend, ClusterConfig};
 use cni::Cni;
+use family::FamilyMode;
 use runner::RunConfig;
+use services::ServiceProxy;
 
 #[derive(Parser)]
 #[command(
@@ -69,6 +73,14 @@ struct RunArgs {
     /// auto-detection should find).
     #[arg(long, value_enum, default_value = "nft")]
     iptables_backend: Backend,
+    /// IP families of pods, ClusterIPs and the node underlay; scenario addresses are mapped
+    /// into the IPv6 pod space for ipv6 and dual, and dual probes every pair over both.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    ip_family: FamilyMode,
+    /// How the simulated kube-proxy DNATs ClusterIPs: iptables rules, or an nft table of its
+    /// own (kube-proxy's nftables mode).
+    #[arg(long, value_enum, default_value = "iptables")]
+    service_proxy: ServiceProxy,
     /// Timeout of one probe, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     probe_timeout_ms: u64,
@@ -193,6 +205,8 @@ fn run(args: RunArgs) -> ExitCode {
             cni: args.cni,
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(args.converge_timeout_secs),
+            family: args.ip_family,
+            proxy: args.service_proxy,
         },
         jobs: args.jobs,
         probe_workers: args.probe_workers,
@@ -202,8 +216,10 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let total = scenarios.len();
     println!(
-        "running {total} scenarios, cni {}, {} at a time",
+        "running {total} scenarios, cni {}, ip family {}, service proxy {}, {} at a time",
         args.cni.name(),
+        args.ip_family.name(),
+        args.service_proxy.name(),
         cfg.jobs
     );
     let start = Instant::now();
@@ -249,6 +265,8 @@ fn demo(args: DemoArgs) -> ExitCode {
             cni: Cni::Calico,
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(20),
+            family: FamilyMode::Ipv4,
+            proxy: ServiceProxy::Iptables,
         },
         manifests: args.cluster,
         policies: args.policies,

@@ -6,11 +6,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use netpol_agent::model::IpFamily;
 use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
 
 use crate::expect::{Observed, Outcome};
@@ -24,8 +25,12 @@ pub struct Job {
     pub from_netns: Arc<File>,
     pub to: String,
     pub to_uid: usize,
-    pub addr: Ipv4Addr,
+    /// The target (ClusterIP or pod address) in the family probed.
+    pub addr: IpAddr,
 }
+
+/// What a set of probes saw, per family and port key.
+pub type Results = BTreeMap<(IpFamily, PortKey), Observed>;
 
 static NONCE: AtomicU32 = AtomicU32::new(0);
 
@@ -40,15 +45,11 @@ fn nonce() -> u32 {
     }
 }
 
-/// Runs every job on `workers` threads and returns what each pair saw per port key.
-pub fn run(
-    jobs: Vec<Job>,
-    workers: usize,
-    timeout: Duration,
-    sctp: &SctpLog,
-) -> BTreeMap<PortKey, Observed> {
+/// Runs every job on `workers` threads and returns what each pair saw per family and port
+/// key.
+pub fn run(jobs: Vec<Job>, workers: usize, timeout: Duration, sctp: &SctpLog) -> Results {
     let queue = Mutex::new(jobs);
-    let results: Mutex<BTreeMap<PortKey, Observed>> = Mutex::new(BTreeMap::new());
+    let results: Mutex<Results> = Mutex::new(BTreeMap::new());
     std::thread::scope(|scope| {
         for _ in 0..workers.max(1) {
             scope.spawn(|| {
@@ -69,7 +70,7 @@ pub fn run(
                     results
                         .lock()
                         .expect("not poisoned")
-                        .entry(job.key)
+                        .entry((IpFamily::of(&job.addr), job.key))
                         .or_default()
                         .insert((job.from.clone(), job.to.clone()), outcome);
                 }
@@ -80,7 +81,7 @@ pub fn run(
 }
 
 fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> Outcome {
-    let addr: SocketAddr = SocketAddrV4::new(job.addr, job.key.port).into();
+    let addr = SocketAddr::new(job.addr, job.key.port);
     match job.key.protocol {
         Protocol::Tcp => tcp(addr, &job.to, timeout),
         Protocol::Udp => udp(addr, &job.to, timeout),
@@ -90,7 +91,11 @@ fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> Outcome {
 
 fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
     let start = Instant::now();
-    let Ok(socket) = Socket::new(Domain::IPV4, Type::STREAM, Some(SockProtocol::TCP)) else {
+    let Ok(socket) = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM,
+        Some(SockProtocol::TCP),
+    ) else {
         return Outcome::WrongPeer("cannot open a TCP socket".into());
     };
     if socket.connect_timeout(&addr.into(), timeout).is_err() {
@@ -110,7 +115,12 @@ fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
 }
 
 fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
-    let Ok(socket) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+    let local = if addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let Ok(socket) = std::net::UdpSocket::bind(local) else {
         return Outcome::WrongPeer("cannot open a UDP socket".into());
     };
     let n = nonce();
@@ -145,8 +155,11 @@ fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
 }
 
 fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> Outcome {
+    // A raw socket of the target's family: the kernel writes the IP header (IPv4 and IPv6
+    // alike) and our CRC32c needs no pseudo-header.
+    let dest = SocketAddr::new(job.addr, 0);
     let Ok(socket) = Socket::new(
-        Domain::IPV4,
+        Domain::for_address(dest),
         Type::RAW,
         Some(SockProtocol::from(SCTP_PROTOCOL)),
     ) else {
@@ -155,7 +168,6 @@ fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> Outcome {
     let tag = nonce();
     let src_port = 20_000 + (tag % 40_000) as u16;
     let packet = crate::sctp::init_packet(src_port, job.key.port, tag);
-    let dest: SocketAddr = SocketAddrV4::new(job.addr, 0).into();
     if socket.send_to(&packet, &dest.into()).is_err() {
         return Outcome::Blocked;
     }

@@ -4,15 +4,17 @@
 //! more after a short wait before it counts as failed; the first failed step ends the
 //! scenario. Scenarios run `--jobs` at a time; each one's report is printed in one piece.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use netpol_agent::model::IpFamily;
+
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::expect::{mismatches, render, Observed};
-use crate::probe::{self, Job};
+use crate::family::{addr_of, family_name};
+use crate::probe::{self, Job, Results};
 use crate::scenario::{PortKey, Scenario, Step, Target};
 
 #[derive(Clone, Debug)]
@@ -109,13 +111,14 @@ fn run_steps(
         let converged = cluster.wait_converged();
         let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
         let first = probe_step(&cluster, scenario.target, step, cfg);
-        let mut failing = failing_keys(step, &first);
+        let families = cfg.cluster.family.families();
+        let mut failing = failing_keys(step, families, &first);
         let mut last = first;
         let mut retried = false;
         if !failing.is_empty() {
             std::thread::sleep(cfg.retry_wait);
             last = probe_step(&cluster, scenario.target, step, cfg);
-            failing = failing_keys(step, &last);
+            failing = failing_keys(step, families, &last);
             retried = true;
         }
         let conv_text = match &converged {
@@ -129,15 +132,31 @@ fn run_steps(
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {
-                for (key, table) in &step.expect {
-                    report.push_str(&indent(&render(*key, table, &last[key])));
+                for &family in cfg.cluster.family.families() {
+                    for (key, table) in &step.expect {
+                        report.push_str(&indent(&render_family(
+                            cfg,
+                            family,
+                            *key,
+                            table,
+                            &last[&(family, *key)],
+                        )));
+                    }
                 }
             }
             continue;
         }
         let _ = writeln!(report, "  FAIL {label}: {conv_text}");
-        for key in &failing {
-            report.push_str(&indent(&render(*key, &step.expect[key], &last[key])));
+        let empty = Observed::new();
+        for (family, key) in &failing {
+            let seen = last.get(&(*family, *key)).unwrap_or(&empty);
+            report.push_str(&indent(&render_family(
+                cfg,
+                *family,
+                *key,
+                &step.expect[key],
+                seen,
+            )));
         }
         if !failing.is_empty() {
             report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
@@ -151,39 +170,64 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
 }
 
-fn failing_keys(step: &Step, observed: &BTreeMap<PortKey, Observed>) -> Vec<PortKey> {
-    let empty = Observed::new();
-    step.expect
-        .iter()
-        .filter(|(key, table)| !mismatches(table, observed.get(key).unwrap_or(&empty)).is_empty())
-        .map(|(key, _)| *key)
-        .collect()
+/// A table, headed by its family when the cluster has more than IPv4.
+fn render_family(
+    cfg: &RunConfig,
+    family: IpFamily,
+    key: PortKey,
+    table: &crate::expect::TruthTable,
+    seen: &Observed,
+) -> String {
+    let text = render(key, table, seen);
+    if cfg.cluster.family.families() == [IpFamily::V4] {
+        text
+    } else {
+        format!("over {}:\n{text}", family_name(family))
+    }
 }
 
-fn probe_step(
-    cluster: &Cluster,
-    target: Target,
+/// The (family, key) pairs whose observation differs from the expectation: every family of
+/// the cluster is held to the same table.
+fn failing_keys(
     step: &Step,
-    cfg: &RunConfig,
-) -> BTreeMap<PortKey, Observed> {
+    families: &[IpFamily],
+    observed: &Results,
+) -> Vec<(IpFamily, PortKey)> {
+    let empty = Observed::new();
+    let mut out = Vec::new();
+    for &family in families {
+        for (key, table) in &step.expect {
+            let seen = observed.get(&(family, *key)).unwrap_or(&empty);
+            if !mismatches(table, seen).is_empty() {
+                out.push((family, *key));
+            }
+        }
+    }
+    out
+}
+
+/// Every ordered pair × probed key × family of the cluster, in one pool.
+fn probe_step(cluster: &Cluster, target: Target, step: &Step, cfg: &RunConfig) -> Results {
     let mut jobs = Vec::new();
-    for key in step.expect.keys() {
-        for from in cluster.pods.values() {
-            for to in cluster.pods.values() {
-                if from.pod.uid == to.pod.uid {
-                    continue;
+    for &family in cfg.cluster.family.families() {
+        for key in step.expect.keys() {
+            for from in cluster.pods.values() {
+                for to in cluster.pods.values() {
+                    if from.pod.uid == to.pod.uid {
+                        continue;
+                    }
+                    jobs.push(Job {
+                        key: *key,
+                        from: from.pod.key(),
+                        from_netns: from.handle.clone(),
+                        to: to.pod.key(),
+                        to_uid: to.pod.uid,
+                        addr: match target {
+                            Target::Service => addr_of(to.pod.cluster_ip, family),
+                            Target::Pod => to.pod.addr(family),
+                        },
+                    });
                 }
-                jobs.push(Job {
-                    key: *key,
-                    from: from.pod.key(),
-                    from_netns: from.handle.clone(),
-                    to: to.pod.key(),
-                    to_uid: to.pod.uid,
-                    addr: match target {
-                        Target::Service => to.pod.cluster_ip,
-                        Target::Pod => to.pod.ip,
-                    },
-                });
             }
         }
     }

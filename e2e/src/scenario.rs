@@ -200,6 +200,11 @@ impl Pod {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// The pod's address in `family`: its IPv4 address, or that embedded (`family`).
+    pub fn addr(&self, family: netpol_agent::model::IpFamily) -> std::net::IpAddr {
+        crate::family::addr_of(self.ip, family)
+    }
 }
 
 /// The cluster's objects at one point of a scenario.
@@ -365,6 +370,11 @@ impl WorldBuilder {
         }
         Ok(())
     }
+}
+
+/// The ClusterIP range.
+pub fn service_cidr() -> Ipv4Net {
+    Ipv4Net::new(Ipv4Addr::new(10, 96, 0, 0), 16).expect("valid prefix")
 }
 
 /// The CIDR every pod of node `i` is in (routes between nodes point at it).

@@ -1,7 +1,8 @@
 //! Crafted SCTP: this kernel has no SCTP sockets, but netfilter tracks and filters SCTP, so
 //! a probe sends a real INIT chunk from a raw socket and the target's raw socket reports
 //! whether it arrived. The checksum is CRC32c (RFC 9260 appendix A); conntrack drops INITs
-//! whose checksum is wrong, so it must be right.
+//! whose checksum is wrong, so it must be right. CRC32c covers the SCTP packet alone (no
+//! pseudo-header, unlike TCP and UDP), so one packet serves IPv4 and IPv6 raw sockets alike.
 
 /// Builds an SCTP packet (common header + one INIT chunk) for `dst_port`, carrying `tag` as
 /// the initiate tag so the observer can tell this probe from any other.
@@ -33,7 +34,16 @@ pub fn parse_init(packet: &[u8]) -> Option<(u16, u32)> {
     if first >> 4 != 4 || *packet.get(9)? != 132 {
         return None;
     }
-    let sctp = packet.get(usize::from(first & 0x0f) * 4..)?;
+    parse_init_chunk(packet.get(usize::from(first & 0x0f) * 4..)?)
+}
+
+/// The same for what a raw IPv6 socket receives: the SCTP packet alone (RFC 3542: raw IPv6
+/// sockets never pass the IPv6 header up, and the socket's protocol already is SCTP).
+pub fn parse_init_v6(packet: &[u8]) -> Option<(u16, u32)> {
+    parse_init_chunk(packet)
+}
+
+fn parse_init_chunk(sctp: &[u8]) -> Option<(u16, u32)> {
     if sctp.len() < 20 || sctp[12] != 1 {
         return None;
     }
@@ -61,5 +71,11 @@ mod tests {
         assert_eq!(parse_init(&ip), Some((81, 0xdead_beef)));
         ip[9] = 6;
         assert_eq!(parse_init(&ip), None);
+        // IPv6: the same packet without any IP header; too short or not an INIT is nothing.
+        assert_eq!(parse_init_v6(&p), Some((81, 0xdead_beef)));
+        assert_eq!(parse_init_v6(&p[..19]), None);
+        let mut not_init = p.clone();
+        not_init[12] = 2;
+        assert_eq!(parse_init_v6(&not_init), None);
     }
 }

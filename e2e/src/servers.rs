@@ -1,19 +1,21 @@
 //! What each pod serves: a TCP listener that answers with the pod's identity, a UDP socket
 //! that echoes the probe's nonce with the identity, and for SCTP (no SCTP sockets in this
-//! kernel) a raw socket that records every INIT chunk reaching a port the pod declares.
+//! kernel) a raw socket that records every INIT chunk reaching a port the pod declares; one
+//! set per IP family the cluster has.
 //! Answering with the identity catches a probe that reached the wrong pod (a DNAT fault)
 //! instead of counting it as connected.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use netpol_agent::model::IpFamily;
 use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
 
 use crate::scenario::{Pod, Protocol};
@@ -64,9 +66,22 @@ pub struct PodServers {
 }
 
 impl PodServers {
-    pub fn start(netns: &File, pod: &Pod, sctp: Arc<SctpLog>) -> anyhow::Result<PodServers> {
+    /// Serves the pod's ports on every family of `families` (one socket each, IPv6 sockets
+    /// IPv6-only, so each family is served by its own).
+    pub fn start(
+        netns: &File,
+        pod: &Pod,
+        families: &[IpFamily],
+        sctp: Arc<SctpLog>,
+    ) -> anyhow::Result<PodServers> {
         let identity = pod.key();
-        let sockets = crate::netns::in_netns(netns, || open_sockets(pod))??;
+        let sockets = crate::netns::in_netns(netns, || {
+            let mut all = Vec::new();
+            for &family in families {
+                all.extend(open_sockets(pod, family)?);
+            }
+            anyhow::Ok(all)
+        })??;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for socket in sockets {
@@ -75,10 +90,10 @@ impl PodServers {
             let thread = match socket {
                 Served::Tcp(s) => std::thread::spawn(move || serve_tcp(s, &identity, &stop)),
                 Served::Udp(s) => std::thread::spawn(move || serve_udp(s, &identity, &stop)),
-                Served::Sctp(s, ports) => {
+                Served::Sctp(s, ports, family) => {
                     let log = sctp.clone();
                     let uid = pod.uid;
-                    std::thread::spawn(move || observe_sctp(s, uid, &ports, &log, &stop))
+                    std::thread::spawn(move || observe_sctp(s, family, uid, &ports, &log, &stop))
                 }
             };
             threads.push(thread);
@@ -103,17 +118,31 @@ impl Drop for PodServers {
 enum Served {
     Tcp(Socket),
     Udp(Socket),
-    Sctp(Socket, Vec<u16>),
+    Sctp(Socket, Vec<u16>, IpFamily),
 }
 
-fn open_sockets(pod: &Pod) -> anyhow::Result<Vec<Served>> {
+/// A socket of `domain`; IPv6 TCP and UDP ones IPv6-only (the IPv4 family has sockets of
+/// its own; a raw IPv6 socket only ever sees IPv6 and refuses the option).
+fn socket(domain: Domain, kind: Type, protocol: SockProtocol) -> std::io::Result<Socket> {
+    let s = Socket::new(domain, kind, Some(protocol))?;
+    if domain == Domain::IPV6 && kind != Type::RAW {
+        s.set_only_v6(true)?;
+    }
+    Ok(s)
+}
+
+fn open_sockets(pod: &Pod, family: IpFamily) -> anyhow::Result<Vec<Served>> {
     let mut out = Vec::new();
     let mut sctp_ports = Vec::new();
+    let (domain, any) = match family {
+        IpFamily::V4 => (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        IpFamily::V6 => (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    };
     for p in &pod.ports {
-        let addr: SocketAddr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, p.port).into();
+        let addr = SocketAddr::new(any, p.port);
         match p.protocol {
             Protocol::Tcp => {
-                let s = Socket::new(Domain::IPV4, Type::STREAM, Some(SockProtocol::TCP))?;
+                let s = socket(domain, Type::STREAM, SockProtocol::TCP)?;
                 s.set_reuse_address(true)?;
                 s.bind(&addr.into())
                     .with_context(|| format!("{}: bind TCP {}", pod.key(), p.port))?;
@@ -122,7 +151,7 @@ fn open_sockets(pod: &Pod) -> anyhow::Result<Vec<Served>> {
                 out.push(Served::Tcp(s));
             }
             Protocol::Udp => {
-                let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(SockProtocol::UDP))?;
+                let s = socket(domain, Type::DGRAM, SockProtocol::UDP)?;
                 s.bind(&addr.into())
                     .with_context(|| format!("{}: bind UDP {}", pod.key(), p.port))?;
                 s.set_read_timeout(Some(POLL))?;
@@ -132,14 +161,10 @@ fn open_sockets(pod: &Pod) -> anyhow::Result<Vec<Served>> {
         }
     }
     if !sctp_ports.is_empty() {
-        let s = Socket::new(
-            Domain::IPV4,
-            Type::RAW,
-            Some(SockProtocol::from(SCTP_PROTOCOL)),
-        )
-        .context("raw SCTP socket")?;
+        let s = socket(domain, Type::RAW, SockProtocol::from(SCTP_PROTOCOL))
+            .context("raw SCTP socket")?;
         s.set_read_timeout(Some(POLL))?;
-        out.push(Served::Sctp(s, sctp_ports));
+        out.push(Served::Sctp(s, sctp_ports, family));
     }
     Ok(out)
 }
@@ -167,13 +192,24 @@ fn serve_udp(socket: Socket, identity: &str, stop: &AtomicBool) {
     }
 }
 
-fn observe_sctp(socket: Socket, uid: usize, ports: &[u16], log: &SctpLog, stop: &AtomicBool) {
+fn observe_sctp(
+    socket: Socket,
+    family: IpFamily,
+    uid: usize,
+    ports: &[u16],
+    log: &SctpLog,
+    stop: &AtomicBool,
+) {
     let mut buf = [0u8; 2048];
     while !stop.load(Ordering::Relaxed) {
         let Ok(n) = (&socket).read(&mut buf) else {
             continue;
         };
-        if let Some((port, tag)) = crate::sctp::parse_init(&buf[..n]) {
+        let init = match family {
+            IpFamily::V4 => crate::sctp::parse_init(&buf[..n]),
+            IpFamily::V6 => crate::sctp::parse_init_v6(&buf[..n]),
+        };
+        if let Some((port, tag)) = init {
             if ports.contains(&port) {
                 log.record((uid, port, tag));
             }

@@ -1,0 +1,302 @@
+//! What kubelet and kube-proxy leave in a node's netfilter, as text for the tools that load
+//! it: a ClusterIP per pod (one per family), DNATed to the pod for every port it declares,
+//! from pods (`prerouting`) and from the node itself (`output`), so the agent's filter rules
+//! only ever see the post-DNAT packet, as on a real node.
+//!
+//! - `--service-proxy iptables`: kube-proxy's iptables mode, `KUBE-SERVICES` → per-pod
+//!   `KUBE-SEP-…` chains in `nat`, jumped to from `PREROUTING` and `OUTPUT`, loaded with
+//!   `iptables-restore --noflush` (as kube-proxy does: other programs' chains in `nat` stay).
+//! - `--service-proxy nftables`: kube-proxy's nftables mode (GA since 1.33): a table of its
+//!   own per family, `ip kube-proxy` / `ip6 kube-proxy`, with base chains `nat-prerouting`
+//!   and `nat-output` (type nat, priority dstnat) jumping to `services`, which looks the
+//!   destination address, protocol and port up in the verdict map `service-ips` and goes to
+//!   a per-endpoint chain that DNATs; `filter-forward` and `filter-output-post-dnat` reject
+//!   what reaches a ClusterIP undnatted (an undeclared port) and drop unallocated ClusterIPs,
+//!   the way kube-proxy's `cluster-ips-check` does. Not a single iptables rule is kube-proxy's
+//!   then. The table is replaced in one `nft -f` transaction (create, delete, define).
+//! - kubelet, in both modes: its `KUBE-IPTABLES-HINT` chain in `mangle` and its
+//!   `KUBE-KUBELET-CANARY` chains in `mangle`, `nat` and `filter`, in both families, and the
+//!   IPv4 `KUBE-FIREWALL` localnet guard jumped to from `INPUT` and `OUTPUT` — what a real
+//!   node has whatever kube-proxy's mode (kubelet makes them through the `iptables` binary;
+//!   kube-proxy's nftables mode makes no hint of its own). The agent's backend detection keys
+//!   on exactly that hint.
+//!
+//! The layout of kube-proxy's nftables mode follows its documented integration contract
+//! (table, base chains, hooks and priorities); the rules are our own and much smaller (no
+//! masquerading, one endpoint per service, no NodePorts). Pure: no I/O.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use netpol_agent::model::IpFamily;
+
+use crate::scenario::Protocol;
+
+/// Who DNATs ClusterIPs on the simulated nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServiceProxy {
+    /// kube-proxy's iptables mode.
+    #[default]
+    Iptables,
+    /// kube-proxy's nftables mode: `nft` tables of its own, no iptables rules.
+    Nftables,
+}
+
+impl ServiceProxy {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceProxy::Iptables => "iptables",
+            ServiceProxy::Nftables => "nftables",
+        }
+    }
+}
+
+/// One pod's service in one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// `ns/pod`, for comments.
+    pub name: String,
+    pub uid: usize,
+    pub cluster_ip: IpAddr,
+    pub backend: IpAddr,
+    pub ports: Vec<(Protocol, u16)>,
+}
+
+fn proto(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// `addr:port`, bracketed for IPv6 (what DNAT targets take in both tools).
+fn addr_port(addr: IpAddr, port: u16) -> String {
+    match addr {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
+}
+
+fn host_len(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => 32,
+        IpFamily::V6 => 128,
+    }
+}
+
+/// kubelet's chains for `iptables-restore --noflush` of `family`.
+pub fn kubelet_restore(family: IpFamily) -> String {
+    let mut s = String::from(
+        "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n\
+         *nat\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n*filter\n:KUBE-KUBELET-CANARY - [0:0]\n",
+    );
+    if family == IpFamily::V4 {
+        s.push_str(
+            ":KUBE-FIREWALL - [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A OUTPUT -j KUBE-FIREWALL\n\
+             -A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n",
+        );
+    }
+    s.push_str("COMMIT\n");
+    s
+}
+
+fn sep_chain(uid: usize) -> String {
+    format!("KUBE-SEP-E2E{uid}")
+}
+
+/// kube-proxy's iptables mode for `iptables-restore --noflush`: `KUBE-SERVICES` and the
+/// per-pod chains rewritten, the chains of pods gone (`removed` uids) deleted, and on the
+/// first write (`first`) the jumps from `PREROUTING`/`OUTPUT` and kube-proxy's canaries.
+pub fn kube_proxy_iptables(
+    family: IpFamily,
+    services: &[Service],
+    removed: &[usize],
+    first: bool,
+) -> String {
+    let mut s = String::new();
+    if first {
+        for table in ["mangle", "filter"] {
+            let _ = write!(s, "*{table}\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n");
+        }
+    }
+    s.push_str("*nat\n:KUBE-SERVICES - [0:0]\n");
+    if first {
+        s.push_str(":KUBE-PROXY-CANARY - [0:0]\n");
+    }
+    for svc in services {
+        let _ = writeln!(s, ":{} - [0:0]", sep_chain(svc.uid));
+    }
+    if first {
+        for chain in ["PREROUTING", "OUTPUT"] {
+            let _ = writeln!(
+                s,
+                "-A {chain} -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+            );
+        }
+    }
+    let len = host_len(family);
+    for svc in services {
+        let chain = sep_chain(svc.uid);
+        for &(p, port) in &svc.ports {
+            let p = proto(p);
+            let _ = writeln!(
+                s,
+                "-A KUBE-SERVICES -d {}/{len} -p {p} -m {p} --dport {port} -m comment --comment \"{}:{port}\" -j {chain}",
+                svc.cluster_ip, svc.name
+            );
+            let _ = writeln!(
+                s,
+                "-A {chain} -p {p} -m {p} --dport {port} -j DNAT --to-destination {}",
+                addr_port(svc.backend, port)
+            );
+        }
+    }
+    for uid in removed {
+        let _ = writeln!(s, "-X {}", sep_chain(*uid));
+    }
+    s.push_str("COMMIT\n");
+    s
+}
+
+/// kube-proxy's nftables mode for `nft -f`: table `ip kube-proxy` (`ip6` for IPv6) replaced
+/// whole in one transaction. `service_cidr` is the ClusterIP range of the family.
+pub fn kube_proxy_nft(family: IpFamily, services: &[Service], service_cidr: IpNet) -> String {
+    let (fam, ip, addr_type) = match family {
+        IpFamily::V4 => ("ip", "ip", "ipv4_addr"),
+        IpFamily::V6 => ("ip6", "ip6", "ipv6_addr"),
+    };
+    let mut map = Vec::new();
+    let mut cluster_ips = Vec::new();
+    let mut endpoints = String::new();
+    for svc in services {
+        cluster_ips.push(svc.cluster_ip.to_string());
+        for &(p, port) in &svc.ports {
+            let p = proto(p);
+            let chain = format!("endpoint-e2e{}-{p}-{port}", svc.uid);
+            map.push(format!("{} . {p} . {port} : goto {chain}", svc.cluster_ip));
+            let _ = write!(
+                endpoints,
+                "\tchain {chain} {{\n\t\tcomment \"{}:{port}\"\n\t\tmeta l4proto {p} dnat to {}\n\t}}\n",
+                svc.name,
+                addr_port(svc.backend, port)
+            );
+        }
+    }
+    let elements = |items: &[String]| {
+        if items.is_empty() {
+            String::new()
+        } else {
+            format!(" elements = {{ {} }};", items.join(", "))
+        }
+    };
+    let mut s = format!(
+        "table {fam} kube-proxy\ndelete table {fam} kube-proxy\ntable {fam} kube-proxy {{\n\
+         \tcomment \"rules for kube-proxy\"\n\
+         \tset cluster-ips {{ type {addr_type}; comment \"Active ClusterIPs\";{} }}\n\
+         \tmap service-ips {{ type {addr_type} . inet_proto . inet_service : verdict; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\";{} }}\n",
+        elements(&cluster_ips),
+        elements(&map)
+    );
+    // Base chains: the nat chains at dstnat (-100); the check of what was not DNATed
+    // around it where kube-proxy puts it (dstnat - 10 in forward, dstnat + 10 in output).
+    // Numbers, not names: nft before 1.0.7 takes `dstnat` in prerouting only.
+    let check = "ct state new jump cluster-ips-check";
+    let base = [
+        ("filter-forward", "filter", "forward", "-110", check),
+        ("filter-output-post-dnat", "filter", "output", "-90", check),
+        (
+            "nat-prerouting",
+            "nat",
+            "prerouting",
+            "-100",
+            "jump services",
+        ),
+        ("nat-output", "nat", "output", "-100", "jump services"),
+    ];
+    for (name, kind, hook, priority, rule) in base {
+        let _ = write!(
+            s,
+            "\tchain {name} {{\n\t\ttype {kind} hook {hook} priority {priority}; policy accept;\n\t\t{rule}\n\t}}\n"
+        );
+    }
+    let _ = write!(
+        s,
+        "\tchain services {{\n\t\t{ip} daddr . meta l4proto . th dport vmap @service-ips\n\t}}\n\
+         \tchain cluster-ips-check {{\n\
+         \t\t{ip} daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"\n\
+         \t\t{ip} daddr {{ {service_cidr} }} drop comment \"Drop traffic to unallocated ClusterIPs\"\n\t}}\n"
+    );
+    s.push_str(&endpoints);
+    s.push_str("}\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(cluster_ip: &str, backend: &str) -> Service {
+        Service {
+            name: "x/a".into(),
+            uid: 3,
+            cluster_ip: cluster_ip.parse().unwrap(),
+            backend: backend.parse().unwrap(),
+            ports: vec![(Protocol::Tcp, 80), (Protocol::Sctp, 81)],
+        }
+    }
+
+    #[test]
+    fn iptables_mode_writes_kube_services_and_deletes_gone_chains() {
+        let v6 = kube_proxy_iptables(
+            IpFamily::V6,
+            &[svc("fd00:e2e::a60:a", "fd00:e2e::af4:a")],
+            &[7],
+            false,
+        );
+        assert!(v6.contains(
+            "-A KUBE-SERVICES -d fd00:e2e::a60:a/128 -p sctp -m sctp --dport 81 -m comment --comment \"x/a:81\" -j KUBE-SEP-E2E3"
+        ), "{v6}");
+        assert!(v6.contains("-j DNAT --to-destination [fd00:e2e::af4:a]:80"));
+        assert!(v6.contains("-X KUBE-SEP-E2E7\nCOMMIT\n"));
+        assert!(!v6.contains("PREROUTING"), "the jumps are written once");
+        let first =
+            kube_proxy_iptables(IpFamily::V4, &[svc("10.96.0.10", "10.244.0.10")], &[], true);
+        assert!(first.contains(
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+        ));
+        assert!(first.contains("--to-destination 10.244.0.10:81"));
+    }
+
+    #[test]
+    fn nftables_mode_is_a_table_of_its_own_replaced_atomically() {
+        let cidr: IpNet = "fd00:e2e::a60:0/112".parse().unwrap();
+        let s = kube_proxy_nft(
+            IpFamily::V6,
+            &[svc("fd00:e2e::a60:a", "fd00:e2e::af4:a")],
+            cidr,
+        );
+        assert!(s.starts_with(
+            "table ip6 kube-proxy\ndelete table ip6 kube-proxy\ntable ip6 kube-proxy {"
+        ));
+        assert!(s.contains("type nat hook prerouting priority -100; policy accept;"));
+        assert!(s.contains("type nat hook output priority -100; policy accept;"));
+        assert!(s.contains("fd00:e2e::a60:a . sctp . 81 : goto endpoint-e2e3-sctp-81"));
+        assert!(s.contains("meta l4proto tcp dnat to [fd00:e2e::af4:a]:80"));
+        assert!(s.contains("ip6 daddr { fd00:e2e::a60:0/112 } drop"));
+        assert!(!s.contains("iptables"));
+        // No services: no element lists (nft refuses empty ones).
+        let empty = kube_proxy_nft(IpFamily::V4, &[], "10.96.0.0/16".parse().unwrap());
+        assert!(!empty.contains("elements"));
+    }
+
+    #[test]
+    fn kubelet_leaves_its_hint_in_both_families() {
+        for f in [IpFamily::V4, IpFamily::V6] {
+            assert!(kubelet_restore(f).contains("*mangle\n:KUBE-IPTABLES-HINT - [0:0]"));
+        }
+        assert!(kubelet_restore(IpFamily::V4).contains("-A INPUT -j KUBE-FIREWALL"));
+        assert!(!kubelet_restore(IpFamily::V6).contains("KUBE-FIREWALL"));
+    }
+}
