@@ -1030,7 +1030,11 @@ status:
                 assert_eq!(valid, validate::cluster_network_policy(&original));
                 assert_eq!(cnp.spec, original.spec);
                 let v = serde_json::to_value(cnp).unwrap();
-                subset(&v, &["metadata", "spec"], "cluster policy");
+                subset(
+                    &v,
+                    &["apiVersion", "kind", "metadata", "spec"],
+                    "cluster policy",
+                );
                 subset(&v["metadata"], &["name"], "cluster policy metadata");
             }
         }

@@ -40,13 +40,36 @@ pub const PLURAL: &str = "clusternetworkpolicies";
 /// semantics can tell "an unknown member" from "no member at all").
 pub type UnknownFields = BTreeMap<String, serde_json::Value>;
 
-/// The cluster-scoped object.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// The cluster-scoped object. `apiVersion` and `kind` are not stored (list items come
+/// without them, watch events with them: the same object must compare equal); they are
+/// written when it is serialized, so that the output is a manifest.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct ClusterNetworkPolicy {
     #[serde(default)]
     pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub spec: Option<ClusterNetworkPolicySpec>,
+}
+
+impl Serialize for ClusterNetworkPolicy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Manifest<'a> {
+            api_version: &'static str,
+            kind: &'static str,
+            metadata: &'a ObjectMeta,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            spec: &'a Option<ClusterNetworkPolicySpec>,
+        }
+        Manifest {
+            api_version: API_VERSION,
+            kind: KIND,
+            metadata: &self.metadata,
+            spec: &self.spec,
+        }
+        .serialize(serializer)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
