@@ -493,6 +493,7 @@ fn new_dataplane(ns: &NetNs, families: Vec<IpFamily>) -> Dataplane {
         rules: RuleConfig::default(),
         backend: bench_backend(),
         ownership: netpol_agent::agent::OWNERSHIP,
+        interest: netpol_agent::agent::ours(),
         max_set_size: DEFAULT_MAX_SET_SIZE,
         exec: ns.exec(),
     })

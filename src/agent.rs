@@ -28,9 +28,10 @@ use crate::calc_graph::update::Update;
 use crate::calc_graph::{CalcGraph, GraphConfig, RejectKind};
 use crate::dataplane::driver::{self, Batch, Timers, IDLE_TURN};
 use crate::dataplane::iptables::Ownership;
+use crate::dataplane::watch::Interest;
 use crate::dataplane::DataplaneConfig;
 use crate::iface_naming::InterfaceResolver;
-use crate::model::{DatastoreEvent, K8sObject, ObjectKind};
+use crate::model::{DatastoreEvent, IpFamily, K8sObject, ObjectKind};
 use crate::rules;
 use crate::telemetry::health::{Health, Loop};
 use crate::telemetry::metrics;
@@ -41,6 +42,16 @@ pub const OWNERSHIP: Ownership = Ownership {
     rule_hash_prefix: rules::RULE_HASH_PREFIX,
     max_chain_len: rules::MAX_CHAIN_NAME_LEN,
 };
+
+/// What the dataplane's change detection watches: our table, the kernel chains we hook into,
+/// our chains and sets, both families.
+pub fn ours() -> Interest {
+    Interest::new(
+        &OWNERSHIP,
+        &rules::chains::HOOKED_KERNEL_CHAINS,
+        &[IpFamily::V4, IpFamily::V6],
+    )
+}
 
 /// What the calculation loop reacts to, on one channel: the datastore's events, and a
 /// resolver's word that it learned interface names.
@@ -151,7 +162,7 @@ pub fn run(
         })?;
 
     let mut in_sync = false;
-    let mut started = Instant::now();
+    let started = Instant::now();
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
@@ -168,21 +179,16 @@ pub fn run(
         }
         let mut datastore_events = 0;
         let mut rename_all = false;
+        let mut just_synced = false;
         for input in &batch {
             match input {
                 Input::Datastore(e) => {
                     datastore_events += 1;
                     if matches!(e, DatastoreEvent::InSync) && !in_sync {
                         in_sync = true;
+                        just_synced = true;
                         health.set_in_sync();
                         m.datastore_in_sync.set(1);
-                        info!(
-                            ms = started.elapsed().as_millis() as u64,
-                            local_endpoints = graph.local_endpoint_count(),
-                            active_policies = graph.active_policy_count(),
-                            "datastore in sync"
-                        );
-                        started = Instant::now();
                     }
                     graph.set_event_time(Some(Instant::now()));
                     graph.apply(e);
@@ -199,6 +205,14 @@ pub fn run(
             update: graph.flush(),
             programming_starts: graph.take_programming_starts(),
         });
+        if just_synced {
+            info!(
+                ms = started.elapsed().as_millis() as u64,
+                local_endpoints = graph.local_endpoint_count(),
+                active_policies = graph.active_policy_count(),
+                "datastore in sync"
+            );
+        }
         m.calc_graph_update_seconds
             .observe(batch_start.elapsed().as_secs_f64());
         export_graph_gauges(&graph, &mut rejections_seen);

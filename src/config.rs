@@ -360,16 +360,27 @@ pub struct AgentOptions {
     /// felix's node name, used when neither --node nor NODENAME is set.
     #[arg(long, env = "FELIX_FELIXHOSTNAME")]
     pub felix_hostname: Option<String>,
-    /// Seconds between full re-reads of iptables that repair what others changed (0: never).
-    #[arg(long, env = "FELIX_IPTABLESREFRESHINTERVAL", default_value = "10", value_parser = parse_interval)]
+    /// Seconds between full re-reads of iptables, the safety net behind the change checks
+    /// (0: never).
+    #[arg(long, env = "FELIX_IPTABLESREFRESHINTERVAL", default_value = "300", value_parser = parse_interval)]
     pub iptables_refresh_interval: Duration,
     /// Seconds after a write before iptables is read back once to verify it (≥ 0.05).
     #[arg(long, env = "FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", default_value = "1", value_parser = parse_post_write_check)]
     pub iptables_post_write_check_interval_secs: Duration,
-    /// Seconds between full re-reads of our IP sets that repair what others changed (0:
-    /// never).
-    #[arg(long, env = "FELIX_IPSETSREFRESHINTERVAL", default_value = "10", value_parser = parse_interval)]
+    /// Seconds between full re-reads of our IP sets, the safety net behind the change checks
+    /// (0: never).
+    #[arg(long, env = "FELIX_IPSETSREFRESHINTERVAL", default_value = "300", value_parser = parse_interval)]
     pub ipsets_refresh_interval: Duration,
+    /// Seconds between cheap checks whether the kernel's rules or sets of ours changed (no
+    /// process: one getsockopt per family for legacy iptables, the nf_tables change events,
+    /// one ipset header dump); a change is read and repaired at once (0: off).
+    #[arg(long, env = "FELIX_KERNELCHECKINTERVAL", default_value = "1", value_parser = parse_interval)]
+    pub kernel_check_interval: Duration,
+    /// Seconds between exact checks (digests of our chains and sets' members; the nf_tables
+    /// generation) that catch what the cheap check cannot, such as a rule replaced by one of
+    /// the same size (0: off).
+    #[arg(long, env = "FELIX_KERNELVERIFYINTERVAL", default_value = "120", value_parser = parse_interval)]
+    pub kernel_verify_interval: Duration,
     /// Seconds an agent loop may go without turning before /liveness fails.
     #[arg(long, env = "FELIX_DATAPLANEWATCHDOGTIMEOUT", default_value = "90", value_parser = parse_timeout)]
     pub dataplane_watchdog_timeout: Duration,

@@ -725,15 +725,23 @@ fn run_honours_datastore_node_name_backend_and_ipv6_variables() {
 
 /// Tampers with a chain and a set member once the agent has settled, and reports whether
 /// each was repaired within `within`.
+/// Whether the agent repairs a flushed chain of ours and a deleted set member within
+/// `within`, with `vars` on top of a legacy-backend agent.
 fn repaired(vars: &[(&str, &str)], within: Duration) -> (bool, bool) {
+    repaired_on("legacy", vars, within)
+}
+
+fn repaired_on(backend: &str, vars: &[(&str, &str)], within: Duration) -> (bool, bool) {
     let dir = manifests();
     let logs = TempDir::new("cfg-logs");
     let datastore = format!("dir:{}", dir.path.display());
     let ns = NetNs::new("cfg-refresh");
+    let iptables = format!("iptables-{backend}");
+    let save = format!("iptables-{backend}-save");
     let mut all = vec![
         ("FELIX_DATASTORETYPE", datastore.as_str()),
         ("NODENAME", "node-1"),
-        ("FELIX_IPTABLESBACKEND", "legacy"),
+        ("FELIX_IPTABLESBACKEND", backend),
         ("FELIX_IPV6SUPPORT", "false"),
         ("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "0.2"),
     ];
@@ -741,12 +749,12 @@ fn repaired(vars: &[(&str, &str)], within: Duration) -> (bool, bool) {
     let agent = Agent::start(&ns, &logs.path.join("agent.log"), &all);
     let want = compiled_chains(&dir.path, "node-1");
     let forward_rules = || {
-        ns.exec_ok(&["iptables-legacy", "-S", "cali-FORWARD"])
+        ns.exec_ok(&[&iptables, "-S", "cali-FORWARD"])
             .lines()
             .count()
     };
     wait_for(&agent, "converged", Duration::from_secs(15), || {
-        our_chains(&ns.exec_ok(&["iptables-legacy-save", "-t", "filter"])) == want
+        our_chains(&ns.exec_ok(&[&save, "-t", "filter"])) == want
     });
     // Past the post-write check, so only the refresh timers can repair.
     std::thread::sleep(Duration::from_millis(1500));
@@ -760,7 +768,7 @@ fn repaired(vars: &[(&str, &str)], within: Duration) -> (bool, bool) {
                 .then(|| (w[1].to_string(), w[2].to_string()))
         })
         .expect("a set member");
-    ns.exec_ok(&["iptables-legacy", "-F", "cali-FORWARD"]);
+    ns.exec_ok(&[&iptables, "-F", "cali-FORWARD"]);
     ns.exec_ok(&["ipset", "del", &set, &member]);
     let has_member = || {
         ns.exec_ok(&["ipset", "list", &set])
@@ -780,13 +788,23 @@ fn repaired(vars: &[(&str, &str)], within: Duration) -> (bool, bool) {
 
 #[test]
 fn refresh_intervals_repair_tampering_and_zero_disables_them() {
+    // The change checks off, so only the refresh timers can repair.
+    let checks_off = [
+        ("FELIX_KERNELCHECKINTERVAL", "0"),
+        ("FELIX_KERNELVERIFYINTERVAL", "0"),
+    ];
     let within = Duration::from_secs(4);
+    let with = |vars: &[(&'static str, &'static str)]| {
+        let mut all = checks_off.to_vec();
+        all.extend_from_slice(vars);
+        all
+    };
     assert_eq!(
         repaired(
-            &[
+            &with(&[
                 ("FELIX_IPTABLESREFRESHINTERVAL", "1"),
                 ("FELIX_IPSETSREFRESHINTERVAL", "0"),
-            ],
+            ]),
             within
         ),
         (true, false),
@@ -794,15 +812,38 @@ fn refresh_intervals_repair_tampering_and_zero_disables_them() {
     );
     assert_eq!(
         repaired(
-            &[
+            &with(&[
                 ("FELIX_IPTABLESREFRESHINTERVAL", "0"),
                 ("FELIX_IPSETSREFRESHINTERVAL", "0.5"),
-            ],
+            ]),
             within
         ),
         (false, true),
         "iptables refresh off, ipset refresh on"
     );
+}
+
+#[test]
+fn change_checks_repair_tampering_without_refresh_timers_on_both_backends() {
+    let timers_off = [
+        ("FELIX_IPTABLESREFRESHINTERVAL", "0"),
+        ("FELIX_IPSETSREFRESHINTERVAL", "0"),
+    ];
+    for backend in ["legacy", "nft"] {
+        assert_eq!(
+            repaired_on(backend, &timers_off, Duration::from_secs(3)),
+            (true, true),
+            "{backend}: the 1 s change checks (defaults) repair a flushed chain and a deleted member"
+        );
+        let mut off = timers_off.to_vec();
+        off.push(("FELIX_KERNELCHECKINTERVAL", "0"));
+        off.push(("FELIX_KERNELVERIFYINTERVAL", "0"));
+        assert_eq!(
+            repaired_on(backend, &off, Duration::from_secs(3)),
+            (false, false),
+            "{backend}: nothing repairs with every check and timer off"
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::rules::cluster::{cluster_policy_chain, plan_cluster_policy, ClusterPolicyPlan};
+use crate::rules::cluster::{plan_cluster_policy, ClusterPolicyPlan};
 use crate::rules::Direction;
 
 use crate::model::validate;
@@ -213,10 +213,22 @@ impl CalcGraph {
             .filter(|p| p.info.tier == tier && p.plan.direction(direction).is_some())
             .collect();
         policies.sort_by(|a, b| a.info.order_key().cmp(&b.info.order_key()));
-        policies
-            .into_iter()
-            .map(|p| cluster_policy_chain(direction, &p.info.name))
-            .collect()
+        policies.into_iter().map(|p| p.info.name.clone()).collect()
+    }
+
+    /// The ClusterNetworkPolicies selecting a local endpoint, in chain order: Admin ingress,
+    /// Admin egress, Baseline ingress, Baseline egress.
+    pub(super) fn endpoint_cluster_policies(&self, key: &ObjectKey) -> [Vec<String>; 4] {
+        let Some(ep) = self.endpoints.get(key) else {
+            return Default::default();
+        };
+        let chains = |tier, direction| self.cluster_chains(&ep.cluster_policies, tier, direction);
+        [
+            chains(Tier::Admin, Direction::Ingress),
+            chains(Tier::Admin, Direction::Egress),
+            chains(Tier::Baseline, Direction::Ingress),
+            chains(Tier::Baseline, Direction::Egress),
+        ]
     }
 
     pub fn active_cluster_policy_count(&self) -> usize {

@@ -18,9 +18,10 @@
 //! is named a local pod has no chains, and its traffic meets "Unknown interface".
 
 mod cluster;
+mod provenance;
 mod set_index;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub mod update;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -35,12 +36,11 @@ use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains
 use crate::rules::cluster::cluster_policy_chains;
 use crate::rules::dispatch::dispatch_chains_with_addrs;
 use crate::rules::policy::{plan_policy, policy_chains, PolicyPlan};
-use crate::rules::{Chain, Direction, RuleConfig};
+use crate::rules::{Chain, RuleConfig};
 
 use crate::model::validate;
 use crate::model::{
     DatastoreEvent, IpFamily, K8sObject, NamespaceInfo, ObjectKey, ObjectKind, PodInfo, PolicyInfo,
-    Tier,
 };
 use cluster::ClusterEntry;
 use set_index::SetIndex;
@@ -841,26 +841,8 @@ impl CalcGraph {
         if winner != Some(key) {
             return Vec::new();
         }
-        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
-        for policy in &ep.policies {
-            if let Some(p) = self.policies.get(policy) {
-                if p.plan.ingress.is_some() {
-                    ingress.push(policy.clone());
-                }
-                if p.plan.egress.is_some() {
-                    egress.push(policy.clone());
-                }
-            }
-        }
-        let cluster = |tier, direction| self.cluster_chains(&ep.cluster_policies, tier, direction);
-        let (admin_in, admin_out) = (
-            cluster(Tier::Admin, Direction::Ingress),
-            cluster(Tier::Admin, Direction::Egress),
-        );
-        let (baseline_in, baseline_out) = (
-            cluster(Tier::Baseline, Direction::Ingress),
-            cluster(Tier::Baseline, Direction::Egress),
-        );
+        let (ingress, egress) = self.endpoint_policies(key);
+        let [admin_in, admin_out, baseline_in, baseline_out] = self.endpoint_cluster_policies(key);
         tiered_endpoint_chains(
             &self.cfg.rules,
             family,

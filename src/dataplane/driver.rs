@@ -2,12 +2,16 @@
 //! an apply ran into the next one, and applies. Nothing reaches the kernel before the first
 //! update (which comes after the datastore's first complete listing).
 //!
-//! Timers: a post-write check (re-read iptables a short while after each write, felix's
-//! IptablesPostWriteCheckIntervalSecs), a full iptables refresh (IptablesRefreshInterval) and
-//! an IP set refresh (IpsetsRefreshInterval) that repair whatever another program changed. A
-//! failed apply is retried with back-off (`crate::backoff`); the rules already in the kernel
-//! stay meanwhile. Each turn is reported to `Health`; each completed apply observes the
-//! programming latency of the updates it carried.
+//! At rest it asks the kernel cheaply whether anything of ours changed (`sentinel`: every
+//! `FELIX_KERNELCHECKINTERVAL`, and exactly every `FELIX_KERNELVERIFYINTERVAL`) and reads
+//! and repairs only then. Behind that, slow timers: a full iptables refresh
+//! (IptablesRefreshInterval) and an IP set refresh (IpsetsRefreshInterval), the safety net;
+//! and a post-write check (re-read iptables a short while after writes, felix's
+//! IptablesPostWriteCheckIntervalSecs) where the kernel does not announce every commit
+//! (legacy iptables; nft's change events do). A part whose watch cannot be opened is re-read
+//! every 10 s at most. A failed apply is retried with back-off (`crate::backoff`); the rules
+//! already in the kernel stay meanwhile. Each turn is reported to `Health`; each completed
+//! apply observes the programming latency of the updates it carried.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -16,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
+use super::sentinel::{Sentinel, Verdict};
 use super::{Dataplane, DataplaneConfig};
 use crate::backoff::Backoff;
 use crate::calc_graph::update::Update;
@@ -28,7 +33,14 @@ pub struct Timers {
     /// IP set re-read (`None`: never).
     pub ipsets_refresh: Option<Duration>,
     pub post_write_check: Duration,
+    /// Cheap change checks (`None`: off).
+    pub kernel_check: Option<Duration>,
+    /// Exact change checks (`None`: off).
+    pub kernel_verify: Option<Duration>,
 }
+
+/// How often a part whose change watch could not be opened is re-read at most.
+const UNWATCHED_REFRESH: Duration = Duration::from_secs(10);
 
 /// How often an idle loop turns (health) and looks at the stop flag.
 pub const IDLE_TURN: Duration = Duration::from_millis(200);
@@ -50,9 +62,35 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let m = metrics::global();
     let mut dp = Dataplane::new(&cfg)?;
+    let watching = timers.kernel_check.is_some() || timers.kernel_verify.is_some();
+    let mut sentinel = if watching {
+        let (sentinel, problems) =
+            Sentinel::open(dp.backend(), &dp.families(), cfg.interest.clone());
+        for p in problems {
+            warn!("cannot watch the kernel for changes ({p}); re-reading it every {UNWATCHED_REFRESH:?} instead");
+        }
+        sentinel
+    } else {
+        Sentinel::none()
+    };
+    let (tables_watched, sets_watched) = sentinel.watching();
+    let fallback = |configured: Option<Duration>, watched: bool| match (configured, watched) {
+        (Some(d), false) if watching => Some(d.min(UNWATCHED_REFRESH)),
+        (None, false) if watching => Some(UNWATCHED_REFRESH),
+        (d, _) => d,
+    };
+    let refresh = fallback(timers.refresh, tables_watched);
+    let ipsets_refresh = fallback(timers.ipsets_refresh, sets_watched);
+    let post_write_check = !sentinel.sees_every_commit();
     let far = Duration::from_secs(365 * 24 * 3600);
-    let mut next_refresh = Instant::now() + timers.refresh.unwrap_or(far);
-    let mut next_ipsets_refresh = Instant::now() + timers.ipsets_refresh.unwrap_or(far);
+    let mut next_refresh = Instant::now() + refresh.unwrap_or(far);
+    let mut next_ipsets_refresh = Instant::now() + ipsets_refresh.unwrap_or(far);
+    let mut next_kernel_check: Option<Instant> = None;
+    let mut next_kernel_verify: Option<Instant> = None;
+    // Whether the next apply starts from a full read of that part (the fingerprints are then
+    // taken in full); the first one does.
+    let mut tables_read = true;
+    let mut sets_read = true;
     let mut next_check: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::apply_retry();
@@ -65,7 +103,10 @@ pub fn run(
         let mut deadline = next_refresh
             .min(next_ipsets_refresh)
             .min(Instant::now() + IDLE_TURN);
-        for t in [next_check, retry_at].into_iter().flatten() {
+        for t in [next_check, retry_at, next_kernel_check, next_kernel_verify]
+            .into_iter()
+            .flatten()
+        {
             deadline = deadline.min(t);
         }
         match updates.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -86,21 +127,38 @@ pub fn run(
             continue;
         }
         let now = Instant::now();
-        if now >= next_ipsets_refresh {
-            next_ipsets_refresh = now + timers.ipsets_refresh.unwrap_or(far);
+        let mut verdict = Verdict::default();
+        if next_kernel_verify.is_some_and(|t| now >= t) {
+            next_kernel_verify = timers.kernel_verify.map(|d| now + d);
+            verdict = sentinel.verify();
+        } else if next_kernel_check.is_some_and(|t| now >= t) {
+            next_kernel_check = timers.kernel_check.map(|d| now + d);
+            verdict = sentinel.check();
+        }
+        if let Some(why) = &verdict.iptables {
+            info!("re-reading iptables: {why}");
+        }
+        if let Some(why) = &verdict.ipsets {
+            info!("re-reading the IP sets: {why}");
+        }
+        if now >= next_ipsets_refresh || verdict.ipsets.is_some() {
+            next_ipsets_refresh = now + ipsets_refresh.unwrap_or(far);
             m.dataplane_resyncs.inc();
+            sets_read = true;
             if let Err(e) = dp.resync_ipsets() {
                 warn!("IP set refresh failed: {e:#}");
             }
         }
-        if now >= next_refresh {
-            next_refresh = now + timers.refresh.unwrap_or(far);
+        if now >= next_refresh || verdict.iptables.is_some() {
+            next_refresh = now + refresh.unwrap_or(far);
             m.dataplane_resyncs.inc();
+            tables_read = true;
             dp.invalidate_iptables();
         }
         if next_check.is_some_and(|t| now >= t) {
             next_check = None;
             m.dataplane_resyncs.inc();
+            tables_read = true;
             dp.invalidate_iptables();
         }
         if retry_at.is_some_and(|t| now < t) || !dp.is_dirty() {
@@ -110,6 +168,23 @@ pub fn run(
             Ok(report) => {
                 retry_at = None;
                 backoff.reset();
+                sentinel.after_apply(
+                    tables_read,
+                    report.iptables_lines > 0,
+                    sets_read,
+                    report.ipset_lines > 0,
+                    dp.take_restore_pids(),
+                );
+                tables_read = false;
+                sets_read = false;
+                // The change checks start once the kernel holds what we want.
+                let now = Instant::now();
+                if next_kernel_check.is_none() {
+                    next_kernel_check = timers.kernel_check.map(|d| now + d);
+                }
+                if next_kernel_verify.is_none() {
+                    next_kernel_verify = timers.kernel_verify.map(|d| now + d);
+                }
                 m.apply_seconds.observe(report.duration.as_secs_f64());
                 for start in pending_starts.drain(..) {
                     m.programming_latency_seconds
@@ -125,7 +200,7 @@ pub fn run(
                         "first full apply done"
                     );
                 }
-                if report.iptables_lines > 0 {
+                if report.iptables_lines > 0 && post_write_check {
                     next_check = Some(Instant::now() + timers.post_write_check);
                 }
             }
@@ -135,6 +210,8 @@ pub fn run(
                 let wait = backoff.next_delay();
                 error!("apply failed, keeping the rules in place and retrying in {wait:?}: {e:#}");
                 retry_at = Some(Instant::now() + wait);
+                tables_read = true;
+                sets_read = true;
                 dp.invalidate_iptables();
             }
         }

@@ -10,10 +10,13 @@
 //!   timers, retries with back-off.
 //! - `owned`: reading back what we own from `iptables-save`/`ipset save` text.
 
+pub mod audit;
 pub mod driver;
 pub mod ipsets;
 pub mod iptables;
 pub mod owned;
+pub mod sentinel;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -24,6 +27,7 @@ use tracing::debug;
 use crate::calc_graph::update::Update;
 use crate::dataplane::ipsets::IpsetManager;
 use crate::dataplane::iptables::{Backend, DesiredTable, Ownership, TableWriter};
+use crate::dataplane::watch::Interest;
 use crate::host::exec::Exec;
 use crate::ipsets::SetSpec;
 use crate::model::IpFamily;
@@ -36,6 +40,8 @@ pub struct DataplaneConfig {
     pub backend: Backend,
     /// The chains and rules the iptables writer owns (`agent::OWNERSHIP`).
     pub ownership: Ownership,
+    /// What the change checks at rest watch (`agent::ours()`).
+    pub interest: Interest,
     pub max_set_size: u32,
     pub exec: Exec,
 }
@@ -44,6 +50,8 @@ pub struct DataplaneConfig {
 #[derive(Clone, Debug, Default)]
 pub struct ApplyReport {
     pub iptables_lines: usize,
+    /// `ipset restore` lines written.
+    pub ipset_lines: u64,
     pub duration: Duration,
     /// Whether anything was dirty at all.
     pub wrote: bool,
@@ -54,6 +62,7 @@ pub struct Dataplane {
     tables: BTreeMap<IpFamily, DesiredTable>,
     ipsets: IpsetManager,
     writers: BTreeMap<IpFamily, TableWriter>,
+    backend: Backend,
     dirty_sets: BTreeSet<String>,
     dirty_chains: BTreeMap<IpFamily, BTreeSet<String>>,
     /// Set by a resync: every chain is checked on the next apply.
@@ -96,6 +105,7 @@ impl Dataplane {
             tables,
             ipsets,
             writers,
+            backend: cfg.backend,
             dirty_sets,
             dirty_chains: BTreeMap::new(),
             check_all: true,
@@ -154,6 +164,24 @@ impl Dataplane {
         }
     }
 
+    /// The iptables backend the writers use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The IP families programmed.
+    pub fn families(&self) -> Vec<IpFamily> {
+        self.writers.keys().copied().collect()
+    }
+
+    /// Process ids of the iptables restores run since the last call (every family).
+    pub fn take_restore_pids(&mut self) -> Vec<u32> {
+        self.writers
+            .values_mut()
+            .flat_map(|w| w.take_restore_pids())
+            .collect()
+    }
+
     pub fn is_dirty(&self) -> bool {
         self.check_all
             || !self.dirty_sets.is_empty()
@@ -189,6 +217,7 @@ impl Dataplane {
         if !self.is_dirty() {
             return Ok(ApplyReport::default());
         }
+        let ipset_lines_before = self.ipsets.stats().lines;
         let dirty_specs: BTreeMap<String, SetSpec> = self
             .dirty_sets
             .iter()
@@ -221,6 +250,7 @@ impl Dataplane {
         self.dirty_sets.clear();
         let report = ApplyReport {
             iptables_lines: lines,
+            ipset_lines: self.ipsets.stats().lines - ipset_lines_before,
             duration: start.elapsed(),
             wrote: true,
         };

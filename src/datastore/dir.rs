@@ -1,19 +1,28 @@
 //! The directory datastore: a directory of manifests (the demo, the e2e suite, and nodes
-//! without an API server). It is watched with `notify`; after a burst of file events settles,
-//! the directory is rescanned and compared with what was read before, so only objects that
-//! really changed become events. A whole rescan (instead of per-file bookkeeping) keeps
-//! objects that move between files right; directories here hold hundreds of objects, not
-//! the cluster.
+//! without an API server). It is watched with `notify`; after a burst of real file changes
+//! settles, the directory is rescanned and compared with what was read before, so only
+//! objects that really changed become events. A whole rescan (instead of per-object
+//! bookkeeping by file) keeps objects that move between files right.
+//!
+//! Quiet at rest: only events that can change files count (created, written, renamed,
+//! removed, attributes); the opens, reads and closes of our own rescans never do, so an idle
+//! agent never rescans (`netpol_datastore_dir_rescans_total` says how often it did). A rescan
+//! re-reads only the files the events named, or whose size, modification time or inode
+//! changed; the others keep what was parsed from them.
 //!
 //! A file that cannot be read or holds a broken document keeps the objects it had before:
-//! half-written files must not delete policies.
+//! half-written files must not delete policies. Its problems are logged (and counted) once
+//! per version of the file, not at every rescan.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{RecursiveMode, Watcher};
 use tracing::{debug, warn};
 
@@ -24,72 +33,180 @@ use crate::model::{DatastoreEvent, K8sObject, ObjectRef};
 /// How long file events must pause before the directory is rescanned.
 const SETTLE: Duration = Duration::from_millis(30);
 
+/// What identifies one version of a file without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime_ns: i128,
+    ino: u64,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ino: meta.ino(),
+        }
+    }
+}
+
+/// What was read from one file.
+#[derive(Default)]
+struct FileEntry {
+    stamp: Option<Stamp>,
+    /// The objects the file holds now.
+    objects: Vec<Arc<K8sObject>>,
+    /// The file is broken (unreadable, or a broken document): the objects it had before and
+    /// does not show now, kept until it is fixed.
+    kept: Vec<Arc<K8sObject>>,
+}
+
 pub struct DirSource {
     root: PathBuf,
-    known: BTreeMap<ObjectRef, (PathBuf, K8sObject)>,
+    files: BTreeMap<PathBuf, FileEntry>,
+    /// Files whose problems were logged, with the version logged.
+    told: BTreeMap<PathBuf, Option<Stamp>>,
+    /// Paths to read again at the next rescan whatever their stamps say (named by events).
+    stale: BTreeSet<PathBuf>,
+    known: BTreeMap<ObjectRef, Arc<K8sObject>>,
+}
+
+/// Whether a file event can change what the directory holds. Opening, reading and closing a
+/// file without writing (which our own rescans do) cannot.
+pub fn is_change(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        EventKind::Create(_)
+        | EventKind::Modify(_)
+        | EventKind::Remove(_)
+        | EventKind::Any
+        | EventKind::Other => true,
+    }
 }
 
 impl DirSource {
     pub fn new(root: impl Into<PathBuf>) -> DirSource {
         DirSource {
             root: root.into(),
+            files: BTreeMap::new(),
+            told: BTreeMap::new(),
+            stale: BTreeSet::new(),
             known: BTreeMap::new(),
         }
     }
 
     /// Reads the directory and returns the events that lead from what was known to what is
-    /// on disk now.
+    /// on disk now. Files that did not change since the last rescan are not read again.
     pub fn rescan(&mut self) -> anyhow::Result<Vec<DatastoreEvent>> {
-        let files = manifest_files(std::slice::from_ref(&self.root))?;
-        let mut now: BTreeMap<ObjectRef, (PathBuf, K8sObject)> = BTreeMap::new();
-        let mut unreadable: BTreeSet<PathBuf> = BTreeSet::new();
-        for file in files {
-            match std::fs::read_to_string(&file) {
-                Ok(text) => {
-                    let (objects, errors) = parse_manifests(&text, &file.display().to_string());
-                    for e in &errors {
-                        warn!("{e}");
-                    }
-                    if !errors.is_empty() {
-                        crate::telemetry::metrics::global()
-                            .rejections
-                            .with_label_values(&["Manifest", "parse"])
-                            .inc_by(errors.len() as u64);
-                    }
-                    if !errors.is_empty() {
-                        unreadable.insert(file.clone());
-                    }
-                    for o in objects {
-                        now.insert(o.object_ref(), (file.clone(), o));
-                    }
-                }
-                // Deleted between listing and reading: its objects are gone.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    warn!(file = %file.display(), "cannot read manifest: {e}");
-                    unreadable.insert(file);
-                }
-            }
-        }
-        for (r, (file, o)) in &self.known {
-            if unreadable.contains(file) && !now.contains_key(r) {
-                now.insert(r.clone(), (file.clone(), o.clone()));
+        crate::telemetry::metrics::global()
+            .datastore_dir_rescans
+            .inc();
+        let listed: BTreeSet<PathBuf> = manifest_files(std::slice::from_ref(&self.root))?
+            .into_iter()
+            .collect();
+        self.files.retain(|path, _| listed.contains(path));
+        self.told.retain(|path, _| listed.contains(path));
+        let stale = std::mem::take(&mut self.stale);
+        for file in listed {
+            let stamp = std::fs::metadata(&file).ok().map(|m| Stamp::of(&m));
+            let unchanged = stamp.is_some()
+                && !stale.iter().any(|s| file.starts_with(s))
+                && self.files.get(&file).is_some_and(|e| e.stamp == stamp);
+            if !unchanged {
+                self.read_file(file, stamp);
             }
         }
 
+        // What the files hold now first; what broken files keep only where no file holds it.
+        let mut now: BTreeMap<ObjectRef, Arc<K8sObject>> = BTreeMap::new();
+        for entry in self.files.values() {
+            for o in &entry.objects {
+                now.insert(o.object_ref(), o.clone());
+            }
+        }
+        for entry in self.files.values() {
+            for o in &entry.kept {
+                now.entry(o.object_ref()).or_insert_with(|| o.clone());
+            }
+        }
         let mut events = Vec::new();
         for r in self.known.keys() {
             if !now.contains_key(r) {
                 events.push(DatastoreEvent::Delete(r.clone()));
             }
         }
-        for (r, (_, o)) in &now {
-            if self.known.get(r).map(|(_, old)| old) != Some(o) {
-                events.push(DatastoreEvent::Upsert(Box::new(o.clone())));
+        for (r, o) in &now {
+            let same = self
+                .known
+                .get(r)
+                .is_some_and(|old| Arc::ptr_eq(old, o) || old == o);
+            if !same {
+                events.push(DatastoreEvent::Upsert(Box::new(o.as_ref().clone())));
             }
         }
         self.known = now;
         Ok(events)
+    }
+
+    /// Reads and parses one file into `files`. A broken or unreadable file keeps the objects
+    /// it had; its problems are logged once per version of the file.
+    fn read_file(&mut self, file: PathBuf, stamp: Option<Stamp>) {
+        let previous = self.files.remove(&file).unwrap_or_default();
+        let mut had: Vec<Arc<K8sObject>> = previous.objects;
+        had.extend(previous.kept);
+        let problems: Vec<String>;
+        let mut objects = Vec::new();
+        match std::fs::read_to_string(&file) {
+            Ok(text) => {
+                let (parsed, errors) = parse_manifests(&text, &file.display().to_string());
+                objects = parsed.into_iter().map(Arc::new).collect();
+                problems = errors.iter().map(ToString::to_string).collect();
+                if !problems.is_empty() {
+                    crate::telemetry::metrics::global()
+                        .rejections
+                        .with_label_values(&["Manifest", "parse"])
+                        .inc_by(problems.len() as u64);
+                }
+            }
+            // Deleted between listing and reading: its objects are gone.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => problems = vec![format!("{}: cannot read manifest: {e}", file.display())],
+        }
+        if problems.is_empty() {
+            self.told.remove(&file);
+            self.files.insert(
+                file,
+                FileEntry {
+                    stamp,
+                    objects,
+                    kept: Vec::new(),
+                },
+            );
+            return;
+        }
+        if self.told.get(&file) != Some(&stamp) {
+            for p in &problems {
+                warn!("{p}");
+            }
+            self.told.insert(file.clone(), stamp);
+        }
+        // The good documents count; what the file had before and does not show now stays
+        // (it may be half-written).
+        let shown: BTreeSet<ObjectRef> = objects.iter().map(|o| o.object_ref()).collect();
+        let kept = had
+            .into_iter()
+            .filter(|o| !shown.contains(&o.object_ref()))
+            .collect();
+        self.files.insert(
+            file,
+            FileEntry {
+                stamp,
+                objects,
+                kept,
+            },
+        );
     }
 
     /// Sends the full initial listing followed by `InSync`, then every later change, from a
@@ -121,17 +238,47 @@ impl DirSource {
         Ok(handle)
     }
 
+    /// Notes what an event says changed; `true` when it can change the directory's contents.
+    fn note(&mut self, event: notify::Result<notify::Event>) -> bool {
+        match event {
+            Ok(event) => {
+                if !is_change(&event.kind) {
+                    return false;
+                }
+                if event.need_rescan() || event.paths.is_empty() {
+                    self.stale.insert(self.root.clone());
+                }
+                self.stale.extend(event.paths);
+                true
+            }
+            Err(e) => {
+                // The watcher lost track (say, a queue overflow): read everything again.
+                warn!("file watcher: {e}");
+                self.stale.insert(self.root.clone());
+                true
+            }
+        }
+    }
+
     fn follow(&mut self, fs_rx: &Receiver<notify::Result<notify::Event>>, tx: &impl EventSink) {
         loop {
-            match fs_rx.recv() {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => warn!("file watcher: {e}"),
-                Err(_) => return,
+            // Wait for a real change; our own reads of the files also raise events.
+            loop {
+                match fs_rx.recv() {
+                    Ok(event) => {
+                        if self.note(event) {
+                            break;
+                        }
+                    }
+                    Err(_) => return,
+                }
             }
             // Let the burst settle (an editor or `kubectl`-style write is several events).
             loop {
                 match fs_rx.recv_timeout(SETTLE) {
-                    Ok(_) => continue,
+                    Ok(event) => {
+                        self.note(event);
+                    }
                     Err(RecvTimeoutError::Timeout) => break,
                     Err(RecvTimeoutError::Disconnected) => return,
                 }

@@ -8,7 +8,8 @@
 //! ```no_run
 //! # use std::sync::{atomic::AtomicBool, mpsc::channel, Arc};
 //! use netpol_agent::datastore::kube::{spawn, KubeConnect};
-//! let (tx, rx) = channel();
+//! use netpol_agent::model::DatastoreEvent;
+//! let (tx, rx) = channel::<DatastoreEvent>();
 //! let stop = Arc::new(AtomicBool::new(false));
 //! let handle = spawn(KubeConnect::Infer, tx, stop.clone())?; // Err: no usable configuration
 //! // ... rx.recv() → Upsert/Delete of the initial listing, one InSync, then changes ...

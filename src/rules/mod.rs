@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
+pub mod provenance;
 pub mod render;
 
 use std::collections::HashMap;

@@ -39,6 +39,7 @@ pub struct Metrics {
     pub apply_seconds: Histogram,
     pub apply_failures: IntCounter,
     pub dataplane_resyncs: IntCounter,
+    pub dataplane_kernel_checks: IntCounterVec,
     pub dataplane_in_sync: IntGauge,
     pub programming_latency_seconds: Histogram,
     // calc graph and datastore
@@ -47,6 +48,7 @@ pub struct Metrics {
     pub active_local_endpoints: IntGauge,
     pub active_local_policies: IntGauge,
     pub datastore_in_sync: IntGauge,
+    pub datastore_dir_rescans: IntCounter,
     pub rejections: IntCounterVec,
     pub rejected_objects: IntGaugeVec,
 }
@@ -68,6 +70,7 @@ pub const NAMES: &[&str] = &[
     "netpol_dataplane_apply_seconds",
     "netpol_dataplane_apply_failures_total",
     "netpol_dataplane_resyncs_total",
+    "netpol_dataplane_kernel_checks_total",
     "netpol_dataplane_in_sync",
     "netpol_programming_latency_seconds",
     "netpol_calc_graph_update_seconds",
@@ -75,6 +78,7 @@ pub const NAMES: &[&str] = &[
     "netpol_active_local_endpoints",
     "netpol_active_local_policies",
     "netpol_datastore_in_sync",
+    "netpol_datastore_dir_rescans_total",
     "netpol_rejections_total",
     "netpol_rejected_objects",
 ];
@@ -201,6 +205,12 @@ impl Metrics {
                 "netpol_dataplane_resyncs_total",
                 "full re-reads of the kernel (refresh timers and post-write checks)",
             ),
+            dataplane_kernel_checks: counter_vec(
+                &r,
+                "netpol_dataplane_kernel_checks_total",
+                "cheap and exact checks whether the kernel's rules or sets of ours changed (result: unchanged, changed)",
+                &["result"],
+            ),
             dataplane_in_sync: gauge(
                 &r,
                 "netpol_dataplane_in_sync",
@@ -238,6 +248,11 @@ impl Metrics {
                 "netpol_datastore_in_sync",
                 "1 once the datastore delivered its first complete listing",
             ),
+            datastore_dir_rescans: counter(
+                &r,
+                "netpol_datastore_dir_rescans_total",
+                "directory datastore: rescans after real changes of its files (the initial read included)",
+            ),
             rejections: counter_vec(
                 &r,
                 "netpol_rejections_total",
@@ -255,6 +270,9 @@ impl Metrics {
         // Series that exist from the start, so a scrape shows them at zero.
         for kind in ["Pod", "Namespace", "NetworkPolicy", "ClusterNetworkPolicy"] {
             m.rejected_objects.with_label_values(&[kind]).set(0);
+        }
+        for result in ["unchanged", "changed"] {
+            m.dataplane_kernel_checks.with_label_values(&[result]);
         }
         m
     }

@@ -153,12 +153,15 @@ pub(crate) fn run_save(exec: &Exec, tool: &str, table: Option<&str>) -> anyhow::
 }
 
 /// `<tool> --noflush <flags>`, the lines streamed on stdin between `*<table>` and `COMMIT`.
+/// `spawned` learns the process id (the nf_tables change events name the committing process,
+/// so the caller can tell its own commits from others').
 pub(crate) fn run_restore(
     exec: &Exec,
     tool: &str,
     flags: &[String],
     table: &str,
     lines: impl Iterator<Item = String> + Send,
+    spawned: &mut dyn FnMut(u32),
 ) -> anyhow::Result<()> {
     let mut child = exec
         .command(tool)
@@ -169,6 +172,7 @@ pub(crate) fn run_restore(
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot run {tool}"))?;
+    spawned(child.id());
     let stdin = child
         .stdin
         .take()

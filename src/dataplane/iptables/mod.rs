@@ -106,6 +106,8 @@ pub struct TableWriter {
     restore_flags: Option<Vec<String>>,
     stats: WriterStats,
     metrics: IptablesMetrics,
+    /// Process ids of the restores run since `take_restore_pids`.
+    restore_pids: Vec<u32>,
 }
 
 impl TableWriter {
@@ -121,6 +123,7 @@ impl TableWriter {
             restore_flags: None,
             stats: WriterStats::default(),
             metrics: crate::telemetry::metrics::global().iptables(family, TABLE),
+            restore_pids: Vec::new(),
         }
     }
 
@@ -238,6 +241,11 @@ impl TableWriter {
         Ok(())
     }
 
+    /// The process ids of the restores this writer ran since the last call.
+    pub fn take_restore_pids(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.restore_pids)
+    }
+
     pub fn stats(&self) -> &WriterStats {
         &self.stats
     }
@@ -284,7 +292,16 @@ impl TableWriter {
         self.metrics.restore_calls.inc();
         tracing::debug!(lines = ops.len(), "{tool}");
         tracing::trace!(script = %Plan::script(ops, TABLE), "restore input");
-        match backend::run_restore(&self.exec, &tool, &flags, TABLE, ops.iter().map(Op::line)) {
+        let pids = &mut self.restore_pids;
+        let mut note_pid = |pid| pids.push(pid);
+        match backend::run_restore(
+            &self.exec,
+            &tool,
+            &flags,
+            TABLE,
+            ops.iter().map(Op::line),
+            &mut note_pid,
+        ) {
             Ok(()) => {
                 self.stats.lines_written += ops.len() as u64;
                 self.metrics.lines.inc_by(ops.len() as u64);

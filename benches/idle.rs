@@ -1,0 +1,423 @@
+//! Idle cost and tamper repair of the real agent (issue 10). Prints figures; asserts nothing
+//! about time.
+//!
+//! `cargo bench --bench idle` (root) writes the synthetic cluster (10k pods, 1k policies, 300
+//! namespaces; `support/synthetic.rs`) into a directory, starts `netpol-agent run
+//! --datastore dir:…` in a network namespace of its own, waits for the first full apply, then:
+//! - samples the agent's CPU from `/proc/<pid>/stat` over an idle window (`utime + stime` of
+//!   the agent and of the children it waited for: `iptables-save`, `ipset`, ...) and reports
+//!   it as % of one core, with its resident memory;
+//! - tampers with what it programmed, one kind at a time, and measures the time until the
+//!   kernel holds our rules again (p50 / p99 over the rounds): `iptables -F cali-FORWARD`,
+//!   `-D` of our jump in `FORWARD`, a foreign ACCEPT inserted above our jump, `ipset del` of a
+//!   member, `ipset flush` of one of our sets (a set of ours cannot be destroyed while our
+//!   rules reference it).
+//!
+//! With 110 and with 1500 local pods, on the legacy and the nft backend.
+//!
+//! `-- --previous PATH` runs another agent binary (say, the previous release) through the
+//! same scenarios in the same run, for ratios on this noisy machine. Options: `--idle SECS`
+//! (default 60), `--rounds N` (tampers per kind, default 10), `--local 110,1500`,
+//! `--backends legacy,nft`.
+
+#[path = "support/synthetic.rs"]
+mod synthetic;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use synthetic::{namespace, pod, policy, Rng, Scale, APPS};
+
+const NETNS_PREFIX: &str = "npa-bench-";
+const SEED: u64 = 42;
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("{NETNS_PREFIX}{}-{tag}", std::process::id());
+        run("ip", &["netns", "add", &name]);
+        let ns = Netns(name);
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .expect("ip netns exec");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) {
+    let ok = Command::new(cmd)
+        .args(args)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "{cmd} {args:?} failed");
+}
+
+struct Agent {
+    child: Child,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `(agent + waited-for children) CPU ticks, resident KiB` of a running process.
+fn usage(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at state.
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // state=0 ... utime=11 stime=12 cutime=13 cstime=14 (0-based after the name).
+    let ticks = f.get(11..15).map_or(0, |v| v.iter().sum());
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (ticks, rss)
+}
+
+fn ticks_per_second() -> f64 {
+    let out = Command::new("getconf").arg("CLK_TCK").output();
+    out.ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The synthetic cluster as manifests in `dir` (one file per kind).
+fn write_cluster(dir: &Path, local: usize) {
+    let scale = Scale {
+        pods: 10_000,
+        policies: 1_000,
+        namespaces: 300,
+        local,
+        dual: false,
+        cluster_policies: 0,
+    };
+    let mut rng = Rng(SEED);
+    let file = |name: &str| std::io::BufWriter::new(std::fs::File::create(dir.join(name)).unwrap());
+    let mut ns = file("namespaces.yaml");
+    for i in 0..scale.namespaces {
+        write!(
+            ns,
+            "---\n{}",
+            serde_yaml_ng::to_string(&namespace(i)).unwrap()
+        )
+        .unwrap();
+    }
+    let mut pods = file("pods.yaml");
+    for j in 0..scale.pods {
+        let app = rng.below(APPS);
+        write!(
+            pods,
+            "---\n{}",
+            serde_yaml_ng::to_string(&pod(j, scale, app)).unwrap()
+        )
+        .unwrap();
+    }
+    let mut pol = file("policies.yaml");
+    for k in 0..scale.policies {
+        write!(
+            pol,
+            "---\n{}",
+            serde_yaml_ng::to_string(&policy(k, scale, &mut rng)).unwrap()
+        )
+        .unwrap();
+    }
+}
+
+fn tool(backend: &str, action: &str) -> String {
+    match action {
+        "" => format!("iptables-{backend}"),
+        a => format!("iptables-{backend}-{a}"),
+    }
+}
+
+/// One tamper kind: what to do, and whether the kernel holds ours again.
+struct Tamper {
+    name: &'static str,
+    act: Box<dyn Fn(&Netns)>,
+    repaired: Box<dyn Fn(&Netns) -> bool>,
+}
+
+fn tampers(backend: &'static str, ns: &Netns) -> Vec<Tamper> {
+    let ipt = tool(backend, "");
+    let fwd_rules = ns
+        .sh(&format!("{ipt} -S cali-FORWARD | wc -l"))
+        .trim()
+        .to_string();
+    let set_line = ns
+        .sh("ipset save | awk '$1 == \"add\" && $2 ~ /^cali40s:/ { print $2, $3; exit }'")
+        .trim()
+        .to_string();
+    let (set, member) = set_line
+        .split_once(' ')
+        .map(|(s, m)| (s.to_string(), m.to_string()))
+        .expect("a member of a set of ours");
+    let set_size = ns
+        .sh(&format!(
+            "ipset list {set} | awk '/^Number of entries/ {{ print $4 }}'"
+        ))
+        .trim()
+        .to_string();
+    let i1 = ipt.clone();
+    let i2 = ipt.clone();
+    let i3 = ipt.clone();
+    let i4 = ipt.clone();
+    let i5 = ipt.clone();
+    let i6 = ipt.clone();
+    let (s1, m1) = (set.clone(), member.clone());
+    let (s2, m2) = (set.clone(), member);
+    let (s3, s4) = (set.clone(), set);
+    vec![
+        Tamper {
+            name: "iptables -F cali-FORWARD",
+            act: Box::new(move |ns| {
+                ns.sh(&format!("{i1} -F cali-FORWARD"));
+            }),
+            repaired: Box::new(move |ns| {
+                ns.sh(&format!("{i2} -S cali-FORWARD | wc -l")).trim() == fwd_rules
+            }),
+        },
+        Tamper {
+            name: "iptables -D FORWARD <our jump>",
+            act: Box::new(move |ns| {
+                let rule = ns.sh(&format!("{i3} -S FORWARD | grep -m1 -- '-j cali-FORWARD'"));
+                let rule = rule.trim().replacen("-A FORWARD", "-D FORWARD", 1);
+                ns.sh(&format!("{i3} {rule}"));
+            }),
+            repaired: Box::new(move |ns| {
+                ns.sh(&format!("{i4} -S FORWARD"))
+                    .contains("-j cali-FORWARD")
+            }),
+        },
+        Tamper {
+            name: "foreign ACCEPT above our jump",
+            act: Box::new(move |ns| {
+                ns.sh(&format!(
+                    "{i5} -I FORWARD 1 -m comment --comment npa-bench -j ACCEPT"
+                ));
+            }),
+            repaired: Box::new(move |ns| {
+                // Our jump is back on top (insert mode); the foreign rule stays below it.
+                ns.sh(&format!("{i6} -S FORWARD"))
+                    .lines()
+                    .nth(1)
+                    .is_some_and(|l| l.contains("-j cali-FORWARD"))
+            }),
+        },
+        Tamper {
+            name: "ipset del <member>",
+            act: Box::new(move |ns| {
+                ns.sh(&format!("ipset del {s1} {m1}"));
+            }),
+            repaired: Box::new(move |ns| {
+                ns.sh(&format!("ipset test {s2} {m2} 2>&1"))
+                    .contains("is in set")
+            }),
+        },
+        Tamper {
+            name: "ipset flush <set>",
+            act: Box::new(move |ns| {
+                ns.sh(&format!("ipset flush {s3}"));
+            }),
+            repaired: Box::new(move |ns| {
+                ns.sh(&format!(
+                    "ipset list {s4} | awk '/^Number of entries/ {{ print $4 }}'"
+                ))
+                .trim()
+                    == set_size
+            }),
+        },
+    ]
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+struct Options {
+    previous: Option<PathBuf>,
+    idle: Duration,
+    rounds: usize,
+    locals: Vec<usize>,
+    backends: Vec<&'static str>,
+}
+
+fn options() -> Options {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    Options {
+        previous: value("--previous").map(PathBuf::from),
+        idle: Duration::from_secs(value("--idle").and_then(|v| v.parse().ok()).unwrap_or(60)),
+        rounds: value("--rounds").and_then(|v| v.parse().ok()).unwrap_or(10),
+        locals: value("--local")
+            .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or(vec![110, 1500]),
+        backends: value("--backends")
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|b| match b {
+                        "legacy" => Some("legacy"),
+                        "nft" => Some("nft"),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or(vec!["legacy", "nft"]),
+    }
+}
+
+fn measure(
+    label: &str,
+    agent_bin: &Path,
+    dir: &Path,
+    backend: &'static str,
+    local: usize,
+    opts: &Options,
+) {
+    let ns = Netns::new(&format!("idle-{backend}-{local}"));
+    let log = dir.join(format!("agent-{}.log", std::process::id()));
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns.0])
+        .arg(agent_bin)
+        .args(["run", "--node", synthetic::NODE])
+        .arg("--datastore")
+        .arg(format!("dir:{}", dir.join("cluster").display()))
+        .env("FELIX_IPTABLESBACKEND", backend)
+        .env("FELIX_LOGSEVERITYSCREEN", "Info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start the agent");
+    let agent = Agent { child };
+    let pid = agent.child.id();
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("first full apply done")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{label}: no first apply in 120 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cold = start.elapsed();
+    // Past the post-write check and the first change checks.
+    std::thread::sleep(Duration::from_secs(5));
+    let rules = ns.sh(&format!(
+        "{} -t filter | grep -c '^-A'",
+        tool(backend, "save")
+    ));
+    let members = ns.sh("ipset save | grep -c '^add cali'");
+    let (t0, _) = usage(pid);
+    let w0 = Instant::now();
+    std::thread::sleep(opts.idle);
+    let (t1, rss) = usage(pid);
+    let cpu = (t1 - t0) as f64 / ticks_per_second() / w0.elapsed().as_secs_f64() * 100.0;
+    println!(
+        "{label} {backend:6} local={local:4}: cold start {:5.2} s, {} rules, {} set members; idle CPU {cpu:6.3} % of a core over {} s (agent + children), RSS {:.1} MiB",
+        cold.as_secs_f64(),
+        rules.trim(),
+        members.trim(),
+        opts.idle.as_secs(),
+        rss as f64 / 1024.0
+    );
+    for t in tampers(backend, &ns) {
+        let mut times = Vec::new();
+        let mut missed = 0;
+        for _ in 0..opts.rounds {
+            (t.act)(&ns);
+            let at = Instant::now();
+            while !(t.repaired)(&ns) {
+                if at.elapsed() > Duration::from_secs(30) {
+                    missed += 1;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if at.elapsed() <= Duration::from_secs(30) {
+                times.push(at.elapsed());
+            }
+            // Let the repair's own post-write work settle before the next round.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        times.sort();
+        println!(
+            "{label} {backend:6} local={local:4}:   repair of {:32} p50 {:6.2} s, p99 {:6.2} s over {} rounds{}",
+            t.name,
+            percentile(&times, 50).as_secs_f64(),
+            percentile(&times, 99).as_secs_f64(),
+            times.len(),
+            if missed > 0 {
+                format!(", {missed} not repaired within 30 s")
+            } else {
+                String::new()
+            }
+        );
+    }
+    // Leave the namespace clean of the tamper rule.
+    ns.sh(&format!(
+        "{} -D FORWARD -m comment --comment npa-bench -j ACCEPT 2>/dev/null",
+        tool(backend, "")
+    ));
+    drop(agent);
+    let _ = std::fs::remove_file(&log);
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") && std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let opts = options();
+    let ours = PathBuf::from(env!("CARGO_BIN_EXE_netpol-agent"));
+    let mut agents = vec![("ours", ours)];
+    if let Some(prev) = &opts.previous {
+        agents.push(("previous", prev.clone()));
+    }
+    for &local in &opts.locals {
+        let work =
+            std::env::temp_dir().join(format!("npa-bench-idle-{}-{local}", std::process::id()));
+        std::fs::create_dir_all(work.join("cluster")).unwrap();
+        write_cluster(&work.join("cluster"), local);
+        for &backend in &opts.backends {
+            for (label, bin) in &agents {
+                measure(&format!("[{label:8}]"), bin, &work, backend, local, &opts);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&work);
+    }
+}

@@ -1,0 +1,303 @@
+//! The dataplane's watch at rest: asks the kernel, cheaply and without starting a process,
+//! whether anything of ours changed behind our back, so the driver re-reads (and repairs) only
+//! then, with a slow full re-read behind it as the safety net.
+//!
+//! Per backend (the costs are measured by `cargo bench --bench change_detect`):
+//! - legacy iptables: every check is one `IPT_SO_GET_INFO` per family (table size, entry count,
+//!   hook offsets). When it moved, the rule blob is read and digested per chain to tell whether
+//!   a chain of ours or a kernel chain we hook into changed, or only someone else's; those
+//!   reads are spaced out (at least 1 s, and 20 times their own cost) so another program
+//!   rewriting the table often cannot make us busy. A rule replaced in place by one of the
+//!   same size leaves the info alone: the exact verify (the digest) catches it.
+//! - nft: the nf_tables change events, grouped per commit and classified by table and chain,
+//!   are polled at every check; commits of our own restores (by process id) are ignored. The
+//!   verify checks that the subscription saw the latest generation. Lost events (a receive
+//!   buffer overrun) mean "re-read".
+//! - IP sets: every check is one header dump (names, types, sizes, references, entry counts);
+//!   the verify adds a digest of each of our sets' members (a member swapped for another
+//!   leaves the header as it was).
+//!
+//! Our own writes are not changes: after each apply the driver tells the sentinel what it
+//! wrote, and the fingerprints follow (cheaply after an incremental write, in full after a
+//! re-read). A watch that cannot be opened (an old kernel, no permission) is reported once;
+//! the driver then falls back to re-reading on a short timer.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use tracing::debug;
+
+use super::iptables::Backend;
+use super::watch::ipset::IpsetWatch;
+use super::watch::nft::{NftGeneration, NftMonitor};
+use super::watch::xtables::LegacyWatch;
+use super::watch::{Finding, Interest};
+use crate::model::IpFamily;
+
+/// Least time between two reads of a legacy table's rules that another program's writes
+/// cause.
+const LEGACY_READ_SPACING: Duration = Duration::from_secs(1);
+/// And at least this many times the last read's own duration.
+const LEGACY_READ_COST_FACTOR: u32 = 20;
+/// Our restores' process ids remembered to recognise our own nf_tables commits.
+const OWN_PIDS: usize = 256;
+
+/// Why the kernel must be read again, per part; `None`: nothing to do.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub iptables: Option<String>,
+    pub ipsets: Option<String>,
+}
+
+impl Verdict {
+    fn note(slot: &mut Option<String>, what: &str, finding: Finding) {
+        let why = match finding {
+            Finding::Unchanged | Finding::Foreign => return,
+            Finding::Ours(names) => format!(
+                "{what} changed behind our back: {}",
+                names.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+            Finding::Unknown(why) => format!("{what}: {why}"),
+        };
+        slot.get_or_insert(why);
+    }
+
+    fn failed(slot: &mut Option<String>, what: &str, e: std::io::Error) {
+        slot.get_or_insert(format!("{what}: the change check failed: {e}"));
+    }
+}
+
+enum Tables {
+    Legacy {
+        watches: BTreeMap<IpFamily, LegacyWatch>,
+        /// When the rules were last read because the info moved, and what that cost.
+        last_read: Option<(Instant, Duration)>,
+    },
+    Nft {
+        monitor: Box<NftMonitor>,
+        generation: NftGeneration,
+    },
+}
+
+pub struct Sentinel {
+    tables: Option<Tables>,
+    sets: Option<IpsetWatch>,
+    own_pids: VecDeque<u32>,
+}
+
+impl Sentinel {
+    /// Opens the watches for `backend` and `families` in this thread's network namespace.
+    /// Returns the sentinel and what could not be opened (each part that failed is `None`:
+    /// the driver re-reads that part on a timer instead).
+    pub fn open(
+        backend: Backend,
+        families: &[IpFamily],
+        interest: Interest,
+    ) -> (Sentinel, Vec<String>) {
+        let mut problems = Vec::new();
+        let tables = match backend {
+            Backend::Legacy => {
+                let mut watches = BTreeMap::new();
+                for &family in families {
+                    match LegacyWatch::open(family, interest.clone()) {
+                        Ok(w) => {
+                            watches.insert(family, w);
+                        }
+                        Err(e) => problems.push(format!("legacy iptables ({family:?}): {e}")),
+                    }
+                }
+                (watches.len() == families.len()).then_some(Tables::Legacy {
+                    watches,
+                    last_read: None,
+                })
+            }
+            Backend::Nft => match (NftMonitor::open(interest.clone()), NftGeneration::open()) {
+                (Ok(monitor), Ok(generation)) => Some(Tables::Nft {
+                    monitor: Box::new(monitor),
+                    generation,
+                }),
+                (Err(e), _) | (_, Err(e)) => {
+                    problems.push(format!("nf_tables events: {e}"));
+                    None
+                }
+            },
+        };
+        let sets = match IpsetWatch::open(interest) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                problems.push(format!("ipset headers: {e}"));
+                None
+            }
+        };
+        (
+            Sentinel {
+                tables,
+                sets,
+                own_pids: VecDeque::new(),
+            },
+            problems,
+        )
+    }
+
+    /// Watches nothing (change checks turned off).
+    pub fn none() -> Sentinel {
+        Sentinel {
+            tables: None,
+            sets: None,
+            own_pids: VecDeque::new(),
+        }
+    }
+
+    /// Whether iptables and IP sets are watched (else they need the re-read timer).
+    pub fn watching(&self) -> (bool, bool) {
+        (self.tables.is_some(), self.sets.is_some())
+    }
+
+    /// Whether the nf_tables events cover what a post-write re-read would find.
+    pub fn sees_every_commit(&self) -> bool {
+        matches!(self.tables, Some(Tables::Nft { .. }))
+    }
+
+    /// The cheap check.
+    pub fn check(&mut self) -> Verdict {
+        let mut v = Verdict::default();
+        let own = &self.own_pids;
+        match &mut self.tables {
+            Some(Tables::Legacy { watches, last_read }) => {
+                for (family, w) in watches.iter_mut() {
+                    let what = format!("iptables ({family:?})");
+                    match w.info_moved() {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            let due = last_read.is_none_or(|(at, cost)| {
+                                at.elapsed()
+                                    >= LEGACY_READ_SPACING.max(cost * LEGACY_READ_COST_FACTOR)
+                            });
+                            if !due {
+                                continue;
+                            }
+                            let started = Instant::now();
+                            let finding = w.check();
+                            *last_read = Some((started, started.elapsed()));
+                            match finding {
+                                Ok(f) => Verdict::note(&mut v.iptables, &what, f),
+                                Err(e) => Verdict::failed(&mut v.iptables, &what, e),
+                            }
+                        }
+                        Err(e) => Verdict::failed(&mut v.iptables, &what, e),
+                    }
+                }
+            }
+            Some(Tables::Nft { monitor, .. }) => match monitor.poll() {
+                Ok(changes) => Verdict::note(
+                    &mut v.iptables,
+                    "iptables (nft)",
+                    changes.finding(|pid| own.contains(&pid)),
+                ),
+                Err(e) => Verdict::failed(&mut v.iptables, "iptables (nft)", e),
+            },
+            None => {}
+        }
+        if let Some(w) = &mut self.sets {
+            match w.check() {
+                Ok(f) => Verdict::note(&mut v.ipsets, "IP sets", f),
+                Err(e) => Verdict::failed(&mut v.ipsets, "IP sets", e),
+            }
+        }
+        record(&v);
+        v
+    }
+
+    /// The exact check: chain digests (legacy), the generation id (nft), member digests.
+    pub fn verify(&mut self) -> Verdict {
+        let mut v = Verdict::default();
+        let own = &self.own_pids;
+        match &mut self.tables {
+            Some(Tables::Legacy { watches, .. }) => {
+                for (family, w) in watches.iter_mut() {
+                    let what = format!("iptables ({family:?})");
+                    match w.verify() {
+                        Ok(f) => Verdict::note(&mut v.iptables, &what, f),
+                        Err(e) => Verdict::failed(&mut v.iptables, &what, e),
+                    }
+                }
+            }
+            Some(Tables::Nft {
+                monitor,
+                generation,
+            }) => match monitor.confirm(generation, |pid| own.contains(&pid)) {
+                Ok(f) => Verdict::note(&mut v.iptables, "iptables (nft)", f),
+                Err(e) => Verdict::failed(&mut v.iptables, "iptables (nft)", e),
+            },
+            None => {}
+        }
+        if let Some(w) = &mut self.sets {
+            match w.verify() {
+                Ok(f) => Verdict::note(&mut v.ipsets, "IP sets", f),
+                Err(e) => Verdict::failed(&mut v.ipsets, "IP sets", e),
+            }
+        }
+        record(&v);
+        v
+    }
+
+    /// After a successful apply: our own writes are not changes. `tables_read`/`sets_read`:
+    /// the apply started from a full read of that part (the fingerprint is taken in full);
+    /// otherwise a part we wrote to gets the cheap new reference.
+    pub fn after_apply(
+        &mut self,
+        tables_read: bool,
+        tables_written: bool,
+        sets_read: bool,
+        sets_written: bool,
+        restore_pids: Vec<u32>,
+    ) {
+        for pid in restore_pids {
+            if self.own_pids.len() == OWN_PIDS {
+                self.own_pids.pop_front();
+            }
+            self.own_pids.push_back(pid);
+        }
+        match &mut self.tables {
+            Some(Tables::Legacy { watches, .. }) => {
+                for w in watches.values_mut() {
+                    let done = if tables_read {
+                        w.baseline()
+                    } else if tables_written {
+                        w.rebase_info()
+                    } else {
+                        Ok(())
+                    };
+                    if let Err(e) = done {
+                        debug!("legacy iptables fingerprint: {e}");
+                    }
+                }
+            }
+            // Our own commits are told apart by their process ids at the next check.
+            Some(Tables::Nft { .. }) => {}
+            None => {}
+        }
+        if let Some(w) = &mut self.sets {
+            let done = if sets_read {
+                w.baseline()
+            } else if sets_written {
+                w.rebase_headers()
+            } else {
+                Ok(())
+            };
+            if let Err(e) = done {
+                debug!("IP set fingerprint: {e}");
+            }
+        }
+    }
+}
+
+fn record(v: &Verdict) {
+    let m = crate::telemetry::metrics::global();
+    let result = if v.iptables.is_some() || v.ipsets.is_some() {
+        "changed"
+    } else {
+        "unchanged"
+    };
+    m.dataplane_kernel_checks.with_label_values(&[result]).inc();
+}

@@ -1,0 +1,153 @@
+//! Quiet at rest (issue 10): the real agent on the directory datastore in a network namespace,
+//! read through its own metrics. Once converged, an idle agent rescans no directory, reads no
+//! table with a process and re-reads nothing, while its cheap kernel checks keep turning; a
+//! real change of a file is still picked up (one rescan) and programmed; a tampered chain is
+//! still repaired. Both iptables backends.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::converge::wait_converged;
+use common::{http_get, NetNs, TempDir};
+
+const METRICS_PORT: u16 = 9091;
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run", "--node", "node-1"])
+        .arg("--datastore")
+        .arg(format!("dir:{}", dir.display()))
+        .envs([
+            ("FELIX_IPTABLESBACKEND", backend),
+            ("FELIX_LOGSEVERITYSCREEN", "Debug"),
+            ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+            ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+            ("FELIX_PROMETHEUSMETRICSPORT", &METRICS_PORT.to_string()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    Agent(cmd.spawn().expect("start agent"))
+}
+
+/// The sum of every series of each metric family we look at.
+fn metrics(ns: &NetNs) -> BTreeMap<String, f64> {
+    let (status, body) = http_get(&ns.name, METRICS_PORT, "/metrics").expect("scrape");
+    assert_eq!(status, 200);
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let family = series.split('{').next().unwrap_or(series).to_string();
+        *out.entry(family).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+fn get(m: &BTreeMap<String, f64>, name: &str) -> f64 {
+    m.get(name).copied().unwrap_or(0.0)
+}
+
+fn quiet_at_rest(backend: &str) {
+    let ns = NetNs::new("quiet");
+    let dir = TempDir::new("quiet-dir");
+    let logs = TempDir::new("quiet-logs");
+    let log = logs.path.join("agent.log");
+    for f in ["cluster.yaml", "policies.yaml"] {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/demo")
+                .join(f),
+            dir.path.join(f),
+        )
+        .unwrap();
+    }
+    let _agent = start(&ns, &dir.path, backend, &log);
+    wait_converged(&ns, &dir.path, backend, &log);
+    // Past the post-write check of the first apply.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = metrics(&ns);
+    std::thread::sleep(Duration::from_secs(4));
+    let after = metrics(&ns);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    for quiet in [
+        "netpol_datastore_dir_rescans_total",
+        "netpol_iptables_save_calls_total",
+        "netpol_iptables_restore_calls_total",
+        "netpol_ipset_calls_total",
+        "netpol_dataplane_resyncs_total",
+    ] {
+        assert_eq!(
+            get(&before, quiet),
+            get(&after, quiet),
+            "{backend}: {quiet} moved while idle\n{}",
+            log_text()
+        );
+    }
+    assert_eq!(
+        get(&after, "netpol_datastore_dir_rescans_total"),
+        1.0,
+        "only the first read"
+    );
+    let checks = get(&after, "netpol_dataplane_kernel_checks_total")
+        - get(&before, "netpol_dataplane_kernel_checks_total");
+    assert!(
+        (3.0..=6.0).contains(&checks),
+        "{backend}: about one cheap check a second while idle, got {checks}"
+    );
+
+    // A real change is picked up: one rescan, and the new policy is programmed.
+    std::fs::write(
+        dir.path.join("extra.yaml"),
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: quiet-extra, namespace: shop}\n\
+         spec: {podSelector: {}, policyTypes: [Egress], egress: []}\n",
+    )
+    .unwrap();
+    wait_converged(&ns, &dir.path, backend, &log);
+    let changed = metrics(&ns);
+    assert_eq!(
+        get(&changed, "netpol_datastore_dir_rescans_total"),
+        2.0,
+        "one rescan for one change"
+    );
+
+    // Tampering is repaired by the checks alone (the refresh timers are 300 s).
+    let tool = format!("iptables-{backend}");
+    let rules = || ns.exec_ok(&[&tool, "-S", "cali-FORWARD"]).lines().count();
+    let full = rules();
+    ns.exec_ok(&[&tool, "-F", "cali-FORWARD"]);
+    let start = Instant::now();
+    while rules() != full {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{backend}: a flushed chain not repaired within 3 s\n{}",
+            log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn idle_agent_is_quiet_and_still_sees_changes_legacy() {
+    quiet_at_rest("legacy");
+}
+
+#[test]
+fn idle_agent_is_quiet_and_still_sees_changes_nft() {
+    quiet_at_rest("nft");
+}
