@@ -10,6 +10,7 @@ use crate::rules::chains::{
     kernel_chain_rules, profile_chains_traced, static_chains_traced, tiered_endpoint_chains_traced,
     TierChains,
 };
+use crate::rules::cluster::cluster_policy_chains_traced;
 use crate::rules::dispatch::dispatch_chains_traced;
 use crate::rules::policy::policy_chains_traced;
 use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
@@ -35,6 +36,19 @@ impl CalcGraph {
         }
         for p in self.policies.values().filter(|p| !p.selects.is_empty()) {
             chains.extend(policy_chains_traced(
+                cfg,
+                family,
+                &p.info,
+                &p.plan,
+                &|def| set_name(family, &def.id()),
+            ));
+        }
+        for p in self
+            .cluster_policies
+            .values()
+            .filter(|p| !p.selects.is_empty())
+        {
+            chains.extend(cluster_policy_chains_traced(
                 cfg,
                 family,
                 &p.info,

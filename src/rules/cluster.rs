@@ -37,6 +37,7 @@ use crate::model::{
 
 use super::chains::deny;
 use super::policy::{merge_ranges, split_multiport};
+use super::provenance::{traced, ChainRole, ClusterRuleRole, Rendered, RuleRole, TracedChain};
 use super::{
     length_limited_name, Action, Chain, Direction, Rule, RuleConfig, MAX_CHAIN_NAME_LEN,
     POLICY_EGRESS_PREFIX, POLICY_INGRESS_PREFIX,
@@ -295,34 +296,78 @@ pub fn cluster_policy_chains(
     plan: &ClusterPolicyPlan,
     set_name: &dyn Fn(&SetDef) -> String,
 ) -> Vec<Chain> {
+    render_cluster(cfg, family, policy, plan, set_name, false)
+        .into_iter()
+        .map(|(chain, _)| chain)
+        .collect()
+}
+
+/// [`cluster_policy_chains`] with what each rule implements.
+pub fn cluster_policy_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    policy: &ClusterPolicyInfo,
+    plan: &ClusterPolicyPlan,
+    set_name: &dyn Fn(&SetDef) -> String,
+) -> Vec<TracedChain> {
+    traced(render_cluster(cfg, family, policy, plan, set_name, true))
+}
+
+fn render_cluster(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    policy: &ClusterPolicyInfo,
+    plan: &ClusterPolicyPlan,
+    set_name: &dyn Fn(&SetDef) -> String,
+    traced: bool,
+) -> Vec<Rendered> {
     let mut chains = Vec::new();
     for dir in [Direction::Ingress, Direction::Egress] {
         let Some(rules) = plan.direction(dir) else {
             continue;
         };
         let mut out = Vec::new();
+        let mut roles = Vec::new();
         for rule in rules {
-            render_rule(cfg, family, dir, rule, set_name, &mut out);
+            let start = out.len();
+            let returns = render_rule(cfg, family, dir, rule, set_name, &mut out);
+            if traced {
+                let end = out.len();
+                roles.extend((start..end).map(|i| {
+                    RuleRole::ClusterPolicy(ClusterRuleRole {
+                        rule: rule.index,
+                        name: rule.name.clone(),
+                        action: rule.action,
+                        return_after: returns && i + 1 == end,
+                    })
+                }));
+            }
         }
         let description = format!("{KIND_LONG} {} {}", policy.name, dir.as_str());
         match out.first_mut() {
             Some(first) => first.comments.insert(0, description),
             // Nothing to match in this family: the chain only carries its description and
             // the packet goes on to the next policy.
-            None => out.push(Rule {
-                action: Some(Action::None),
-                ..Rule::default().comment(description)
-            }),
+            None => {
+                out.push(Rule {
+                    action: Some(Action::None),
+                    ..Rule::default().comment(description)
+                });
+                roles.push(RuleRole::PolicyDescription);
+            }
         }
-        chains.push(Chain::new(
-            cluster_policy_chain(dir, &policy.name),
-            family,
-            out,
-        ));
+        let chain = Chain::new(cluster_policy_chain(dir, &policy.name), family, out);
+        let role = || ChainRole::ClusterPolicy {
+            name: policy.name.clone(),
+            tier: policy.tier,
+            direction: dir,
+        };
+        chains.push((chain, traced.then(|| (role(), roles))));
     }
     chains
 }
 
+/// Renders one API rule into `out`; true when it ends with a return (Accept, Pass).
 fn render_rule(
     cfg: &RuleConfig,
     family: IpFamily,
@@ -330,7 +375,7 @@ fn render_rule(
     rule: &PlannedClusterRule,
     set_name: &dyn Fn(&SetDef) -> String,
     out: &mut Vec<Rule>,
-) {
+) -> bool {
     let marks = cfg.marks;
     let (action, verdict_bit) = match rule.action {
         RuleAction::Accept => (
@@ -397,7 +442,7 @@ fn render_rule(
         out.push(r);
     }
     if out.len() == start {
-        return;
+        return false;
     }
     // Comments keep to felix's character set (no brackets), see `sanitize_comment`.
     let mut label = format!(
@@ -420,6 +465,7 @@ fn render_rule(
     if let Some(bit) = verdict_bit {
         out.push(Rule::new(Action::Return).mark_match(bit, bit));
     }
+    verdict_bit.is_some()
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use kube::core::Expression;
 use crate::ipsets::SetDef;
 use crate::model::{
     IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch,
-    PortSpec, Protocol,
+    PortSpec, Protocol, RuleAction, Tier,
 };
 
 use super::{Chain, Direction, Rule};
@@ -61,6 +61,12 @@ pub enum ChainRole {
     /// `cali-pi-…` / `cali-po-…` of a policy.
     Policy {
         policy: ObjectKey,
+        direction: Direction,
+    },
+    /// `cali-pi-kcnp/<name>` / `cali-po-kcnp/<name>` of a ClusterNetworkPolicy.
+    ClusterPolicy {
+        name: String,
+        tier: Tier,
         direction: Direction,
     },
     /// `cali-pri-kns.<ns>` / `cali-pro-kns.<ns>`: allow for pods no policy isolates.
@@ -203,6 +209,22 @@ pub enum RuleRole {
     PolicyDescription,
     /// One step of an allow of a Kubernetes rule.
     Policy(PolicyRuleRole),
+    /// A rule of a ClusterNetworkPolicy chain.
+    ClusterPolicy(ClusterRuleRole),
+}
+
+/// A rule of a ClusterNetworkPolicy chain: the API rule it implements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterRuleRole {
+    /// Index in `spec.ingress` / `spec.egress`.
+    pub rule: usize,
+    /// The rule's name, when it has one.
+    pub name: Option<String>,
+    /// What a match does (a Deny or Pass rule failing closed on an unknown peer is Deny).
+    pub action: RuleAction,
+    /// `false`: one way the rule matches (its action); `true`: the return after the rule
+    /// once it accepted or passed.
+    pub return_after: bool,
 }
 
 /// A rendered chain with its provenance: `rules[i]` is what `chain.rules[i]` implements.
@@ -330,6 +352,16 @@ impl fmt::Display for ChainRole {
             ChainRole::Policy { policy, direction } => {
                 write!(f, "policy: NetworkPolicy {policy} {}", direction.as_str())
             }
+            ChainRole::ClusterPolicy {
+                name,
+                tier,
+                direction,
+            } => write!(
+                f,
+                "policy: ClusterNetworkPolicy {name} (tier {}) {}",
+                tier.as_str(),
+                direction.as_str()
+            ),
             ChainRole::Profile {
                 namespace,
                 direction,
@@ -418,6 +450,30 @@ pub fn describe_rule<'a>(
         RuleRole::ProfileReturn => "return after the profile's allow".into(),
         RuleRole::PolicyDescription => {
             "no rule for this family: the chain only names the policy".into()
+        }
+        RuleRole::ClusterPolicy(c) => {
+            let (name, direction) = match chain {
+                ChainRole::ClusterPolicy {
+                    name, direction, ..
+                } => (name.as_str(), direction.as_str()),
+                _ => ("?", "?"),
+            };
+            let label = c
+                .name
+                .as_ref()
+                .map_or_else(String::new, |n| format!(" ({n})"));
+            let action = c.action.as_str();
+            if c.return_after {
+                format!(
+                    "ClusterNetworkPolicy {name} {direction} rule {}{label}: return after {action}",
+                    c.rule
+                )
+            } else {
+                format!(
+                    "ClusterNetworkPolicy {name} {direction} rule {}{label}: {action}",
+                    c.rule
+                )
+            }
         }
         RuleRole::Policy(p) => {
             let (key, direction) = match chain {

@@ -177,8 +177,13 @@ fn explain(state: &State, from: &str, to: &str, protocol: Protocol, port: u16) -
 }
 
 fn np(d: &DirectionVerdict) -> &NetworkPolicyReport {
-    let TierDetail::NetworkPolicy(np) = &d.tiers[0].detail;
-    np
+    d.tiers
+        .iter()
+        .find_map(|t| match &t.detail {
+            TierDetail::NetworkPolicy(np) => Some(np),
+            _ => None,
+        })
+        .expect("a NetworkPolicy tier")
 }
 
 fn allowed_by(d: &DirectionVerdict) -> &AllowMatch {
@@ -464,7 +469,10 @@ fn matched_hashes(t: &kernel::Trace) -> Vec<&str> {
 
 /// The hash of the rule that decided a direction in the evaluator's report.
 fn deciding_hash(d: &DirectionVerdict) -> Option<String> {
-    let TierDetail::NetworkPolicy(np) = &d.tiers.first()?.detail;
+    let np = match &d.tiers.last()?.detail {
+        TierDetail::NetworkPolicy(np) => np,
+        TierDetail::Cluster(c) => return c.matched.as_ref()?.steps.first()?.hash.clone(),
+    };
     match &np.outcome {
         NpOutcome::Allowed(m) => m.steps[1].hash.clone(),
         NpOutcome::Denied { steps, .. } => steps[0].hash.clone(),
