@@ -312,7 +312,7 @@ fn cluster_rule(egress: bool) -> impl Strategy<Value = ClusterRule> {
         })
 }
 
-fn cluster_policy() -> impl Strategy<Value = ClusterPolicyInfo> {
+pub(crate) fn cluster_policy() -> impl Strategy<Value = ClusterPolicyInfo> {
     (
         0..3usize,
         any::<bool>(),
