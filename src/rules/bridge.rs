@@ -76,7 +76,7 @@ use ipnet::IpNet;
 
 use crate::model::IpFamily;
 
-use super::chains::deny;
+use super::deny;
 use super::provenance::{ChainRole, Rendered, RuleList, RuleRole};
 use super::{to_workload_chain, Action, Chain, Rule, RuleConfig, TO_WL_ADDR_DISPATCH};
 

@@ -7,22 +7,15 @@ use crate::model::{IpFamily, ObjectKey};
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
-    bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,
-    Action, AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction,
-    RenderedRule, Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH, INPUT_CHAIN, OUTPUT_CHAIN,
-    TO_WL_DISPATCH, WL_TO_HOST_CHAIN,
+    bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
+    to_workload_chain, Action, AllowAction, Chain, ChainInsertMode, Direction,
+    EndpointToHostAction, RenderedRule, Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH,
+    INPUT_CHAIN, OUTPUT_CHAIN, TO_WL_DISPATCH, WL_TO_HOST_CHAIN,
 };
 
 /// ICMPv6 types a pod must be able to send to its host before any policy: MLD (130-132),
 /// router solicitation (133), neighbour solicitation/advertisement (135, 136).
 const ICMPV6_TO_HOST_TYPES: [u8; 6] = [130, 131, 132, 133, 135, 136];
-
-pub(crate) fn deny(cfg: &RuleConfig) -> Action {
-    match cfg.deny_action {
-        DenyAction::Drop => Action::Drop,
-        DenyAction::Reject => Action::Reject,
-    }
-}
 
 pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
     render_static(cfg, family, false)
@@ -597,7 +590,7 @@ mod tests {
     #[test]
     fn reject_and_return_actions_follow_config() {
         let cfg = RuleConfig {
-            deny_action: DenyAction::Reject,
+            deny_action: crate::rules::DenyAction::Reject,
             allow_action: AllowAction::Return,
             ..RuleConfig::default()
         };

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use crate::model::IpFamily;
 
-use super::chains::deny;
+use super::deny;
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, from_workload_chain, to_workload_chain, Action, Chain, Rule, RuleConfig,

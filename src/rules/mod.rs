@@ -164,6 +164,14 @@ impl Default for RuleConfig {
     }
 }
 
+/// What a drop of ours does: felix's deny action (every policy, dispatch and static drop).
+pub(crate) fn deny(cfg: &RuleConfig) -> Action {
+    match cfg.deny_action {
+        DenyAction::Drop => Action::Drop,
+        DenyAction::Reject => Action::Reject,
+    }
+}
+
 /// A rule's target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
