@@ -35,11 +35,10 @@ use crate::model::{
     PodSelection, Protocol, RuleAction,
 };
 
-use super::chains::deny;
 use super::policy::{merge_ranges, split_multiport};
 use super::provenance::{traced, ChainRole, ClusterRuleRole, Rendered, RuleRole, TracedChain};
 use super::{
-    length_limited_name, Action, Chain, Direction, Rule, RuleConfig, MAX_CHAIN_NAME_LEN,
+    deny, length_limited_name, Action, Chain, Direction, Rule, RuleConfig, MAX_CHAIN_NAME_LEN,
     POLICY_EGRESS_PREFIX, POLICY_INGRESS_PREFIX,
 };
 
