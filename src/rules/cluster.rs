@@ -36,7 +36,10 @@ use crate::model::{
 };
 
 use super::policy::{merge_ranges, split_multiport};
-use super::provenance::{traced, ChainRole, ClusterRuleRole, Rendered, RuleRole, TracedChain};
+use super::provenance::{
+    traced, ChainRole, ClusterPortsRole, ClusterRuleRole, ClusterStep, Rendered, RuleRole,
+    TracedChain,
+};
 use super::{
     deny, length_limited_name, Action, Chain, Direction, Rule, RuleConfig, MAX_CHAIN_NAME_LEN,
     POLICY_EGRESS_PREFIX, POLICY_INGRESS_PREFIX,
@@ -84,6 +87,8 @@ pub enum PortsMatch {
 /// One way an API rule can match.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Alternative {
+    /// The peer it implements (index in the API rule's `from` / `to`).
+    pub peer_index: usize,
     pub protocol: Option<Protocol>,
     pub peer: PeerMatch,
     pub ports: PortsMatch,
@@ -190,6 +195,11 @@ fn plan_rule(
             _ => None,
         })
         .collect();
+    let first_unknown = rule
+        .peers
+        .iter()
+        .position(|p| matches!(p, ClusterPeer::Unknown(_)))
+        .unwrap_or(0);
     if !unknown.is_empty() && rule.action != RuleAction::Accept {
         // Upstream: a Deny or Pass rule with a peer it cannot read is a deny of everything.
         return PlannedClusterRule {
@@ -197,6 +207,7 @@ fn plan_rule(
             name: rule.name.clone(),
             action: RuleAction::Deny,
             alternatives: vec![Alternative {
+                peer_index: first_unknown,
                 protocol: None,
                 peer: PeerMatch::Any,
                 ports: PortsMatch::Any,
@@ -226,7 +237,7 @@ fn plan_rule(
     names.dedup();
 
     let mut alternatives = Vec::new();
-    for peer in &rule.peers {
+    for (peer_index, peer) in rule.peers.iter().enumerate() {
         let peer_match = match peer {
             ClusterPeer::Pods(selection) => PeerMatch::Set(selection_set(selection)),
             ClusterPeer::Networks(_) => PeerMatch::Any, // one alternative per CIDR below
@@ -240,6 +251,7 @@ fn plan_rule(
         for peer_match in nets {
             if rule.ports.is_none() {
                 alternatives.push(Alternative {
+                    peer_index,
                     protocol: None,
                     peer: peer_match.clone(),
                     ports: PortsMatch::Any,
@@ -249,6 +261,7 @@ fn plan_rule(
             for (protocol, ranges) in &numeric {
                 for chunk in split_multiport(merge_ranges(ranges)) {
                     alternatives.push(Alternative {
+                        peer_index,
                         protocol: Some(*protocol),
                         peer: peer_match.clone(),
                         ports: PortsMatch::Numeric(chunk),
@@ -269,6 +282,7 @@ fn plan_rule(
                         ),
                     };
                     alternatives.push(Alternative {
+                        peer_index,
                         protocol: Some(protocol),
                         peer,
                         ports: PortsMatch::Named(set),
@@ -328,16 +342,15 @@ fn render_cluster(
         let mut out = Vec::new();
         let mut roles = Vec::new();
         for rule in rules {
-            let start = out.len();
-            let returns = render_rule(cfg, family, dir, rule, set_name, &mut out);
+            let mut steps = Vec::new();
+            render_rule(cfg, family, dir, rule, set_name, &mut out, &mut steps);
             if traced {
-                let end = out.len();
-                roles.extend((start..end).map(|i| {
+                roles.extend(steps.into_iter().map(|step| {
                     RuleRole::ClusterPolicy(ClusterRuleRole {
                         rule: rule.index,
                         name: rule.name.clone(),
                         action: rule.action,
-                        return_after: returns && i + 1 == end,
+                        step,
                     })
                 }));
             }
@@ -366,7 +379,7 @@ fn render_cluster(
     chains
 }
 
-/// Renders one API rule into `out`; true when it ends with a return (Accept, Pass).
+/// Renders one API rule into `out`, and what each rule rendered is into `steps`.
 fn render_rule(
     cfg: &RuleConfig,
     family: IpFamily,
@@ -374,7 +387,8 @@ fn render_rule(
     rule: &PlannedClusterRule,
     set_name: &dyn Fn(&SetDef) -> String,
     out: &mut Vec<Rule>,
-) -> bool {
+    steps: &mut Vec<ClusterStep>,
+) {
     let marks = cfg.marks;
     let (action, verdict_bit) = match rule.action {
         RuleAction::Accept => (
@@ -439,9 +453,21 @@ fn render_rule(
                 .push(format!("-m set --match-set {} dst,dst", set_name(def))),
         }
         out.push(r);
+        steps.push(ClusterStep::Match {
+            peer: alt.peer_index,
+            protocol: alt.protocol,
+            ports: match &alt.ports {
+                PortsMatch::Any => ClusterPortsRole::Any,
+                PortsMatch::Numeric(ranges) => ClusterPortsRole::Numeric(ranges.clone()),
+                PortsMatch::Named(def) => ClusterPortsRole::Named(match def {
+                    SetDef::NamedPort { port_name, .. } => port_name.clone(),
+                    SetDef::Selector { .. } => String::new(),
+                }),
+            },
+        });
     }
     if out.len() == start {
-        return false;
+        return;
     }
     // Comments keep to felix's character set (no brackets), see `sanitize_comment`.
     let mut label = format!(
@@ -463,8 +489,8 @@ fn render_rule(
     out[start].comments.push(label);
     if let Some(bit) = verdict_bit {
         out.push(Rule::new(Action::Return).mark_match(bit, bit));
+        steps.push(ClusterStep::ReturnAfter);
     }
-    verdict_bit.is_some()
 }
 
 #[cfg(test)]

@@ -222,9 +222,31 @@ pub struct ClusterRuleRole {
     pub name: Option<String>,
     /// What a match does (a Deny or Pass rule failing closed on an unknown peer is Deny).
     pub action: RuleAction,
-    /// `false`: one way the rule matches (its action); `true`: the return after the rule
-    /// once it accepted or passed.
-    pub return_after: bool,
+    pub step: ClusterStep,
+}
+
+/// Which part of an API rule a ClusterNetworkPolicy chain rule is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterStep {
+    /// One way the rule matches (its action): the peer (index in `from`/`to`), the protocol
+    /// (`None`: every protocol) and the ports.
+    Match {
+        peer: usize,
+        protocol: Option<Protocol>,
+        ports: ClusterPortsRole,
+    },
+    /// The return after the rule once it accepted or passed.
+    ReturnAfter,
+}
+
+/// The ports of one way a ClusterNetworkPolicy rule matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterPortsRole {
+    Any,
+    /// Inclusive ranges in one multiport match.
+    Numeric(Vec<(u16, u16)>),
+    /// The destination's container port of that name.
+    Named(String),
 }
 
 /// A rendered chain with its provenance: `rules[i]` is what `chain.rules[i]` implements.
@@ -463,16 +485,40 @@ pub fn describe_rule<'a>(
                 .as_ref()
                 .map_or_else(String::new, |n| format!(" ({n})"));
             let action = c.action.as_str();
-            if c.return_after {
-                format!(
+            match &c.step {
+                ClusterStep::ReturnAfter => format!(
                     "ClusterNetworkPolicy {name} {direction} rule {}{label}: return after {action}",
                     c.rule
-                )
-            } else {
-                format!(
-                    "ClusterNetworkPolicy {name} {direction} rule {}{label}: {action}",
-                    c.rule
-                )
+                ),
+                ClusterStep::Match {
+                    peer,
+                    protocol,
+                    ports,
+                } => {
+                    let proto = protocol.map_or_else(
+                        || "every protocol".to_string(),
+                        |p| p.as_str().to_ascii_uppercase(),
+                    );
+                    let ports = match ports {
+                        ClusterPortsRole::Any => String::new(),
+                        ClusterPortsRole::Numeric(r) => format!(
+                            " ports {}",
+                            r.iter()
+                                .map(|(a, b)| if a == b {
+                                    a.to_string()
+                                } else {
+                                    format!("{a}-{b}")
+                                })
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        ),
+                        ClusterPortsRole::Named(n) => format!(" named port {n}"),
+                    };
+                    format!(
+                        "ClusterNetworkPolicy {name} {direction} rule {}{label}, peer {peer}, {proto}{ports}: {action}",
+                        c.rule
+                    )
+                }
             }
         }
         RuleRole::Policy(p) => {

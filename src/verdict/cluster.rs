@@ -27,7 +27,9 @@ use crate::rules::cluster::{
     cluster_policy_chain, cluster_policy_chains_traced, plan_cluster_policy, ADMIN_TIER_NAME,
     BASELINE_TIER_NAME,
 };
-use crate::rules::provenance::{describe_selector, ChainRole, RuleRole, TracedChain};
+use crate::rules::provenance::{
+    describe_selector, ChainRole, ClusterPortsRole, ClusterStep, RuleRole, TracedChain,
+};
 use crate::rules::Direction;
 
 use super::{dir_index, Action, KernelRef, ResolvedFlow, State};
@@ -407,7 +409,7 @@ pub(super) fn report(
                 fail_closed,
                 steps: Vec::new(),
             };
-            m.steps = steps(state, info, dir, flow.family, &m, workload);
+            m.steps = steps(state, info, dir, flow, &m, workload);
             m
         });
     ClusterTierReport {
@@ -417,14 +419,13 @@ pub(super) fn report(
     }
 }
 
-/// The rules of ours implementing a match: the policy chain's first rule of that API rule
-/// (the kernel's match is one of its alternatives, which start there), and for an Accept the
-/// workload chain's return.
+/// The rules of ours implementing a match: the policy chain's rule the packet meets first for
+/// that API rule, and for an Accept the workload chain's return.
 fn steps(
     state: &State,
     info: &ClusterPolicyInfo,
     dir: Direction,
-    family: IpFamily,
+    flow: &ResolvedFlow,
     m: &ClusterMatch,
     workload: Option<&TracedChain>,
 ) -> Vec<KernelRef> {
@@ -436,17 +437,43 @@ fn steps(
             "the rule sets the pass mark and returns: the rest of the tier is skipped"
         }
     };
-    let chain = policy_chain_traced(state, family, info, dir);
+    let chain = policy_chain_traced(state, flow.family, info, dir);
     match chain {
         Some(c) => {
+            // The kernel's first rule of that API rule that matches: the matched peer, the
+            // packet's protocol, the matched protocol entry.
+            let entry = m
+                .port
+                .and_then(|i| rules_of(info, dir)[m.rule].ports.as_ref()?.get(i));
             let n = c.rules.iter().position(|role| {
-                matches!(role, RuleRole::ClusterPolicy(r) if r.rule == m.rule && !r.return_after)
+                let RuleRole::ClusterPolicy(r) = role else {
+                    return false;
+                };
+                let ClusterStep::Match {
+                    peer,
+                    protocol,
+                    ports,
+                } = &r.step
+                else {
+                    return false;
+                };
+                r.rule == m.rule
+                    && *peer == m.peer
+                    && protocol.is_none_or(|p| p == flow.protocol)
+                    && match (ports, entry) {
+                        (ClusterPortsRole::Any, _) => true,
+                        (ClusterPortsRole::Numeric(ranges), _) => {
+                            ranges.iter().any(|(a, b)| (*a..=*b).contains(&flow.port))
+                        }
+                        (ClusterPortsRole::Named(n), Some(ClusterPort::Named(e))) => n == e,
+                        (ClusterPortsRole::Named(_), _) => false,
+                    }
             });
             out.push(KernelRef {
                 chain: Some(c.chain.name.clone()),
                 hash: n.map(|n| c.chain.rules[n].hash.clone()),
                 number: n.map(|n| n + 1),
-                what: format!("{what} (first rule of {} rule {})", dir.as_str(), m.rule),
+                what: format!("{what} ({} rule {}, peer {})", dir.as_str(), m.rule, m.peer),
             });
         }
         None => out.push(KernelRef {
