@@ -1145,7 +1145,10 @@ fn a_missing_cluster_policy_crd_is_an_empty_listing_rechecked_slowly_and_followe
         api.set_served(Res::ClusterPolicies, Served::Yes);
         api.apply_yaml(GUARD);
         let event = source.recv();
-        assert_eq!(cluster_policy_events(&[event.clone()]), ["upsert guard"]);
+        assert_eq!(
+            cluster_policy_events(std::slice::from_ref(&event)),
+            ["upsert guard"]
+        );
         g.apply(&event);
         g.flush();
         assert_eq!(g.active_cluster_policy_count(), 1);
@@ -1154,14 +1157,20 @@ fn a_missing_cluster_policy_crd_is_an_empty_listing_rechecked_slowly_and_followe
         edited["spec"]["priority"] = json!(2);
         api.apply(edited);
         let event = source.recv();
-        assert_eq!(cluster_policy_events(&[event.clone()]), ["upsert guard"]);
+        assert_eq!(
+            cluster_policy_events(std::slice::from_ref(&event)),
+            ["upsert guard"]
+        );
         g.apply(&event);
 
         // Uninstalled (the API server deletes the CRD's objects with it): an empty listing
         // again, so what was delivered is deleted; no second InSync.
         api.set_served(Res::ClusterPolicies, not_found);
         let event = source.recv();
-        assert_eq!(cluster_policy_events(&[event.clone()]), ["delete guard"]);
+        assert_eq!(
+            cluster_policy_events(std::slice::from_ref(&event)),
+            ["delete guard"]
+        );
         g.apply(&event);
         g.flush();
         assert_eq!(g.active_cluster_policy_count(), 0);
