@@ -405,7 +405,10 @@ impl Cluster {
         }
         for (name, doc) in &target.cluster_policies {
             if self.written.cluster_policies.get(name) != Some(doc) {
-                write_atomic(&cluster_policy_dir.join(format!("{name}.yaml")), doc)?;
+                // As for ipBlocks: the networks peers follow the cluster's families.
+                let doc = crate::family::rewrite_cluster_policy(doc, self.cfg.family)
+                    .with_context(|| format!("ClusterNetworkPolicy {name}"))?;
+                write_atomic(&cluster_policy_dir.join(format!("{name}.yaml")), &doc)?;
             }
         }
         for name in self.written.cluster_policies.keys() {
