@@ -5,6 +5,7 @@
 use crate::model::{IpFamily, ObjectKey};
 
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
+use super::deny_log::{self, DropKind};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
@@ -283,13 +284,15 @@ fn render_endpoint(
     traced: bool,
 ) -> [Rendered; 2] {
     let chain = |direction: Direction, name: String, tiers: &TierChains<'_>| {
-        endpoint_rules(cfg, direction, namespace, tiers, traced).finish(name, family, || {
-            ChainRole::Workload {
+        endpoint_rules(cfg, &name, direction, namespace, tiers, traced).finish(
+            name.clone(),
+            family,
+            || ChainRole::Workload {
                 pod: pod.cloned(),
                 iface: iface.to_string(),
                 direction,
-            }
-        })
+            },
+        )
     };
     [
         chain(Direction::Ingress, to_workload_chain(iface), ingress),
@@ -313,6 +316,7 @@ enum Section<'a> {
 /// drop: a Deny drops in the policy chain, and nothing matched falls through to the next tier.
 fn endpoint_rules(
     cfg: &RuleConfig,
+    chain: &str,
     direction: Direction,
     namespace: &str,
     tiers: &TierChains<'_>,
@@ -420,10 +424,15 @@ fn endpoint_rules(
                         || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
                     );
                 }
-                rules.push(
+                deny_log::push_logged_drop(
+                    &mut rules,
+                    cfg.deny_log.as_ref(),
                     Rule::new(deny(cfg))
                         .comment("Drop if no policies passed packet")
                         .mark_match(0, m.pass),
+                    DropKind::Policy,
+                    direction,
+                    chain,
                     || RuleRole::DropIfNoPolicyPassed,
                 );
             }
