@@ -7,7 +7,11 @@
 //!   peak RSS above the process's baseline;
 //! - one pod label change at 1k, 10k and 100k pods: median and p99 time from the event to the
 //!   flushed update, and the update's size, plus the ratio to the 1k figure (noisy machines:
-//!   compare ratios measured in the same run).
+//!   compare ratios measured in the same run);
+//! - the ClusterNetworkPolicy variant: the 10k cluster with 50 Admin and 50 Baseline
+//!   ClusterNetworkPolicies beside its 1k NetworkPolicies, compiled, and one label change in
+//!   it (local pods' changes re-evaluate the subjects too), each as a ratio to the same
+//!   cluster without them measured in the same run.
 //!
 //! The synthetic cluster comes from `support/synthetic.rs` (shared with the dataplane
 //! benchmark), with 110 pods on the benchmarked node.
@@ -25,6 +29,19 @@ use synthetic::{build, pod, Rng, Scale, APPS};
 
 /// Pods on the benchmarked node in every scenario.
 const LOCAL_PODS: usize = 110;
+/// ClusterNetworkPolicies per tier in the `-cnp` scenarios.
+const CLUSTER_POLICIES: usize = 50;
+
+fn scale_10k(cluster_policies: usize) -> Scale {
+    Scale {
+        pods: 10_000,
+        policies: 1_000,
+        namespaces: 300,
+        local: LOCAL_PODS,
+        dual: false,
+        cluster_policies,
+    }
+}
 
 fn rss_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -36,7 +53,7 @@ fn rss_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn full_compile(scale: Scale) {
+fn full_compile(scale: Scale) -> Duration {
     let baseline = rss_kib("VmRSS:");
     let mut rng = Rng(42);
     let start = Instant::now();
@@ -55,21 +72,24 @@ fn full_compile(scale: Scale) {
     let peak = rss_kib("VmHWM:");
     let members: usize = fam.sets.values().map(|s| s.members.len()).sum();
     println!(
-        "full compile  pods={:>6} policies={:>5} namespaces={:>4} local={}: {:>8.1} ms, peak RSS {:>6.1} MiB (+{:.1} MiB over baseline) | active policies {}, sets {}, members {}, chains {}, ipset lines {}, iptables lines {}",
+        "full compile  pods={:>6} policies={:>5} cluster policies={:>3} namespaces={:>4} local={}: {:>8.1} ms, peak RSS {:>6.1} MiB (+{:.1} MiB over baseline) | active policies {} (cluster {}), sets {}, members {}, chains {}, ipset lines {}, iptables lines {}",
         scale.pods,
         scale.policies,
+        2 * scale.cluster_policies,
         scale.namespaces,
         g.local_endpoint_count(),
         elapsed.as_secs_f64() * 1e3,
         peak as f64 / 1024.0,
         (peak.saturating_sub(baseline)) as f64 / 1024.0,
         g.active_policy_count(),
+        g.active_cluster_policy_count(),
         fam.sets.len(),
         members,
         fam.chains.len(),
         ipset_script.lines().count(),
         iptables_script.lines().count(),
     );
+    elapsed
 }
 
 struct LabelChange {
@@ -80,13 +100,14 @@ struct LabelChange {
     active_sets: usize,
 }
 
-fn label_change(pods: usize) -> LabelChange {
+fn label_change(pods: usize, cluster_policies: usize) -> LabelChange {
     let scale = Scale {
         pods,
         policies: (pods / 10).max(100),
         namespaces: (pods / 30).max(10),
         local: LOCAL_PODS,
         dual: false,
+        cluster_policies,
     };
     let mut rng = Rng(7);
     let (mut g, mut apps) = build(scale, &mut rng);
@@ -124,27 +145,57 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(pos) = args.iter().position(|a| a == "--scenario") {
         match args.get(pos + 1).map(String::as_str) {
-            Some("compile-10k") => full_compile(Scale {
-                pods: 10_000,
-                policies: 1_000,
-                namespaces: 300,
-                local: LOCAL_PODS,
-                dual: false,
-            }),
-            Some("compile-150k") => full_compile(Scale {
-                pods: 150_000,
-                policies: 10_000,
-                namespaces: 5_000,
-                local: LOCAL_PODS,
-                dual: false,
-            }),
+            Some("compile-10k") => {
+                full_compile(scale_10k(0));
+            }
+            Some("compile-150k") => {
+                full_compile(Scale {
+                    pods: 150_000,
+                    policies: 10_000,
+                    namespaces: 5_000,
+                    local: LOCAL_PODS,
+                    dual: false,
+                    cluster_policies: 0,
+                });
+            }
+            Some("compile-10k-cnp") => {
+                // Twice each, alternating, the second round counted: the first warms up.
+                let mut figures = (Duration::ZERO, Duration::ZERO);
+                for _ in 0..2 {
+                    figures = (
+                        full_compile(scale_10k(0)),
+                        full_compile(scale_10k(CLUSTER_POLICIES)),
+                    );
+                }
+                println!(
+                    "full compile with {} ClusterNetworkPolicies: {:.2} x the time without (same run)",
+                    2 * CLUSTER_POLICIES,
+                    figures.1.as_secs_f64() / figures.0.as_secs_f64()
+                );
+            }
+            Some("label-change-cnp") => {
+                let base = label_change(10_000, 0);
+                let with = label_change(10_000, CLUSTER_POLICIES);
+                for (what, r) in [("without", &base), ("with", &with)] {
+                    println!(
+                        "label change  pods= 10000 {what:>7} {} ClusterNetworkPolicies: median {:>7.1} µs, p99 {:>7.1} µs, mean update size {:.2} items, {:.1} set evaluations per change ({} active sets) | median ratio to without: {:.2}",
+                        2 * CLUSTER_POLICIES,
+                        r.median.as_secs_f64() * 1e6,
+                        r.p99.as_secs_f64() * 1e6,
+                        r.mean_update,
+                        r.mean_evaluations,
+                        r.active_sets,
+                        r.median.as_secs_f64() / base.median.as_secs_f64(),
+                    );
+                }
+            }
             Some("label-change") => {
-                let base = label_change(1_000);
+                let base = label_change(1_000, 0);
                 let base_median = base.median;
                 for (pods, r) in [
                     (1_000, base),
-                    (10_000, label_change(10_000)),
-                    (100_000, label_change(100_000)),
+                    (10_000, label_change(10_000, 0)),
+                    (100_000, label_change(100_000, 0)),
                 ] {
                     println!(
                         "label change  pods={pods:>6}: median {:>7.1} µs, p99 {:>7.1} µs, mean update size {:.2} items, {:.1} set evaluations per change ({} active sets) | median ratio to 1k: {:.2}",
@@ -162,7 +213,13 @@ fn main() {
         return;
     }
     let exe = std::env::current_exe().expect("own path");
-    for scenario in ["compile-10k", "compile-150k", "label-change"] {
+    for scenario in [
+        "compile-10k",
+        "compile-150k",
+        "label-change",
+        "compile-10k-cnp",
+        "label-change-cnp",
+    ] {
         let status = std::process::Command::new(&exe)
             .args(["--scenario", scenario])
             .status()

@@ -197,6 +197,7 @@ fn scripts(local: usize) -> (String, String, usize, usize) {
         namespaces: 300,
         local,
         dual: false,
+        cluster_policies: 0,
     };
     let (mut graph, _) = build(scale, &mut Rng(SEED));
     graph.flush();

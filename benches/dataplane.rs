@@ -1,7 +1,8 @@
 //! Dataplane benchmark: the calc graph and the kernel writers together, against the real
 //! kernel. Prints figures, asserts nothing about time.
 //!
-//! `cargo bench --bench dataplane` must run as root. Every scenario runs in its own child
+//! `cargo bench --bench dataplane [-- SCENARIO...]` must run as root (scenario names, from
+//! `SCENARIOS`, run only those). Every scenario runs in its own child
 //! process (so memory and timings do not bleed from one into the next) and works in network
 //! namespaces it creates (`ip netns add npa-bench-<pid>-<n>`) and deletes when it ends, also
 //! on panic (a Drop guard; the parent also sweeps `npa-bench-<child pid>-*` after each
@@ -41,6 +42,13 @@
 //!   Per scenario one line `ours p50/p99/max ms | floor p50/p99 ms | lines ours/floor
 //!   (ratio)`, then (label change) the same figures for local and remote pods apart.
 //!
+//! The ClusterNetworkPolicy variant (`-cnp`, IPv4): the same cluster with 50 Admin and 50
+//! Baseline ClusterNetworkPolicies beside its 1k NetworkPolicies (`support/synthetic.rs`),
+//! cold start, label change and policy added as above, and one more event: a
+//! ClusterNetworkPolicy added (50 repetitions, alternating Admin and Baseline, each a shape
+//! of the generator whose subject is narrowed to one local pod's namespace and app), with its
+//! floor computed the same way. The figures of the plain scenarios come from the same run.
+//!
 //! Cold-start objects are generated as they are fed (as in the calc graph benchmark), so
 //! the graph time includes building them; the incremental events are built before the
 //! clock starts. At the end of every scenario our namespace is compared with a fresh one
@@ -67,6 +75,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::Context;
@@ -79,11 +88,15 @@ use netpol_agent::dataplane::iptables::Backend;
 use netpol_agent::dataplane::{Dataplane, DataplaneConfig};
 use netpol_agent::host::exec::Exec;
 use netpol_agent::ipsets::{self, SetSpec, DEFAULT_MAX_SET_SIZE};
-use netpol_agent::model::IpFamily;
+use netpol_agent::model::cluster_policy::{NamespacedPod, Subject};
+use netpol_agent::model::{ClusterNetworkPolicy, IpFamily};
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::{render, Chain, RuleConfig};
 
-use synthetic::{build, pod, pod_namespace, policies, policy, sel, selected_app, Rng, Scale, APPS};
+use synthetic::{
+    build, cluster_policy, pod, pod_namespace, policies, policy, sel, selected_app, Rng, Scale,
+    APPS,
+};
 
 const NETNS_PREFIX: &str = "npa-bench-";
 /// `NETPOL_BENCH_BACKEND=nft` measures the nft backend; legacy by default.
@@ -106,7 +119,7 @@ fn iptables_tool(family: IpFamily, action: &str) -> String {
 }
 /// Seed of the synthetic cluster.
 const SEED: u64 = 42;
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 12] = [
     "cold-110",
     "cold-110-dual",
     "label-change",
@@ -115,21 +128,32 @@ const SCENARIOS: [&str; 8] = [
     "policy-add-dual",
     "cold-1500",
     "cold-1500-dual",
+    "cold-110-cnp",
+    "label-change-cnp",
+    "policy-add-cnp",
+    "cnp-add",
 ];
 
-fn scale(local: usize, dual: bool) -> Scale {
+/// ClusterNetworkPolicies per tier in the `-cnp` scenarios.
+const CLUSTER_POLICIES: usize = 50;
+
+fn scale(local: usize, dual: bool, cluster_policies: usize) -> Scale {
     Scale {
         pods: 10_000,
         policies: 1_000,
         namespaces: 300,
         local,
         dual,
+        cluster_policies,
     }
 }
 
-/// `[ipv4]` or `[dual]`, in front of every figure line.
+/// `[ipv4]` or `[dual]` (`[ipv4+cnp]` with ClusterNetworkPolicies), in front of every
+/// figure line.
 fn tag(scale: Scale) -> &'static str {
-    if scale.dual {
+    if scale.cluster_policies > 0 {
+        "[ipv4+cnp]"
+    } else if scale.dual {
         "[dual]"
     } else {
         "[ipv4]"
@@ -636,19 +660,20 @@ fn check(started: &Started) -> String {
     )
 }
 
-fn cold_scenario(local: usize, dual: bool) {
-    let c = cold_start(scale(local, dual));
+fn cold_scenario(local: usize, dual: bool, cluster_policies: usize) {
+    let c = cold_start(scale(local, dual, cluster_policies));
     let s = &c.started;
     let ours_lines = c.ipset_lines + c.iptables_lines;
     let floor_lines = c.floor_ipset_lines + c.floor_iptables_lines;
     let families = s.scale.families();
     println!(
-        "{} cold start    pods={} policies={} local={} (active policies {}, chains {}): ours {:.1} ms (graph {:.1} + kernel {:.1}) | floor {:.1} ms | lines ours/floor {}/{} ({}) [ipset {}/{}, iptables {}/{}] | ours vs floor namespace: {}",
+        "{} cold start    pods={} policies={} local={} (active policies {}, cluster {}, chains {}): ours {:.1} ms (graph {:.1} + kernel {:.1}) | floor {:.1} ms | lines ours/floor {}/{} ({}) [ipset {}/{}, iptables {}/{}] | ours vs floor namespace: {}",
         tag(s.scale),
         s.scale.pods,
         s.scale.policies,
         s.graph.local_endpoint_count(),
         s.graph.active_policy_count(),
+        s.graph.active_cluster_policy_count(),
         s.chains.len(),
         ms(c.total),
         ms(c.graph_time),
@@ -668,6 +693,7 @@ fn cold_scenario(local: usize, dual: bool) {
 enum Event<'a> {
     Pod(&'a Pod),
     Policy(&'a NetworkPolicy),
+    ClusterPolicy(&'a ClusterNetworkPolicy),
 }
 
 /// One repetition of an incremental scenario.
@@ -695,6 +721,7 @@ impl Started {
         match event {
             Event::Pod(p) => self.graph.upsert_pod(p),
             Event::Policy(np) => self.graph.upsert_policy(np),
+            Event::ClusterPolicy(cnp) => self.graph.upsert_cluster_policy(cnp),
         }
         let update = self.graph.flush();
         let graph = start.elapsed();
@@ -763,8 +790,8 @@ fn report(what: &str, started: &Started, samples: &[Sample]) {
     println!("  end state: {}", check(started));
 }
 
-fn label_change_scenario(dual: bool) {
-    let mut st = cold_start(scale(110, dual)).started;
+fn label_change_scenario(dual: bool, cluster_policies: usize) {
+    let mut st = cold_start(scale(110, dual, cluster_policies)).started;
     let sc = st.scale;
     let selected = st.selected_apps.clone();
     let local_candidates: Vec<usize> = (0..sc.local)
@@ -811,8 +838,8 @@ fn label_change_scenario(dual: bool) {
     );
 }
 
-fn policy_add_scenario(dual: bool) {
-    let mut st = cold_start(scale(110, dual)).started;
+fn policy_add_scenario(dual: bool, cluster_policies: usize) {
+    let mut st = cold_start(scale(110, dual, cluster_policies)).started;
     let sc = st.scale;
     let reps = 50;
     let mut samples = Vec::with_capacity(reps);
@@ -831,6 +858,48 @@ fn policy_add_scenario(dual: bool) {
     report(
         &format!(
             "policy added  pods={} local={} {reps} reps (each selects a local pod)",
+            sc.pods, sc.local
+        ),
+        &st,
+        &samples,
+    );
+}
+
+fn cluster_policy_add_scenario() {
+    let mut st = cold_start(scale(110, false, CLUSTER_POLICIES)).started;
+    let sc = st.scale;
+    let reps = 50;
+    let mut samples = Vec::with_capacity(reps);
+    let mut rng = Rng(13);
+    for r in 0..reps {
+        // A shape of the generator, its subject narrowed to one local pod's namespace and app.
+        let j = rng.below(sc.local);
+        let admin = r % 2 == 0;
+        let mut cnp = cluster_policy(r, admin, sc, &mut rng);
+        cnp.metadata.name = Some(format!("cnp-added-{r}"));
+        if let Some(spec) = cnp.spec.as_mut() {
+            let ns = format!("ns-{}", pod_namespace(j, sc));
+            spec.subject = Some(Subject {
+                pods: Some(NamespacedPod {
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: Some(
+                            [("kubernetes.io/metadata.name".to_string(), ns)].into(),
+                        ),
+                        match_expressions: None,
+                    }),
+                    pod_selector: Some(sel(&[("app", format!("app-{}", st.apps[j]))])),
+                }),
+                ..Default::default()
+            });
+        }
+        samples.push(st.step(
+            if admin { "admin" } else { "baseline" },
+            Event::ClusterPolicy(&cnp),
+        ));
+    }
+    report(
+        &format!(
+            "cluster policy added  pods={} local={} {reps} reps (alternating Admin and Baseline, each selects a local pod)",
             sc.pods, sc.local
         ),
         &st,
@@ -860,20 +929,35 @@ fn main() {
     if let Some(pos) = args.iter().position(|a| a == "--scenario") {
         init_tracing();
         match args.get(pos + 1).map(String::as_str) {
-            Some("cold-110") => cold_scenario(110, false),
-            Some("cold-110-dual") => cold_scenario(110, true),
-            Some("label-change") => label_change_scenario(false),
-            Some("label-change-dual") => label_change_scenario(true),
-            Some("policy-add") => policy_add_scenario(false),
-            Some("policy-add-dual") => policy_add_scenario(true),
-            Some("cold-1500") => cold_scenario(1500, false),
-            Some("cold-1500-dual") => cold_scenario(1500, true),
+            Some("cold-110") => cold_scenario(110, false, 0),
+            Some("cold-110-dual") => cold_scenario(110, true, 0),
+            Some("label-change") => label_change_scenario(false, 0),
+            Some("label-change-dual") => label_change_scenario(true, 0),
+            Some("policy-add") => policy_add_scenario(false, 0),
+            Some("policy-add-dual") => policy_add_scenario(true, 0),
+            Some("cold-1500") => cold_scenario(1500, false, 0),
+            Some("cold-1500-dual") => cold_scenario(1500, true, 0),
+            Some("cold-110-cnp") => cold_scenario(110, false, CLUSTER_POLICIES),
+            Some("label-change-cnp") => label_change_scenario(false, CLUSTER_POLICIES),
+            Some("policy-add-cnp") => policy_add_scenario(false, CLUSTER_POLICIES),
+            Some("cnp-add") => cluster_policy_add_scenario(),
             other => panic!("unknown scenario {other:?}"),
         }
         return;
     }
     let exe = std::env::current_exe().expect("cannot find the benchmark's own path");
-    for scenario in SCENARIOS {
+    // Scenario names on the command line run only those (`-- label-change cnp-add`).
+    let chosen: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| args.iter().any(|a| a == s))
+        .collect();
+    let run = if chosen.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        chosen
+    };
+    for scenario in run {
         let mut child = Command::new(&exe)
             .args(["--scenario", scenario])
             .spawn()

@@ -101,6 +101,7 @@ fn explain_figures(dir: &Path) {
         namespaces: 300,
         local: 110,
         dual: false,
+        cluster_policies: 0,
     };
     let file = dir.join("explain.yaml");
     write_manifests(&file, scale);
@@ -206,6 +207,7 @@ fn audit_figures(dir: &Path) {
         namespaces: 300,
         local: 1_500,
         dual: false,
+        cluster_policies: 0,
     };
     let file = dir.join("audit.yaml");
     write_manifests(&file, scale);

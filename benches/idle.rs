@@ -115,6 +115,7 @@ fn write_cluster(dir: &Path, local: usize) {
         namespaces: 300,
         local,
         dual: false,
+        cluster_policies: 0,
     };
     let mut rng = Rng(SEED);
     let file = |name: &str| std::io::BufWriter::new(std::fs::File::create(dir.join(name)).unwrap());

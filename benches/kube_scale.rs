@@ -79,6 +79,7 @@ fn scale(pods: usize, policies: usize, namespaces: usize, local: usize) -> Scale
         namespaces,
         local,
         dual: false,
+        cluster_policies: 0,
     }
 }
 

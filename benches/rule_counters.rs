@@ -85,6 +85,7 @@ fn main() {
             namespaces: 300,
             local,
             dual: false,
+            cluster_policies: 0,
         };
         let (mut g, _) = synthetic::build(scale, &mut Rng(42));
         g.flush();

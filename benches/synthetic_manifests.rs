@@ -2,16 +2,17 @@
 //! as a multi-document YAML manifest file, for what needs the cluster on disk: the directory
 //! datastore at scale, `netpol-agent compile` comparisons across versions, idle-cost runs.
 //!
-//! `cargo bench --bench synthetic_manifests -- OUT [PODS [POLICIES [NAMESPACES [LOCAL [SEED]]]]] [--dual]`
-//! (defaults 10000 pods, 1000 policies, 300 namespaces, 110 pods on `node-0`, seed 42;
-//! `--dual`: dual-stack pods and ipBlocks). The same arguments give the same bytes.
+//! `cargo bench --bench synthetic_manifests -- OUT [PODS [POLICIES [NAMESPACES [LOCAL [SEED [CNPS]]]]]] [--dual]`
+//! (defaults 10000 pods, 1000 policies, 300 namespaces, 110 pods on `node-0`, seed 42, no
+//! ClusterNetworkPolicies (CNPS: how many per tier); `--dual`: dual-stack pods and ipBlocks).
+//! The same arguments give the same bytes.
 
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
 use std::io::Write;
 
-use synthetic::{namespace, pod, policy, Rng, Scale, APPS};
+use synthetic::{cluster_policies, namespace, pod, policy, Rng, Scale, APPS};
 
 fn arg(args: &[String], i: usize, default: usize) -> usize {
     args.get(i).map_or(default, |a| {
@@ -28,7 +29,9 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let Some(out) = args.first() else {
-        eprintln!("usage: synthetic_manifests OUT [PODS [POLICIES [NAMESPACES [LOCAL [SEED]]]]]");
+        eprintln!(
+            "usage: synthetic_manifests OUT [PODS [POLICIES [NAMESPACES [LOCAL [SEED [CNPS]]]]]]"
+        );
         std::process::exit(2);
     };
     let scale = Scale {
@@ -37,6 +40,7 @@ fn main() {
         namespaces: arg(&args, 3, 300),
         local: arg(&args, 4, 110),
         dual,
+        cluster_policies: arg(&args, 6, 0),
     };
     let mut rng = Rng(arg(&args, 5, 42) as u64);
     let file = std::fs::File::create(out).unwrap_or_else(|e| panic!("creating {out}: {e}"));
@@ -57,13 +61,17 @@ fn main() {
     for k in 0..scale.policies {
         doc(serde_yaml_ng::to_string(&policy(k, scale, &mut rng)).expect("yaml"));
     }
+    for cnp in cluster_policies(scale, &mut rng) {
+        doc(serde_yaml_ng::to_string(&cnp).expect("yaml"));
+    }
     w.flush().expect("writing the manifest file");
     eprintln!(
-        "wrote {out}: {} namespaces, {} pods ({} on {}), {} policies",
+        "wrote {out}: {} namespaces, {} pods ({} on {}), {} policies, {} cluster policies",
         scale.namespaces,
         scale.pods,
         scale.local,
         synthetic::NODE,
-        scale.policies
+        scale.policies,
+        2 * scale.cluster_policies
     );
 }

@@ -257,7 +257,7 @@ fn export_graph_gauges(graph: &CalcGraph, seen: &mut BTreeMap<(ObjectKind, Rejec
     m.active_local_endpoints
         .set(graph.local_endpoint_count() as i64);
     m.active_local_policies
-        .set(graph.active_policy_count() as i64);
+        .set((graph.active_policy_count() + graph.active_cluster_policy_count()) as i64);
     for (key, &count) in graph.rejection_counts() {
         let before = seen.insert(key.clone(), count).unwrap_or(0);
         if count > before {
@@ -270,6 +270,7 @@ fn export_graph_gauges(graph: &CalcGraph, seen: &mut BTreeMap<(ObjectKind, Rejec
         (ObjectKind::Pod, 0),
         (ObjectKind::Namespace, 0),
         (ObjectKind::NetworkPolicy, 0),
+        (ObjectKind::ClusterNetworkPolicy, 0),
     ]
     .into();
     for (kind, _) in graph.rejections().keys() {

@@ -1,10 +1,12 @@
 //! The Kubernetes datastore against a fake API server (`kube_api`) that speaks the real
 //! list/watch protocol, through the public API (`datastore::kube::spawn_with`) and the real
 //! `kube::Client`: the graph it feeds equals `compile` of the same manifests, relists never
-//! remove anything on the way, `InSync` comes once after all three listings, non-workload pods
-//! get no endpoints, and what is delivered is trimmed yet validates as the original. Most
-//! tests list in pages; the streaming-list tests use streaming lists where the server serves
-//! them and check the fallback to pages where it refuses or ignores them.
+//! remove anything on the way, `InSync` comes once after all four listings, non-workload pods
+//! get no endpoints, what is delivered is trimmed yet validates as the original, and a
+//! ClusterNetworkPolicy CRD that is not installed is an empty listing, looked for again
+//! slowly and followed once it is there. Most tests list in pages; the streaming-list tests
+//! use streaming lists where the server serves them and check the fallback to pages where it
+//! refuses or ignores them.
 
 mod kube_api;
 
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, Streaming, ALL};
+use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, Served, Streaming, ALL};
 use netpol_agent::agent::Calculation;
 use netpol_agent::backoff::Policy;
 use netpol_agent::calc_graph::update::DesiredState;
@@ -29,8 +31,8 @@ use netpol_agent::iface_naming::CalicoResolver;
 use netpol_agent::ipsets::{self, Member};
 use netpol_agent::model::validate;
 use netpol_agent::model::IpFamily;
-use netpol_agent::model::K8sObject;
 use netpol_agent::model::ObjectKind;
+use netpol_agent::model::{ClusterNetworkPolicy, K8sObject};
 use netpol_agent::model::{DatastoreEvent, ObjectRef};
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::{render, RuleConfig};
@@ -159,6 +161,31 @@ spec:
   - from: [{namespaceSelector: {}}]
     ports: [{port: redis}]
   - from: [{ipBlock: {cidr: 'fd00::/8'}}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard-data}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: data}}}
+  ingress:
+  - name: from-shop
+    action: Accept
+    from: [{namespaces: {matchLabels: {team: shop}}}]
+    protocols: [{tcp: {destinationPort: {number: 6379}}}, {destinationNamedPort: redis}]
+  - {action: Deny, from: [{namespaces: {}}]}
+  egress:
+  - {action: Deny, to: [{networks: [169.254.169.254/32, 'fd00:ec2::254/128']}]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-shop}
+spec:
+  tier: Baseline
+  priority: 0
+  subject: {pods: {namespaceSelector: {matchLabels: {team: shop}}, podSelector: {matchLabels: {app: web}}}}
+  ingress: [{action: Deny, from: [{pods: {podSelector: {matchLabels: {app: prometheus}}}}]}]
 ";
 
 fn cluster() -> String {
@@ -178,8 +205,12 @@ fn options() -> KubeOptions {
             ..Policy::KUBE_WATCH
         },
         backoff_reset: Duration::from_secs(120),
+        missing_crd_recheck: RECHECK,
     }
 }
+
+/// How often the datastore looks again for an uninstalled ClusterNetworkPolicy CRD here.
+const RECHECK: Duration = Duration::from_millis(50);
 
 /// The datastore under test, started through its public API against the fake server.
 struct Source {
@@ -282,6 +313,9 @@ fn server_objects(api: &FakeApi) -> Vec<K8sObject> {
                 Res::Pods => K8sObject::Pod(serde_json::from_value(obj).unwrap()),
                 Res::Namespaces => K8sObject::Namespace(serde_json::from_value(obj).unwrap()),
                 Res::Policies => K8sObject::NetworkPolicy(serde_json::from_value(obj).unwrap()),
+                Res::ClusterPolicies => {
+                    K8sObject::ClusterNetworkPolicy(serde_json::from_value(obj).unwrap())
+                }
             });
         }
     }
@@ -415,6 +449,7 @@ fn upserts_of(api: &FakeApi, kinds: &[Res]) -> BTreeSet<(ObjectKind, String, &'s
                 Res::Pods => ObjectKind::Pod,
                 Res::Namespaces => ObjectKind::Namespace,
                 Res::Policies => ObjectKind::NetworkPolicy,
+                Res::ClusterPolicies => ObjectKind::ClusterNetworkPolicy,
             };
             api.objects(*res)
                 .into_iter()
@@ -454,6 +489,7 @@ fn sync_server(api: &FakeApi, old: &str, new: &str) {
             let res = match kind.as_str() {
                 "Pod" => Res::Pods,
                 "Namespace" => Res::Namespaces,
+                "ClusterNetworkPolicy" => Res::ClusterPolicies,
                 _ => Res::Policies,
             };
             api.delete(res, key);
@@ -495,6 +531,7 @@ fn graph_fed_from_the_api_equals_compile_of_the_same_manifests() {
     // Not vacuous: local endpoints, active policies, named-port and selector sets.
     assert_eq!(from_api.local_endpoint_count(), 3);
     assert_eq!(from_api.active_policy_count(), 5);
+    assert_eq!(from_api.active_cluster_policy_count(), 2);
     assert!(from_api.rejections().is_empty());
     let members = member_ips(&from_api.snapshot());
     assert!(members.is_superset(&ips(&[
@@ -530,6 +567,11 @@ status: {phase: Running, podIPs: [{ip: 10.244.2.12}, {ip: 'fd00:244:2::12'}]}
     .replace(
         "metadata: {name: web-ingress, namespace: shop}",
         "metadata: {name: web-ingress-v2, namespace: shop}",
+    )
+    .replace("priority: 10", "priority: 7")
+    .replace(
+        "metadata: {name: baseline-shop}",
+        "metadata: {name: baseline-shop-v2}",
     );
     sync_server(&api, &manifests, &changed);
     converge(&source, &mut from_api, &compiled(&changed));
@@ -590,6 +632,7 @@ fn relists_never_remove_anything_and_real_deletions_propagate() {
     api.set_gone(Res::Policies, Gone::Event);
     api.compact(Res::Policies);
     api.close_watches(Res::Policies, true);
+    api.expire_watches(Res::ClusterPolicies);
     for res in ALL {
         wait_relisted(&api, res, mark);
     }
@@ -700,7 +743,7 @@ status: {phase: Running, podIPs: [{ip: 10.244.3.11}]}
 }
 
 #[test]
-fn in_sync_comes_once_after_all_three_listings() {
+fn in_sync_comes_once_after_all_four_listings() {
     let api = FakeApi::start();
     api.apply_yaml(&cluster());
     let rv_at_start = api.resource_version();
@@ -709,7 +752,7 @@ fn in_sync_comes_once_after_all_three_listings() {
     api.fail_lists(Res::Namespaces, 2);
     let source = Source::start(&api);
 
-    let expected_first = upserts_of(&api, &[Res::Pods, Res::Namespaces]);
+    let expected_first = upserts_of(&api, &[Res::Pods, Res::Namespaces, Res::ClusterPolicies]);
     let mut first = Vec::new();
     while first.len() < expected_first.len() {
         first.push(source.recv());
@@ -899,6 +942,17 @@ metadata: {name: checkout, namespace: shop, labels: {a: b}, annotations: {note: 
 spec:
   podSelector: {matchLabels: {app.kubernetes.io/name: checkout}}
   ingress: [{ports: [{port: http}, {port: 9090}]}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard, labels: {a: b}, annotations: {note: hello}}
+spec:
+  tier: Baseline
+  priority: 1000
+  subject: {namespaces: {matchLabels: {team: shop}}}
+  egress: [{name: no-metadata, action: Deny, to: [{networks: [169.254.169.254/32]}]}]
+status:
+  conditions: [{type: Ready, status: 'True', reason: Programmed, message: ok, lastTransitionTime: '2025-05-14T09:12:47Z'}]
 ",
     );
     let typical: Value = serde_json::from_str(include_str!("kube_api/typical_pod.json")).unwrap();
@@ -910,7 +964,7 @@ spec:
 
     let source = Source::start(&api);
     let events = source.until_in_sync();
-    assert_eq!(events.len(), 5);
+    assert_eq!(events.len(), 6);
     for event in &events {
         let DatastoreEvent::Upsert(object) = event else {
             continue;
@@ -968,6 +1022,22 @@ spec:
                 assert_eq!(np.spec, original.spec);
                 let v = serde_json::to_value(np).unwrap();
                 subset(&v["metadata"], &["name", "namespace"], "policy metadata");
+            }
+            K8sObject::ClusterNetworkPolicy(cnp) => {
+                let stored = api.object(Res::ClusterPolicies, "guard");
+                assert!(stored["metadata"]["managedFields"].is_array());
+                let original: ClusterNetworkPolicy = serde_json::from_value(stored).unwrap();
+                let valid = validate::cluster_network_policy(cnp);
+                assert!(valid.is_ok(), "{valid:?}");
+                assert_eq!(valid, validate::cluster_network_policy(&original));
+                assert_eq!(cnp.spec, original.spec);
+                let v = serde_json::to_value(cnp).unwrap();
+                subset(
+                    &v,
+                    &["apiVersion", "kind", "metadata", "spec"],
+                    "cluster policy",
+                );
+                subset(&v["metadata"], &["name"], "cluster policy metadata");
             }
         }
     }
@@ -1247,4 +1317,109 @@ fn servers_older_than_1_27_get_pages_from_the_start() {
             .any(|r| r.query.contains_key("sendInitialEvents")),
         "no streaming list was tried"
     );
+}
+
+const GUARD: &str = "
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard}
+spec:
+  tier: Admin
+  priority: 1
+  subject: {namespaces: {matchLabels: {team: shop}}}
+  ingress: [{action: Deny, from: [{namespaces: {matchLabels: {team: ops}}}]}]
+";
+
+fn cluster_policy_events(events: &[DatastoreEvent]) -> Vec<String> {
+    key_set(events)
+        .into_iter()
+        .filter(|(kind, _, _)| *kind == ObjectKind::ClusterNetworkPolicy)
+        .map(|(_, key, what)| format!("{what} {key}"))
+        .collect()
+}
+
+/// Lists of the ClusterNetworkPolicy resource (not continuations) since request `since`.
+fn cluster_policy_lists(api: &FakeApi, since: usize) -> usize {
+    api.requests()[since..]
+        .iter()
+        .filter(|r| r.res == Res::ClusterPolicies && !r.watch && !r.query.contains_key("continue"))
+        .count()
+}
+
+#[test]
+fn a_missing_cluster_policy_crd_is_an_empty_listing_rechecked_slowly_and_followed_once_installed() {
+    for not_found in [Served::NotFoundText, Served::NotFoundStatus] {
+        let api = FakeApi::start();
+        api.apply_yaml(&format!("{NAMESPACES}---{PODS}"));
+        api.set_served(Res::ClusterPolicies, not_found);
+        let source = Source::start(&api);
+
+        // InSync is not held up: the 404 counts as an empty listing.
+        let mut g = graph();
+        for event in source.until_in_sync() {
+            g.apply(&event);
+        }
+        g.flush();
+        assert_eq!(g.local_endpoint_count(), 3);
+
+        // It is looked for again, slowly: not a crash loop, not a hot retry loop.
+        let mark = api.requests().len();
+        let watched = Instant::now();
+        std::thread::sleep(RECHECK * 6);
+        let lists = cluster_policy_lists(&api, mark);
+        let most = (watched.elapsed().as_millis() / RECHECK.as_millis()) as usize + 1;
+        assert!(
+            (2..=most).contains(&lists),
+            "{lists} lists in {:?} with a {RECHECK:?} recheck",
+            watched.elapsed()
+        );
+        assert!(source.pending().is_empty(), "nothing to deliver meanwhile");
+        for res in [Res::Pods, Res::Namespaces, Res::Policies] {
+            assert!(
+                api.open_watches(res) > 0,
+                "the other kinds are followed: {res:?}"
+            );
+        }
+
+        // Installed: picked up by the next check, listed and watched.
+        api.set_served(Res::ClusterPolicies, Served::Yes);
+        api.apply_yaml(GUARD);
+        let event = source.recv();
+        assert_eq!(
+            cluster_policy_events(std::slice::from_ref(&event)),
+            ["upsert guard"]
+        );
+        g.apply(&event);
+        g.flush();
+        assert_eq!(g.active_cluster_policy_count(), 1);
+        api.wait_watching(Res::ClusterPolicies, mark);
+        let mut edited = api.object(Res::ClusterPolicies, "guard");
+        edited["spec"]["priority"] = json!(2);
+        api.apply(edited);
+        let event = source.recv();
+        assert_eq!(
+            cluster_policy_events(std::slice::from_ref(&event)),
+            ["upsert guard"]
+        );
+        g.apply(&event);
+
+        // Uninstalled (the API server deletes the CRD's objects with it): an empty listing
+        // again, so what was delivered is deleted; no second InSync.
+        api.set_served(Res::ClusterPolicies, not_found);
+        let event = source.recv();
+        assert_eq!(
+            cluster_policy_events(std::slice::from_ref(&event)),
+            ["delete guard"]
+        );
+        g.apply(&event);
+        g.flush();
+        assert_eq!(g.active_cluster_policy_count(), 0);
+        std::thread::sleep(RECHECK * 3);
+        let rest = source.pending();
+        assert!(rest.is_empty(), "{rest:?}");
+
+        // What the graph holds is what compile of the server's objects gives.
+        assert_same_graph(&g, &compiled_objects(&server_objects(&api)));
+        assert!(source.shutdown().is_ok());
+    }
 }

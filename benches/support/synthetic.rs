@@ -5,7 +5,11 @@
 //! namespaces with team/env labels; pods with app/tier/version labels and named ports, the
 //! first `Scale::local` of them on the benchmarked node (`NODE`); policies of five shapes (pod
 //! selector peers, namespace+pod selector peers with named ports, ipBlock with except and port
-//! ranges, default deny, namespace-selector peers). The same seed gives the same cluster.
+//! ranges, default deny, namespace-selector peers), and with `Scale::cluster_policies` as
+//! many ClusterNetworkPolicies in each of the Admin and Baseline tiers (five shapes per tier:
+//! namespace and pod subjects, pods/namespaces/networks peers, numeric and named ports, every
+//! action; drawn after everything else, so the rest of the cluster does not change). The
+//! same seed gives the same cluster.
 //! With `Scale::dual` every pod is dual-stack (its IPv4 address and `fd00::<the same 32
 //! bits>`), every ipBlock peer comes in both families and the graph renders both; the draws
 //! are the same, so the dual cluster is the IPv4 one plus its IPv6 half.
@@ -27,7 +31,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use netpol_agent::agent::Calculation;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::iface_naming::CalicoResolver;
-use netpol_agent::model::IpFamily;
+use netpol_agent::model::cluster_policy::{
+    ClusterNetworkPolicySpec, EgressPeer, EgressRule, IngressPeer, IngressRule, NamespacedPod,
+    Port, PortRange, ProtocolEntry, ProtocolPort, Subject,
+};
+use netpol_agent::model::{ClusterNetworkPolicy, IpFamily};
 use netpol_agent::rules::RuleConfig;
 
 /// The benchmarked node.
@@ -59,6 +67,8 @@ pub struct Scale {
     pub local: usize,
     /// Dual-stack pods, ipBlocks in both families, both families rendered.
     pub dual: bool,
+    /// ClusterNetworkPolicies per tier (Admin and Baseline each).
+    pub cluster_policies: usize,
 }
 
 impl Scale {
@@ -274,6 +284,263 @@ pub fn selected_app(np: &NetworkPolicy) -> Option<usize> {
         .ok()
 }
 
+fn number(protocol: &str, n: i64) -> ProtocolEntry {
+    let port = Some(ProtocolPort {
+        destination_port: Some(Port {
+            number: Some(n),
+            ..Default::default()
+        }),
+    });
+    match protocol {
+        "udp" => ProtocolEntry {
+            udp: port,
+            ..Default::default()
+        },
+        _ => ProtocolEntry {
+            tcp: port,
+            ..Default::default()
+        },
+    }
+}
+
+fn tcp_range(start: i64, end: i64) -> ProtocolEntry {
+    ProtocolEntry {
+        tcp: Some(ProtocolPort {
+            destination_port: Some(Port {
+                range: Some(PortRange {
+                    start: Some(start),
+                    end: Some(end),
+                }),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+fn named(name: &str) -> ProtocolEntry {
+    ProtocolEntry {
+        destination_named_port: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+fn ns_subject(s: LabelSelector) -> Subject {
+    Subject {
+        namespaces: Some(s),
+        ..Default::default()
+    }
+}
+
+fn pods_of(ns: LabelSelector, pods: LabelSelector) -> NamespacedPod {
+    NamespacedPod {
+        namespace_selector: Some(ns),
+        pod_selector: Some(pods),
+    }
+}
+
+fn in_from(
+    action: &str,
+    from: Vec<IngressPeer>,
+    protocols: Option<Vec<ProtocolEntry>>,
+) -> IngressRule {
+    IngressRule {
+        name: None,
+        action: Some(action.into()),
+        from: Some(from),
+        protocols,
+    }
+}
+
+fn out_to(action: &str, to: Vec<EgressPeer>, protocols: Option<Vec<ProtocolEntry>>) -> EgressRule {
+    EgressRule {
+        name: None,
+        action: Some(action.into()),
+        to: Some(to),
+        protocols,
+    }
+}
+
+fn ns_in(s: LabelSelector) -> IngressPeer {
+    IngressPeer {
+        namespaces: Some(s),
+        ..Default::default()
+    }
+}
+
+fn pods_in(p: NamespacedPod) -> IngressPeer {
+    IngressPeer {
+        pods: Some(p),
+        ..Default::default()
+    }
+}
+
+fn ns_out(s: LabelSelector) -> EgressPeer {
+    EgressPeer {
+        namespaces: Some(s),
+        ..Default::default()
+    }
+}
+
+fn pods_out(p: NamespacedPod) -> EgressPeer {
+    EgressPeer {
+        pods: Some(p),
+        ..Default::default()
+    }
+}
+
+fn nets_out(v4: &str, v6: &str, dual: bool) -> EgressPeer {
+    let mut networks = vec![v4.to_string()];
+    if dual {
+        networks.push(v6.to_string());
+    }
+    EgressPeer {
+        networks: Some(networks),
+        ..Default::default()
+    }
+}
+
+/// ClusterNetworkPolicy `k` of a tier (`admin-<k>` or `baseline-<k>`), of shape `k % 5`.
+pub fn cluster_policy(k: usize, admin: bool, scale: Scale, rng: &mut Rng) -> ClusterNetworkPolicy {
+    let app = |rng: &mut Rng| sel(&[("app", format!("app-{}", rng.below(APPS)))]);
+    let team = |rng: &mut Rng| sel(&[("team", format!("team-{}", rng.below(20)))]);
+    let env = |e: &str| sel(&[("env", e.to_string())]);
+    let tier = |t: &str| sel(&[("tier", t.to_string())]);
+    let all = LabelSelector::default;
+    let dual = scale.dual;
+    let mut spec = ClusterNetworkPolicySpec {
+        tier: Some(if admin { "Admin" } else { "Baseline" }.into()),
+        priority: Some((k * 37 % 1001) as i64),
+        ..Default::default()
+    };
+    match (admin, k % 5) {
+        (true, 0) => {
+            spec.subject = Some(ns_subject(env("prod")));
+            spec.ingress = Some(vec![
+                in_from(
+                    "Deny",
+                    vec![ns_in(team(rng))],
+                    Some(vec![number("tcp", 8080)]),
+                ),
+                in_from("Accept", vec![pods_in(pods_of(all(), app(rng)))], None),
+            ]);
+        }
+        (true, 1) => {
+            spec.subject = Some(Subject {
+                pods: Some(pods_of(team(rng), tier("db"))),
+                ..Default::default()
+            });
+            let r = rng.below(200);
+            spec.egress = Some(vec![
+                out_to(
+                    "Accept",
+                    vec![pods_out(pods_of(all(), app(rng)))],
+                    Some(vec![named("http")]),
+                ),
+                out_to("Pass", vec![ns_out(env("dev"))], None),
+                out_to(
+                    "Deny",
+                    vec![nets_out(
+                        &format!("10.{r}.0.0/16"),
+                        &format!("fd00::a{r:02x}:0/112"),
+                        dual,
+                    )],
+                    None,
+                ),
+            ]);
+        }
+        (true, 2) => {
+            spec.subject = Some(ns_subject(all()));
+            spec.egress = Some(vec![out_to(
+                "Deny",
+                vec![nets_out("169.254.169.254/32", "fd00:ec2::254/128", dual)],
+                None,
+            )]);
+        }
+        (true, 3) => {
+            spec.subject = Some(Subject {
+                pods: Some(pods_of(env("prod"), tier("web"))),
+                ..Default::default()
+            });
+            spec.ingress = Some(vec![
+                in_from(
+                    "Pass",
+                    vec![ns_in(env("dev"))],
+                    Some(vec![tcp_range(8000, 8100)]),
+                ),
+                in_from("Accept", vec![ns_in(team(rng))], None),
+            ]);
+        }
+        (true, _) => {
+            spec.subject = Some(ns_subject(team(rng)));
+            spec.ingress = Some(vec![in_from(
+                "Accept",
+                vec![pods_in(pods_of(all(), tier("api")))],
+                Some(vec![number("udp", 53), number("tcp", 9090)]),
+            )]);
+        }
+        (false, 0) => {
+            spec.subject = Some(ns_subject(team(rng)));
+            spec.ingress = Some(vec![in_from("Deny", vec![ns_in(all())], None)]);
+        }
+        (false, 1) => {
+            spec.subject = Some(ns_subject(env("dev")));
+            spec.egress = Some(vec![out_to(
+                "Deny",
+                vec![pods_out(pods_of(all(), app(rng)))],
+                None,
+            )]);
+        }
+        (false, 2) => {
+            spec.subject = Some(Subject {
+                pods: Some(pods_of(all(), tier("db"))),
+                ..Default::default()
+            });
+            spec.ingress = Some(vec![
+                in_from(
+                    "Accept",
+                    vec![pods_in(pods_of(all(), tier("api")))],
+                    Some(vec![named("metrics")]),
+                ),
+                in_from("Deny", vec![ns_in(all())], None),
+            ]);
+        }
+        (false, 3) => {
+            spec.subject = Some(ns_subject(all()));
+            spec.egress = Some(vec![out_to(
+                "Accept",
+                vec![nets_out("10.0.0.0/8", "fd00::a00:0/104", dual)],
+                Some(vec![number("tcp", 443)]),
+            )]);
+        }
+        (false, _) => {
+            spec.subject = Some(ns_subject(team(rng)));
+            spec.egress = Some(vec![
+                out_to("Pass", vec![ns_out(env("prod"))], None),
+                out_to("Deny", vec![nets_out("0.0.0.0/0", "::/0", dual)], None),
+            ]);
+        }
+    }
+    ClusterNetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-{k}", if admin { "admin" } else { "baseline" })),
+            ..Default::default()
+        },
+        spec: Some(spec),
+    }
+}
+
+/// The ClusterNetworkPolicies of a scale: the Admin ones, then the Baseline ones.
+pub fn cluster_policies(scale: Scale, rng: &mut Rng) -> Vec<ClusterNetworkPolicy> {
+    let mut out = Vec::with_capacity(2 * scale.cluster_policies);
+    for admin in [true, false] {
+        for k in 0..scale.cluster_policies {
+            out.push(cluster_policy(k, admin, scale, rng));
+        }
+    }
+    out
+}
+
 pub fn new_graph(families: Vec<IpFamily>) -> Calculation {
     Calculation::new(
         GraphConfig {
@@ -301,6 +568,9 @@ pub fn build(scale: Scale, rng: &mut Rng) -> (Calculation, Vec<usize>) {
     }
     for k in 0..scale.policies {
         g.upsert_policy(&policy(k, scale, rng));
+    }
+    for cnp in cluster_policies(scale, rng) {
+        g.upsert_cluster_policy(&cnp);
     }
     (g, apps)
 }

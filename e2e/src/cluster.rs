@@ -354,7 +354,8 @@ impl Cluster {
         let ns_dir = self.manifests.join("namespaces");
         let pod_dir = self.manifests.join("pods");
         let policy_dir = self.manifests.join("policies");
-        for d in [&ns_dir, &pod_dir, &policy_dir] {
+        let cluster_policy_dir = self.manifests.join("clusternetworkpolicies");
+        for d in [&ns_dir, &pod_dir, &policy_dir, &cluster_policy_dir] {
             std::fs::create_dir_all(d)?;
         }
         for (name, labels) in &target.namespaces {
@@ -403,6 +404,19 @@ impl Cluster {
         for key in self.written.policies.keys() {
             if !target.policies.contains_key(key) {
                 remove_if_present(&policy_dir.join(file_name(key)))?;
+            }
+        }
+        for (name, doc) in &target.cluster_policies {
+            if self.written.cluster_policies.get(name) != Some(doc) {
+                // As for ipBlocks: the networks peers follow the cluster's families.
+                let doc = crate::family::rewrite_cluster_policy(doc, self.cfg.family)
+                    .with_context(|| format!("ClusterNetworkPolicy {name}"))?;
+                write_atomic(&cluster_policy_dir.join(format!("{name}.yaml")), &doc)?;
+            }
+        }
+        for name in self.written.cluster_policies.keys() {
+            if !target.cluster_policies.contains_key(name) {
+                remove_if_present(&cluster_policy_dir.join(format!("{name}.yaml")))?;
             }
         }
         for name in self.written.namespaces.keys() {

@@ -174,7 +174,7 @@ fn parse_matrix(text: &str, pods: &[String]) -> anyhow::Result<TruthTable> {
     Ok(table)
 }
 
-fn parse_key(key: &str) -> anyhow::Result<PortKey> {
+pub fn parse_key(key: &str) -> anyhow::Result<PortKey> {
     let (proto, port) = key
         .split_once('/')
         .ok_or_else(|| anyhow!("expectation key {key:?} is neither \"*\" nor \"PROTO/PORT\""))?;
@@ -271,22 +271,47 @@ pub fn mismatches(expected: &TruthTable, observed: &Observed) -> Vec<(String, St
         .collect()
 }
 
+/// Pod names longer than this get numbered columns (network-policy-api's namespaces are
+/// 37 characters long; a table of them would be hundreds of columns wide).
+const LONG_NAME: usize = 16;
+
 /// Expected, observed and a comparison table (`.` agrees, `X` differs) side by side in the
-/// upstream layout.
+/// upstream layout. With long pod names the columns are numbered and each row starts with
+/// its number.
 pub fn render(key: PortKey, expected: &TruthTable, observed: &Observed) -> String {
     let pods = &expected.pods;
-    let width = pods.iter().map(String::len).max().unwrap_or(1).max(1);
+    let longest = pods.iter().map(String::len).max().unwrap_or(1).max(1);
+    let numbered = longest > LONG_NAME;
+    let number_width = pods.len().to_string().len();
+    let column = |i: usize, name: &str| {
+        if numbered {
+            (i + 1).to_string()
+        } else {
+            name.to_string()
+        }
+    };
+    let cell_width = if numbered { number_width } else { longest };
+    let row_width = if numbered {
+        number_width + 1 + longest
+    } else {
+        longest
+    };
     let table = |title: &str, cell: &dyn Fn(&str, &str) -> char| {
-        let mut s = format!("{title}:\n{:width$}", "-");
-        for to in pods {
-            let _ = write!(s, " {to:width$}");
+        let mut s = format!("{title}:\n{:row_width$}", "-");
+        for (i, to) in pods.iter().enumerate() {
+            let _ = write!(s, " {:cell_width$}", column(i, to));
         }
         s.push('\n');
-        for from in pods {
-            let _ = write!(s, "{from:width$}");
+        for (i, from) in pods.iter().enumerate() {
+            let label = if numbered {
+                format!("{:>number_width$} {from}", i + 1)
+            } else {
+                from.clone()
+            };
+            let _ = write!(s, "{label:row_width$}");
             for to in pods {
                 let c = if from == to { '#' } else { cell(from, to) };
-                let _ = write!(s, " {c:width$}");
+                let _ = write!(s, " {c:cell_width$}");
             }
             s.push('\n');
         }
@@ -387,5 +412,27 @@ mod tests {
         };
         let text = render(key, &expected, &observed);
         assert!(text.contains("comparison"), "{text}");
+        assert!(text.contains("\n-   x/a x/b y/a\n"), "{text}");
+
+        let long: Vec<String> = [
+            "network-policy-conformance-gryffindor/harry-potter-0",
+            "y/b",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let expected = TruthTable::all(&long, false);
+        let mut observed = Observed::new();
+        observed.insert((long[1].clone(), long[0].clone()), Outcome::Connected);
+        let text = render(key, &expected, &observed);
+        let lines: Vec<&str> = text.lines().collect();
+        let pad = " ".repeat(long[0].len() + 1);
+        assert_eq!(lines[2], format!("-{pad} 1 2"), "{text}");
+        assert_eq!(lines[3], format!("1 {} # X", long[0]), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("2 y/b") && l.ends_with(". #")),
+            "{text}"
+        );
     }
 }

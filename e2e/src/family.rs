@@ -137,6 +137,53 @@ pub fn rewrite_policy(doc: &str, mode: FamilyMode) -> anyhow::Result<String> {
     Ok(serde_yaml_ng::to_string(&value)?)
 }
 
+/// The ClusterNetworkPolicy document `doc` for a cluster of `mode`: in every egress peer's
+/// `networks`, each IPv4 CIDR replaced by its embedding (ipv6) or kept and followed by it
+/// (dual); IPv6 CIDRs written as such are kept; an entry that would repeat one already in
+/// the list is left out (the API requires unique entries, and upstream's suite writes
+/// `0.0.0.0/0` beside `::/0`, the embedding of the former). A CIDR that does not parse is
+/// left for the agent to reject. In ipv4 mode the document comes back unchanged.
+pub fn rewrite_cluster_policy(doc: &str, mode: FamilyMode) -> anyhow::Result<String> {
+    if mode == FamilyMode::Ipv4 {
+        return Ok(doc.to_string());
+    }
+    let mut value: Value = serde_yaml_ng::from_str(doc).map_err(|e| anyhow!("{e}"))?;
+    let Some(Value::Sequence(rules)) = value.get_mut("spec").and_then(|s| s.get_mut("egress"))
+    else {
+        return Ok(doc.to_string());
+    };
+    for rule in rules.iter_mut() {
+        let Some(Value::Sequence(peers)) = rule.get_mut("to") else {
+            continue;
+        };
+        for peer in peers.iter_mut() {
+            let Some(Value::Sequence(nets)) = peer.get_mut("networks") else {
+                continue;
+            };
+            let mut out: Vec<Value> = Vec::with_capacity(nets.len() * 2);
+            let mut push = |v: Value| {
+                if !out.contains(&v) {
+                    out.push(v);
+                }
+            };
+            for entry in nets.drain(..) {
+                match entry.as_str().and_then(|t| t.parse::<IpNet>().ok()) {
+                    Some(IpNet::V4(net)) => {
+                        let v6 = Value::from(embed_net(net).to_string());
+                        if mode == FamilyMode::Dual {
+                            push(entry);
+                        }
+                        push(v6);
+                    }
+                    _ => push(entry),
+                }
+            }
+            *nets = out;
+        }
+    }
+    Ok(serde_yaml_ng::to_string(&value)?)
+}
+
 /// One peer becomes one (ipv6) or two (dual) peers when it is an IPv4 ipBlock.
 fn rewrite_peer(peer: Value, mode: FamilyMode) -> anyhow::Result<Vec<Value>> {
     let Some(block) = peer.get("ipBlock") else {
@@ -348,6 +395,64 @@ spec:
         // Ports and everything else stay as written.
         let spec = parsed(&text).spec.unwrap();
         assert_eq!(spec.egress.unwrap()[0].ports.as_ref().unwrap().len(), 1);
+    }
+
+    const CLUSTER_POLICY: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: cidr}
+spec:
+  tier: Admin
+  priority: 1
+  subject: {namespaces: {}}
+  ingress:
+  - {action: Deny, from: [{namespaces: {}}]}
+  egress:
+  - action: Accept
+    to: [{networks: [10.244.1.10/32]}, {pods: {podSelector: {}}}]
+  - action: Deny
+    to: [{networks: [0.0.0.0/0, "::/0", "fd00:1::/64"]}]
+"#;
+
+    fn networks(text: &str) -> Vec<Vec<String>> {
+        let v: Value = serde_yaml_ng::from_str(text).unwrap();
+        v["spec"]["egress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r["to"][0]["networks"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cluster_policy_networks_follow_the_family_mode() {
+        assert_eq!(
+            rewrite_cluster_policy(CLUSTER_POLICY, FamilyMode::Ipv4).unwrap(),
+            CLUSTER_POLICY
+        );
+        assert_eq!(
+            networks(&rewrite_cluster_policy(CLUSTER_POLICY, FamilyMode::Ipv6).unwrap()),
+            [s(&["fd00:e2e::af4:10a/128"]), s(&["::/0", "fd00:1::/64"])]
+        );
+        let dual = rewrite_cluster_policy(CLUSTER_POLICY, FamilyMode::Dual).unwrap();
+        assert_eq!(
+            networks(&dual),
+            [
+                s(&["10.244.1.10/32", "fd00:e2e::af4:10a/128"]),
+                s(&["0.0.0.0/0", "::/0", "fd00:1::/64"])
+            ]
+        );
+        // Everything else stays: the ingress rule, the pods peer.
+        let v: Value = serde_yaml_ng::from_str(&dual).unwrap();
+        assert_eq!(v["spec"]["ingress"][0]["action"].as_str(), Some("Deny"));
+        assert!(v["spec"]["egress"][0]["to"][1].get("pods").is_some());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! decide every cell of the upstream truth tables.
 
 mod cluster;
+mod cluster_policy;
 mod cni;
 mod cri_server;
 mod demo;

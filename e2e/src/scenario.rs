@@ -16,7 +16,8 @@ use indexmap::IndexMap;
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 
-use crate::expect::{parse_expectations, TruthTable};
+use crate::cluster_policy;
+use crate::expect::{parse_expectations, parse_key, TruthTable};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -95,25 +96,19 @@ struct PodDecl {
     ports: Option<Vec<PortDecl>>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProbeDecl {
-    #[serde(default = "default_ports")]
-    ports: Vec<u16>,
-    #[serde(default = "default_protocols")]
-    protocols: Vec<Protocol>,
+    #[serde(default)]
+    ports: Option<Vec<u16>>,
+    #[serde(default)]
+    protocols: Option<Vec<Protocol>>,
+    /// Explicit `PROTO/PORT` list instead of the ports × protocols product (suites whose
+    /// pods serve different ports on different protocols).
+    #[serde(default)]
+    combinations: Option<Vec<String>>,
     #[serde(default)]
     target: Target,
-}
-
-impl Default for ProbeDecl {
-    fn default() -> Self {
-        ProbeDecl {
-            ports: default_ports(),
-            protocols: default_protocols(),
-            target: Target::Service,
-        }
-    }
 }
 
 fn default_ports() -> Vec<u16> {
@@ -218,8 +213,11 @@ pub struct World {
     /// Namespace → labels, including `kubernetes.io/metadata.name`.
     pub namespaces: IndexMap<String, Labels>,
     pub pods: IndexMap<String, Pod>,
-    /// `ns/name` → the policy as a YAML document, placeholders expanded.
+    /// `ns/name` → the NetworkPolicy as a YAML document, placeholders expanded.
     pub policies: BTreeMap<String, String>,
+    /// `name` → the ClusterNetworkPolicy as a YAML document, placeholders expanded.
+    /// Cluster-scoped: deleting a namespace leaves these alone.
+    pub cluster_policies: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug)]
@@ -363,11 +361,12 @@ impl WorldBuilder {
         )
     }
 
-    /// Applies a multi-document YAML of NetworkPolicies (placeholders expanded).
+    /// Applies a multi-document YAML of NetworkPolicies and ClusterNetworkPolicies
+    /// (placeholders expanded).
     pub fn apply(&mut self, text: &str) -> anyhow::Result<()> {
         let expanded = expand(text, &self.world)?;
-        for (key, doc) in split_policies(&expanded)? {
-            self.world.policies.insert(key, doc);
+        for policy in split_policies(&expanded)? {
+            policy.insert_into(&mut self.world);
         }
         Ok(())
     }
@@ -391,19 +390,7 @@ fn resolve(decl: ScenarioDecl, path: &Path) -> anyhow::Result<Scenario> {
         decl.nodes
     );
     let probe = decl.probe.unwrap_or_default();
-    ensure!(!probe.ports.is_empty(), "probe.ports is empty");
-    ensure!(!probe.protocols.is_empty(), "probe.protocols is empty");
-    let mut ports = Vec::new();
-    for &protocol in &probe.protocols {
-        for &port in &probe.ports {
-            ensure!(port != 0, "probe port 0");
-            let key = PortKey { protocol, port };
-            if !ports.contains(&key) {
-                ports.push(key);
-            }
-        }
-    }
-    ports.sort();
+    let ports = probed_keys(&probe)?;
 
     let mut alloc = Allocator {
         next_host: vec![10; decl.nodes],
@@ -457,6 +444,40 @@ fn resolve(decl: ScenarioDecl, path: &Path) -> anyhow::Result<Scenario> {
         initial,
         steps,
     })
+}
+
+/// What every step probes: `combinations`, or the product of `ports` and `protocols`.
+fn probed_keys(probe: &ProbeDecl) -> anyhow::Result<Vec<PortKey>> {
+    let mut keys = Vec::new();
+    if let Some(combinations) = &probe.combinations {
+        ensure!(
+            probe.ports.is_none() && probe.protocols.is_none(),
+            "probe: give either `combinations` or `ports`/`protocols`, not both"
+        );
+        ensure!(!combinations.is_empty(), "probe.combinations is empty");
+        for text in combinations {
+            let key = parse_key(text).with_context(|| format!("probe.combinations: {text}"))?;
+            ensure!(key.port != 0, "probe port 0");
+            ensure!(!keys.contains(&key), "probe.combinations lists {key} twice");
+            keys.push(key);
+        }
+    } else {
+        let ports = probe.ports.clone().unwrap_or_else(default_ports);
+        let protocols = probe.protocols.clone().unwrap_or_else(default_protocols);
+        ensure!(!ports.is_empty(), "probe.ports is empty");
+        ensure!(!protocols.is_empty(), "probe.protocols is empty");
+        for &protocol in &protocols {
+            for &port in &ports {
+                ensure!(port != 0, "probe port 0");
+                let key = PortKey { protocol, port };
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+        }
+    }
+    keys.sort();
+    Ok(keys)
 }
 
 fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
@@ -642,16 +663,26 @@ fn apply_step(
     }
     if let Some(text) = &step.apply {
         let expanded = expand(text, world).context("apply")?;
-        for (key, doc) in split_policies(&expanded).context("apply")? {
-            let (ns, _) = split_key(&key)?;
-            ensure!(
-                world.namespaces.contains_key(ns),
-                "apply: policy {key}: namespace {ns} does not exist"
-            );
-            world.policies.insert(key, doc);
+        for policy in split_policies(&expanded).context("apply")? {
+            if let Applied::NetworkPolicy { key, .. } = &policy {
+                let (ns, _) = split_key(key)?;
+                ensure!(
+                    world.namespaces.contains_key(ns),
+                    "apply: policy {key}: namespace {ns} does not exist"
+                );
+            }
+            policy.insert_into(world);
         }
     }
     for key in &step.delete {
+        if let Some(name) = key.strip_prefix(CLUSTER_POLICY_PREFIX) {
+            check_object_name(name).context("delete")?;
+            ensure!(
+                world.cluster_policies.remove(name).is_some(),
+                "delete: {key} does not exist"
+            );
+            continue;
+        }
         split_key(key).context("delete")?;
         ensure!(
             world.policies.remove(key).is_some(),
@@ -670,6 +701,8 @@ fn apply_step(
             "delete_namespaces: namespace {name} does not exist"
         );
         world.pods.retain(|_, p| &p.namespace != name);
+        // NetworkPolicies go with their namespace; ClusterNetworkPolicies are cluster-scoped
+        // and stay.
         let prefix = format!("{name}/");
         world.policies.retain(|k, _| !k.starts_with(&prefix));
     }
@@ -728,21 +761,63 @@ fn expand_one(inner: &str, world: &World) -> anyhow::Result<String> {
     bail!("unknown placeholder ${{{inner}}} (known: ${{ip:ns/pod}}, ${{cidr:ns/pod/N}})")
 }
 
-/// Splits a multi-document YAML of NetworkPolicies into `ns/name` → one document each, and
-/// checks each one deserializes as a NetworkPolicy.
-fn split_policies(text: &str) -> anyhow::Result<Vec<(String, String)>> {
+/// How `delete:` names a ClusterNetworkPolicy (a namespace is never spelled with capitals,
+/// so this cannot be mistaken for `ns/name`).
+pub const CLUSTER_POLICY_PREFIX: &str = "ClusterNetworkPolicy/";
+
+/// One document of an `apply:`.
+#[derive(Debug)]
+enum Applied {
+    NetworkPolicy { key: String, doc: String },
+    ClusterNetworkPolicy { name: String, doc: String },
+}
+
+impl Applied {
+    /// Created, or replaced by its key.
+    fn insert_into(self, world: &mut World) {
+        match self {
+            Applied::NetworkPolicy { key, doc } => {
+                world.policies.insert(key, doc);
+            }
+            Applied::ClusterNetworkPolicy { name, doc } => {
+                world.cluster_policies.insert(name, doc);
+            }
+        }
+    }
+}
+
+/// Splits a multi-document YAML of NetworkPolicies and ClusterNetworkPolicies into one
+/// document each, checking a NetworkPolicy deserializes as one and a ClusterNetworkPolicy
+/// has the API's shape (`cluster_policy::check`).
+fn split_policies(text: &str) -> anyhow::Result<Vec<Applied>> {
     use serde::Deserialize as _;
-    let mut out = Vec::new();
+    let mut out: Vec<Applied> = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let value = serde_yaml_ng::Value::deserialize(doc)
             .map_err(|e| anyhow!("document {}: {e}", i + 1))?;
         if value.is_null() {
             continue;
         }
+        if cluster_policy::is_cluster_policy(&value) {
+            let name =
+                cluster_policy::check(&value).map_err(|e| anyhow!("document {}: {e}", i + 1))?;
+            check_object_name(&name)?;
+            ensure!(
+                !out.iter().any(
+                    |p| matches!(p, Applied::ClusterNetworkPolicy { name: n, .. } if n == &name)
+                ),
+                "{CLUSTER_POLICY_PREFIX}{name} appears twice in one apply"
+            );
+            out.push(Applied::ClusterNetworkPolicy {
+                name,
+                doc: serde_yaml_ng::to_string(&value)?,
+            });
+            continue;
+        }
         let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
         ensure!(
             kind == "NetworkPolicy",
-            "document {}: kind is {kind:?}, only NetworkPolicy may be applied",
+            "document {}: kind is {kind:?}, only NetworkPolicy and ClusterNetworkPolicy may be applied",
             i + 1
         );
         let policy: k8s_openapi::api::networking::v1::NetworkPolicy =
@@ -757,10 +832,14 @@ fn split_policies(text: &str) -> anyhow::Result<Vec<(String, String)>> {
         let key = format!("{ns}/{name}");
         split_key(&key)?;
         ensure!(
-            !out.iter().any(|(k, _)| k == &key),
+            !out.iter()
+                .any(|p| matches!(p, Applied::NetworkPolicy { key: k, .. } if k == &key)),
             "policy {key} appears twice in one apply"
         );
-        out.push((key, serde_yaml_ng::to_string(&value)?));
+        out.push(Applied::NetworkPolicy {
+            key,
+            doc: serde_yaml_ng::to_string(&value)?,
+        });
     }
     Ok(out)
 }
@@ -889,5 +968,113 @@ steps:
         let after = &s.steps[1].world.pods["x/a"];
         assert_ne!(before.uid, after.uid);
         assert_ne!(before.ip, after.ip);
+    }
+
+    const CNP_BASE: &str = r#"
+name: t
+namespaces: {x: {}, y: {}}
+pods:
+  x/a: {ports: [{name: web, port: 80}, {port: 53, protocol: UDP}]}
+  y/b: {ports: [{name: web, port: 80}, {port: 53, protocol: UDP}]}
+probe: {combinations: [TCP/80, UDP/53], target: pod}
+steps:
+"#;
+
+    fn cnp(name: &str, extra_meta: &str, priority: u32) -> String {
+        format!(
+            "      apiVersion: policy.networking.k8s.io/v1alpha2\n      kind: ClusterNetworkPolicy\n      metadata: {{name: {name}{extra_meta}}}\n      spec:\n        tier: Admin\n        priority: {priority}\n        subject: {{namespaces: {{}}}}\n        egress: [{{action: Deny, to: [{{networks: [\"${{cidr:y/b/32}}\"]}}]}}]\n"
+        )
+    }
+
+    fn step(body: &str) -> String {
+        format!("  - {body}\n    expect: {{'*': {{}}}}\n")
+    }
+
+    #[test]
+    fn cluster_policies_are_applied_replaced_and_deleted_by_name() {
+        let text = format!(
+            "{CNP_BASE}{}{}{}{}",
+            step(&format!(
+                "name: both kinds\n    apply: |\n{}      ---\n      apiVersion: networking.k8s.io/v1\n      kind: NetworkPolicy\n      metadata: {{name: p, namespace: x}}\n      spec: {{podSelector: {{}}}}\n",
+                cnp("deny-b", "", 5)
+            )),
+            step(&format!("name: replace\n    apply: |\n{}", cnp("deny-b", "", 7))),
+            step("name: drop x\n    delete_namespaces: [x]"),
+            step("name: delete\n    delete: [ClusterNetworkPolicy/deny-b]"),
+        );
+        let s = parse(&text, Path::new("t.yaml")).unwrap();
+        let keys: Vec<String> = s.steps[0].expect.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["TCP/80", "UDP/53"]);
+        let first = &s.steps[0].world;
+        assert_eq!(first.policies.keys().collect::<Vec<_>>(), ["x/p"]);
+        let doc = &first.cluster_policies["deny-b"];
+        assert!(doc.contains("10.244.1.10/32"), "placeholders expand: {doc}");
+        assert!(doc.contains("priority: 5"), "{doc}");
+        assert!(s.steps[1].world.cluster_policies["deny-b"].contains("priority: 7"));
+        let dropped = &s.steps[2].world;
+        assert!(dropped.policies.is_empty(), "x's NetworkPolicy goes with x");
+        assert!(
+            dropped.cluster_policies.contains_key("deny-b"),
+            "a cluster-scoped policy outlives any namespace"
+        );
+        assert!(s.steps[3].world.cluster_policies.is_empty());
+    }
+
+    #[test]
+    fn cluster_policy_mistakes_are_reported() {
+        let bad = |body: &str| {
+            format!(
+                "{:#}",
+                parse(&format!("{CNP_BASE}{}", step(body)), Path::new("t.yaml")).unwrap_err()
+            )
+        };
+        let with_ns = bad(&format!("apply: |\n{}", cnp("deny-b", ", namespace: x", 5)));
+        assert!(with_ns.contains("cluster-scoped"), "{with_ns}");
+        let twice = bad(&format!(
+            "apply: |\n{}      ---\n{}",
+            cnp("deny-b", "", 5),
+            cnp("deny-b", "", 6)
+        ));
+        assert!(twice.contains("appears twice"), "{twice}");
+        let bad_name = bad(&format!("apply: |\n{}", cnp("Deny_B", "", 5)));
+        assert!(bad_name.contains("not a DNS subdomain"), "{bad_name}");
+        let missing = bad("delete: [ClusterNetworkPolicy/nope]");
+        assert!(
+            missing.contains("ClusterNetworkPolicy/nope does not exist"),
+            "{missing}"
+        );
+        let as_np = bad("delete: [x/nope]");
+        assert!(as_np.contains("policy x/nope does not exist"), "{as_np}");
+        let other_kind =
+            bad("apply: |\n      kind: AdminNetworkPolicy\n      metadata: {name: a}\n");
+        assert!(
+            other_kind.contains("only NetworkPolicy and ClusterNetworkPolicy"),
+            "{other_kind}"
+        );
+        let shape = bad(&format!(
+            "apply: |\n{}",
+            cnp("deny-b", "", 5).replace("tier: Admin", "tier: admin")
+        ));
+        assert!(shape.contains("unknown variant `admin`"), "{shape}");
+    }
+
+    #[test]
+    fn probe_combinations_replace_the_product() {
+        let base = "name: t\nnamespaces: {x: {}}\npods: {x/a: {}, x/b: {}}\n";
+        let both = format!(
+            "{base}probe: {{combinations: [TCP/80], ports: [80]}}\nsteps: [{{expect: {{'*': {{}}}}}}]"
+        );
+        assert!(err(&both).contains("not both"));
+        let twice = format!(
+            "{base}probe: {{combinations: [TCP/80, TCP/80]}}\nsteps: [{{expect: {{'*': {{}}}}}}]"
+        );
+        assert!(err(&twice).contains("lists TCP/80 twice"));
+        let unknown =
+            format!("{base}probe: {{combinations: [ICMP/0]}}\nsteps: [{{expect: {{'*': {{}}}}}}]");
+        assert!(err(&unknown).contains("unknown protocol"));
+        let not_probed = format!(
+            "{base}probe: {{combinations: [UDP/81]}}\nsteps: [{{expect: {{'TCP/80': {{}}}}}}]"
+        );
+        assert!(err(&not_probed).contains("TCP/80 is not probed"));
     }
 }

@@ -128,6 +128,11 @@ pub fn kube_proxy_iptables(
     for svc in services {
         let _ = writeln!(s, ":{} - [0:0]", sep_chain(svc.uid));
     }
+    // A chain must be empty to be deleted: the declaration flushes it (`--noflush` keeps
+    // every chain the script does not declare).
+    for uid in removed {
+        let _ = writeln!(s, ":{} - [0:0]", sep_chain(*uid));
+    }
     if first {
         for chain in ["PREROUTING", "OUTPUT"] {
             let _ = writeln!(
@@ -260,6 +265,9 @@ mod tests {
         ), "{v6}");
         assert!(v6.contains("-j DNAT --to-destination [fd00:e2e::af4:a]:80"));
         assert!(v6.contains("-X KUBE-SEP-E2E7\nCOMMIT\n"));
+        // Flushed (declared) before it is deleted: iptables refuses to delete a chain with rules.
+        let declared = v6.find(":KUBE-SEP-E2E7 - [0:0]\n").expect("declared");
+        assert!(declared < v6.find("-X KUBE-SEP-E2E7").unwrap());
         assert!(!v6.contains("PREROUTING"), "the jumps are written once");
         let first =
             kube_proxy_iptables(IpFamily::V4, &[svc("10.96.0.10", "10.244.0.10")], &[], true);

@@ -1,5 +1,5 @@
-//! The calculation graph: Pods, Namespaces and NetworkPolicies in, the node's desired
-//! iptables chains and IP sets out, as deltas. Pure: no I/O.
+//! The calculation graph: Pods, Namespaces, NetworkPolicies and ClusterNetworkPolicies in,
+//! the node's desired iptables chains and IP sets out, as deltas. Pure: no I/O.
 //!
 //! Events update the model and mark what they affect dirty; `flush` renders only the dirty
 //! parts and returns the difference to what it emitted before. What depends on what:
@@ -8,14 +8,16 @@
 //! - a policy is *active* when it selects at least one local endpoint (a pod on this node
 //!   with a resolvable interface); only active policies get chains and take set references;
 //! - each local endpoint has `cali-tw-`/`cali-fw-` chains listing the active policies that
-//!   select it; the dispatch chains list the endpoints; each namespace with endpoints has its
-//!   profile chains.
+//!   select it, tier by tier (ClusterNetworkPolicy Admin, NetworkPolicy, Baseline; see
+//!   `cluster`); the dispatch chains list the endpoints; each namespace with endpoints has
+//!   its profile chains.
 //!
 //! Interface names come from outside: the graph never calls a resolver. A local pod's upsert
 //! puts it on the list `take_pods_to_name` hands out; the caller (the agent loop, or
 //! `compile`) names it at the edge and answers with `set_interface`, before `flush`. Until it
 //! is named a local pod has no chains, and its traffic meets "Unknown interface".
 
+mod cluster;
 mod provenance;
 mod set_index;
 #[cfg(test)]
@@ -30,7 +32,8 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tracing::{error, warn};
 
 use crate::ipsets::{set_name, Member, SetDef, SetSpec};
-use crate::rules::chains::{endpoint_chains, profile_chains, static_chains};
+use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains, TierChains};
+use crate::rules::cluster::cluster_policy_chains;
 use crate::rules::dispatch::dispatch_chains_with_addrs;
 use crate::rules::policy::{plan_policy, policy_chains, PolicyPlan};
 use crate::rules::{Chain, RuleConfig};
@@ -39,6 +42,7 @@ use crate::model::validate;
 use crate::model::{
     DatastoreEvent, IpFamily, K8sObject, NamespaceInfo, ObjectKey, ObjectKind, PodInfo, PolicyInfo,
 };
+use cluster::ClusterEntry;
 use set_index::SetIndex;
 use update::{DesiredState, FamilyState, SetHeader, Update};
 
@@ -66,6 +70,7 @@ enum Owner {
     Dispatch,
     Profile(String),
     Policy(ObjectKey),
+    ClusterPolicy(String),
     Endpoint(ObjectKey),
 }
 
@@ -84,6 +89,8 @@ struct Endpoint {
     iface: String,
     /// Active policies selecting this pod (any direction).
     policies: BTreeSet<ObjectKey>,
+    /// ClusterNetworkPolicies whose subject selects this pod (any tier and direction).
+    cluster_policies: BTreeSet<String>,
 }
 
 struct PolicyEntry {
@@ -124,6 +131,7 @@ pub struct CalcGraph {
     sets: SetIndex,
     policies: HashMap<ObjectKey, PolicyEntry>,
     policies_by_ns: HashMap<String, BTreeSet<ObjectKey>>,
+    cluster_policies: HashMap<String, ClusterEntry>,
     endpoints: BTreeMap<ObjectKey, Endpoint>,
     endpoints_by_ns: HashMap<String, BTreeSet<ObjectKey>>,
     /// Pods claiming each interface name; the first (by key) gets the chains.
@@ -151,6 +159,7 @@ impl CalcGraph {
             sets: SetIndex::default(),
             policies: HashMap::new(),
             policies_by_ns: HashMap::new(),
+            cluster_policies: HashMap::new(),
             endpoints: BTreeMap::new(),
             endpoints_by_ns: HashMap::new(),
             iface_claims: HashMap::new(),
@@ -242,6 +251,7 @@ impl CalcGraph {
                 K8sObject::Pod(p) => self.upsert_pod(p),
                 K8sObject::Namespace(n) => self.upsert_namespace(n),
                 K8sObject::NetworkPolicy(np) => self.upsert_policy(np),
+                K8sObject::ClusterNetworkPolicy(cnp) => self.upsert_cluster_policy(cnp),
             },
             DatastoreEvent::Delete(r) => {
                 let key = || {
@@ -252,6 +262,7 @@ impl CalcGraph {
                     ObjectKind::Pod => self.remove_pod(&key()),
                     ObjectKind::Namespace => self.remove_namespace(&r.key),
                     ObjectKind::NetworkPolicy => self.remove_policy(&key()),
+                    ObjectKind::ClusterNetworkPolicy => self.remove_cluster_policy(&r.key),
                 }
             }
             DatastoreEvent::InSync => {}
@@ -259,7 +270,8 @@ impl CalcGraph {
     }
 
     /// Feeds objects in an order that needs no second pass: namespaces, then pods, then
-    /// policies (any order is correct; this one does the least re-evaluation).
+    /// policies, then cluster policies (any order is correct; this one does the least
+    /// re-evaluation).
     pub fn feed(&mut self, objects: &[K8sObject]) {
         for o in objects {
             if let K8sObject::Namespace(ns) = o {
@@ -274,6 +286,11 @@ impl CalcGraph {
         for o in objects {
             if let K8sObject::NetworkPolicy(np) = o {
                 self.upsert_policy(np);
+            }
+        }
+        for o in objects {
+            if let K8sObject::ClusterNetworkPolicy(cnp) = o {
+                self.upsert_cluster_policy(cnp);
             }
         }
     }
@@ -342,7 +359,11 @@ impl CalcGraph {
     pub fn remove_namespace(&mut self, name: &str) {
         self.rejected
             .remove(&(ObjectKind::Namespace, name.to_string()));
+        let before = self.sets.namespace_labels(name);
         self.sets.remove_namespace(name);
+        if self.sets.namespace_labels(name) != before {
+            self.reselect_cluster_namespace(name);
+        }
     }
 
     pub fn remove_policy(&mut self, key: &ObjectKey) {
@@ -435,6 +456,7 @@ impl CalcGraph {
                     Endpoint {
                         iface: iface.clone(),
                         policies: BTreeSet::new(),
+                        cluster_policies: BTreeSet::new(),
                     },
                 );
                 let in_ns = self
@@ -449,6 +471,7 @@ impl CalcGraph {
                 self.dirty.mark(Owner::Endpoint(key.clone()));
                 self.dirty.mark(Owner::Dispatch);
                 self.reselect_policies(key);
+                self.reselect_cluster_policies(key);
             }
         }
     }
@@ -456,7 +479,12 @@ impl CalcGraph {
     // ---- model-level updates ----
 
     pub fn upsert_namespace_info(&mut self, info: NamespaceInfo) {
+        let name = info.name.clone();
+        let before = self.sets.namespace_labels(&name);
         self.sets.upsert_namespace(info);
+        if self.sets.namespace_labels(&name) != before {
+            self.reselect_cluster_namespace(&name);
+        }
     }
 
     pub fn upsert_pod_info(&mut self, info: PodInfo) {
@@ -484,6 +512,7 @@ impl CalcGraph {
         self.to_name.insert(key.clone());
         if labels_changed && self.endpoints.contains_key(&key) {
             self.reselect_policies(&key);
+            self.reselect_cluster_policies(&key);
         }
     }
 
@@ -532,6 +561,9 @@ impl CalcGraph {
         }
         for policy in ep.policies {
             self.set_selection(&policy, key, false);
+        }
+        for policy in ep.cluster_policies {
+            self.set_cluster_selection(&policy, key, false);
         }
         self.dirty.mark(Owner::Endpoint(key.clone()));
         self.dirty.mark(Owner::Dispatch);
@@ -692,6 +724,11 @@ impl CalcGraph {
                         .get(key)
                         .map(|p| p.selects.iter().collect())
                         .unwrap_or_default(),
+                    Owner::ClusterPolicy(name) => self
+                        .cluster_policies
+                        .get(name)
+                        .map(|p| p.selects.iter().collect())
+                        .unwrap_or_default(),
                     _ => Vec::new(),
                 };
                 for ep in touched {
@@ -773,6 +810,14 @@ impl CalcGraph {
                     }
                     _ => Vec::new(),
                 },
+                Owner::ClusterPolicy(name) => match self.cluster_policies.get(name) {
+                    Some(p) if !p.selects.is_empty() => {
+                        cluster_policy_chains(cfg, family, &p.info, &p.plan, &|def| {
+                            set_name(family, &def.id())
+                        })
+                    }
+                    _ => Vec::new(),
+                },
                 Owner::Endpoint(key) => self.endpoint_chains(key, family),
             };
             out.extend(chains.into_iter().map(|c| (family, c)));
@@ -808,13 +853,22 @@ impl CalcGraph {
             return Vec::new();
         }
         let (ingress, egress) = self.isolating(ep);
-        endpoint_chains(
+        let [admin_in, admin_out, baseline_in, baseline_out] = self.endpoint_cluster_policies(key);
+        tiered_endpoint_chains(
             &self.cfg.rules,
             family,
             &ep.iface,
             &key.namespace,
-            &ingress,
-            &egress,
+            &TierChains {
+                admin: &admin_in,
+                network: &ingress,
+                baseline: &baseline_in,
+            },
+            &TierChains {
+                admin: &admin_out,
+                network: &egress,
+                baseline: &baseline_out,
+            },
         )
         .into()
     }

@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use crate::ipsets::set_name;
 use crate::model::{IpFamily, ObjectKey};
 use crate::rules::chains::{
-    endpoint_chains_traced, kernel_chain_rules, profile_chains_traced, static_chains_traced,
+    kernel_chain_rules, profile_chains_traced, static_chains_traced, tiered_endpoint_chains_traced,
+    TierChains,
 };
+use crate::rules::cluster::cluster_policy_chains_traced;
 use crate::rules::dispatch::dispatch_chains_traced;
 use crate::rules::policy::policy_chains_traced;
 use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
@@ -41,6 +43,19 @@ impl CalcGraph {
                 &|def| set_name(family, &def.id()),
             ));
         }
+        for p in self
+            .cluster_policies
+            .values()
+            .filter(|p| !p.selects.is_empty())
+        {
+            chains.extend(cluster_policy_chains_traced(
+                cfg,
+                family,
+                &p.info,
+                &p.plan,
+                &|def| set_name(family, &def.id()),
+            ));
+        }
         let mut pods_by_iface = BTreeMap::new();
         for (key, ep) in &self.endpoints {
             let winner = self
@@ -52,14 +67,24 @@ impl CalcGraph {
             }
             pods_by_iface.insert(ep.iface.clone(), key.clone());
             let (ingress, egress) = self.endpoint_policies(key);
-            chains.extend(endpoint_chains_traced(
+            let [admin_in, admin_out, baseline_in, baseline_out] =
+                self.endpoint_cluster_policies(key);
+            chains.extend(tiered_endpoint_chains_traced(
                 cfg,
                 family,
                 &ep.iface,
                 key,
                 &key.namespace,
-                &ingress,
-                &egress,
+                &TierChains {
+                    admin: &admin_in,
+                    network: &ingress,
+                    baseline: &baseline_in,
+                },
+                &TierChains {
+                    admin: &admin_out,
+                    network: &egress,
+                    baseline: &baseline_out,
+                },
             ));
         }
         let kernel = kernel_chain_rules(cfg, family)

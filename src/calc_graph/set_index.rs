@@ -180,6 +180,15 @@ impl SetIndex {
         self.free_pods.push(id);
     }
 
+    /// A namespace's labels as the sets see them (`kubernetes.io/metadata.name` alone when
+    /// no Namespace object was seen). ClusterNetworkPolicy subjects select by them too.
+    pub fn namespace_labels(&self, name: &str) -> BTreeMap<String, String> {
+        self.namespaces
+            .get(name)
+            .map(|n| n.labels.clone())
+            .unwrap_or_else(|| NamespaceInfo::implicit(name).labels)
+    }
+
     pub fn upsert_namespace(&mut self, info: NamespaceInfo) {
         let entry = self.namespace_entry(&info.name);
         entry.explicit = true;

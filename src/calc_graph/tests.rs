@@ -1,5 +1,5 @@
-//! Calc graph tests: incremental updates against a from-scratch compile, and the cost of
-//! label changes.
+//! Calc graph tests: incremental updates against a from-scratch compile (NetworkPolicies and
+//! ClusterNetworkPolicies), the tier layout, and the cost of label changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::update::DesiredState;
 use super::GraphConfig;
 use crate::agent::Calculation;
-use crate::iface_naming::CalicoResolver;
+use crate::iface_naming::{CalicoResolver, InterfaceResolver};
 use crate::model::*;
 use crate::rules::RuleConfig;
 
@@ -18,6 +18,7 @@ pub(crate) const NODE: &str = "node-1";
 pub(crate) const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 pub(crate) const POD_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 pub(crate) const POLICY_NAMES: [&str; 3] = ["p1", "p2", "p3"];
+pub(crate) const CLUSTER_POLICY_NAMES: [&str; 3] = ["c1", "c2", "c3"];
 
 fn graph() -> Calculation {
     Calculation::new(
@@ -232,6 +233,107 @@ pub(crate) fn pod() -> impl Strategy<Value = PodInfo> {
         })
 }
 
+fn pod_selection() -> impl Strategy<Value = PodSelection> {
+    (selector(NS_LABELS), selector(POD_LABELS))
+        .prop_map(|(namespaces, pods)| PodSelection { namespaces, pods })
+}
+
+fn cluster_peer(egress: bool) -> impl Strategy<Value = ClusterPeer> {
+    let networks = (0u8..4, any::<bool>()).prop_map(move |(i, v6)| {
+        if !egress {
+            // Ingress has no networks peer: a second pods peer instead.
+            return ClusterPeer::Pods(PodSelection {
+                namespaces: LabelSel::everything(),
+                pods: LabelSel::from_exprs(vec![eq("pod", "a")]),
+            });
+        }
+        let mut nets: Vec<ipnet::IpNet> = vec![format!("10.0.{i}.0/24").parse().unwrap()];
+        if v6 {
+            nets.push("fd00::/104".parse().unwrap());
+        }
+        ClusterPeer::Networks(nets)
+    });
+    prop_oneof![
+        4 => pod_selection().prop_map(ClusterPeer::Pods),
+        2 => networks,
+        1 => Just(ClusterPeer::Unknown(vec!["futurePeer".into()])),
+    ]
+}
+
+fn cluster_port() -> impl Strategy<Value = ClusterPort> {
+    prop_oneof![
+        Just(ClusterPort::Numeric {
+            protocol: Protocol::Tcp,
+            first: 80,
+            last: 80
+        }),
+        Just(ClusterPort::Numeric {
+            protocol: Protocol::Tcp,
+            first: 8000,
+            last: 8080
+        }),
+        Just(ClusterPort::Numeric {
+            protocol: Protocol::Udp,
+            first: 53,
+            last: 53
+        }),
+        Just(ClusterPort::Numeric {
+            protocol: Protocol::Sctp,
+            first: 81,
+            last: 81
+        }),
+        Just(ClusterPort::Named("http".into())),
+        Just(ClusterPort::Named("dns".into())),
+    ]
+}
+
+fn cluster_rule(egress: bool) -> impl Strategy<Value = ClusterRule> {
+    (
+        0..3usize,
+        proptest::collection::vec(cluster_peer(egress), 1..3),
+        proptest::option::of(proptest::collection::vec(cluster_port(), 1..3)),
+    )
+        .prop_map(|(action, peers, mut ports)| {
+            // Validation refuses named ports beside a networks peer.
+            if peers.iter().any(|p| matches!(p, ClusterPeer::Networks(_))) {
+                if let Some(list) = &mut ports {
+                    list.retain(|p| !matches!(p, ClusterPort::Named(_)));
+                    if list.is_empty() {
+                        ports = None;
+                    }
+                }
+            }
+            ClusterRule {
+                name: None,
+                action: [RuleAction::Accept, RuleAction::Deny, RuleAction::Pass][action],
+                peers,
+                ports,
+            }
+        })
+}
+
+pub(crate) fn cluster_policy() -> impl Strategy<Value = ClusterPolicyInfo> {
+    (
+        0..3usize,
+        any::<bool>(),
+        // Few values, so that ties happen.
+        0u16..3,
+        pod_selection(),
+        proptest::collection::vec(cluster_rule(false), 0..3),
+        proptest::collection::vec(cluster_rule(true), 0..3),
+    )
+        .prop_map(
+            |(n, admin, priority, subject, ingress, egress)| ClusterPolicyInfo {
+                name: CLUSTER_POLICY_NAMES[n].into(),
+                tier: if admin { Tier::Admin } else { Tier::Baseline },
+                priority,
+                subject,
+                ingress,
+                egress,
+            },
+        )
+}
+
 #[derive(Clone, Debug)]
 enum Event {
     UpsertNamespace(NamespaceInfo),
@@ -242,6 +344,8 @@ enum Event {
     DeletePod(ObjectKey),
     UpsertPolicy(PolicyInfo),
     DeletePolicy(ObjectKey),
+    UpsertClusterPolicy(ClusterPolicyInfo),
+    DeleteClusterPolicy(String),
     Flush,
 }
 
@@ -258,6 +362,8 @@ fn event() -> impl Strategy<Value = Event> {
         2 => (0..3usize, 0..4usize).prop_map(|(n, p)| Event::DeletePod(ObjectKey::new(NAMESPACES[n], POD_NAMES[p]))),
         4 => policy().prop_map(Event::UpsertPolicy),
         1 => (0..3usize, 0..3usize).prop_map(|(n, p)| Event::DeletePolicy(ObjectKey::new(NAMESPACES[n], POLICY_NAMES[p]))),
+        3 => cluster_policy().prop_map(Event::UpsertClusterPolicy),
+        1 => (0..3usize).prop_map(|n| Event::DeleteClusterPolicy(CLUSTER_POLICY_NAMES[n].into())),
         2 => Just(Event::Flush),
     ]
 }
@@ -268,6 +374,7 @@ struct World {
     namespaces: BTreeMap<String, NamespaceInfo>,
     pods: BTreeMap<ObjectKey, PodInfo>,
     policies: BTreeMap<ObjectKey, PolicyInfo>,
+    cluster_policies: BTreeMap<String, ClusterPolicyInfo>,
 }
 
 fn apply(graph: &mut Calculation, world: &mut World, e: &Event, acc: &mut DesiredState) {
@@ -302,15 +409,32 @@ fn apply(graph: &mut Calculation, world: &mut World, e: &Event, acc: &mut Desire
             world.policies.remove(&k);
             graph.remove_policy(&k);
         }
+        Event::UpsertClusterPolicy(p) => {
+            world.cluster_policies.insert(p.name.clone(), p.clone());
+            graph.upsert_cluster_policy_info(p);
+        }
+        Event::DeleteClusterPolicy(n) => {
+            world.cluster_policies.remove(&n);
+            graph.remove_cluster_policy(&n);
+        }
         Event::Flush => acc.apply(&graph.flush()),
     }
 }
 
 fn from_scratch(world: &World, order: u8) -> DesiredState {
     let mut g = graph();
+    let cluster = |g: &mut Calculation, reverse: bool| {
+        let mut all: Vec<&ClusterPolicyInfo> = world.cluster_policies.values().collect();
+        if reverse {
+            all.reverse();
+        }
+        all.into_iter()
+            .for_each(|p| g.upsert_cluster_policy_info(p.clone()));
+    };
     // Feed in different orders: the result must not depend on it.
     match order % 3 {
         0 => {
+            cluster(&mut g, false);
             world
                 .namespaces
                 .values()
@@ -330,6 +454,7 @@ fn from_scratch(world: &World, order: u8) -> DesiredState {
                 .values()
                 .rev()
                 .for_each(|p| g.upsert_policy_info(p.clone()));
+            cluster(&mut g, true);
             world
                 .pods
                 .values()
@@ -353,6 +478,7 @@ fn from_scratch(world: &World, order: u8) -> DesiredState {
                 .policies
                 .values()
                 .for_each(|p| g.upsert_policy_info(p.clone()));
+            cluster(&mut g, false);
         }
     }
     let mut acc = DesiredState::default();
@@ -916,4 +1042,163 @@ fn bridge_mode_dispatches_routed_traffic_by_the_resolved_pods_addresses() {
     g.remove_pod(&ObjectKey::new("x", "b"));
     g.flush();
     assert_eq!(addr_dispatch(&g), [""]);
+}
+
+fn cluster(
+    name: &str,
+    tier: Tier,
+    priority: u16,
+    ingress: bool,
+    egress: bool,
+    subject_ns: &[(&str, &str)],
+) -> ClusterPolicyInfo {
+    let rule = || ClusterRule {
+        name: None,
+        action: RuleAction::Deny,
+        peers: vec![ClusterPeer::Pods(PodSelection {
+            namespaces: LabelSel::everything(),
+            pods: LabelSel::from_exprs(vec![eq("pod", "evil")]),
+        })],
+        ports: None,
+    };
+    ClusterPolicyInfo {
+        name: name.into(),
+        tier,
+        priority,
+        subject: PodSelection {
+            namespaces: LabelSel::from_exprs(subject_ns.iter().map(|(k, v)| eq(k, v)).collect()),
+            pods: LabelSel::everything(),
+        },
+        ingress: if ingress { vec![rule()] } else { vec![] },
+        egress: if egress { vec![rule()] } else { vec![] },
+    }
+}
+
+/// The rule bodies of a chain without their hash comments.
+fn bodies(g: &Calculation, chain: &str) -> Vec<String> {
+    g.snapshot().families[&IpFamily::V4].chains[chain]
+        .rules
+        .iter()
+        .map(|r| {
+            r.body
+                .replace(&format!("-m comment --comment \"cali:{}\" ", r.hash), "")
+        })
+        .collect()
+}
+
+#[test]
+fn workload_chains_list_the_tiers_in_order_and_only_networkpolicies_isolate() {
+    let mut g = graph();
+    g.upsert_namespace_info(NamespaceInfo {
+        name: "x".into(),
+        labels: labels(&[(NAMESPACE_NAME_LABEL, "x"), ("team", "red")]),
+    });
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("pod", "a")]));
+    g.upsert_policy_info(allow_from("x", "np", &[("pod", "a")], vec![eq("pod", "b")]));
+    let red = [("team", "red")];
+    g.upsert_cluster_policy_info(cluster("b-admin", Tier::Admin, 5, true, false, &red));
+    g.upsert_cluster_policy_info(cluster("a-admin", Tier::Admin, 5, true, false, &red));
+    g.upsert_cluster_policy_info(cluster("first", Tier::Admin, 1, false, true, &red));
+    g.upsert_cluster_policy_info(cluster("base", Tier::Baseline, 0, true, true, &red));
+    g.upsert_cluster_policy_info(cluster(
+        "elsewhere",
+        Tier::Admin,
+        0,
+        true,
+        true,
+        &[("team", "blue")],
+    ));
+    g.flush();
+    let iface = CalicoResolver::default()
+        .resolve(&local_pod("x", "a", "10.0.0.1", &[]))
+        .unwrap();
+    let tw = bodies(&g, &format!("cali-tw-{iface}"));
+    let jump = |chain: &str| format!("-m mark --mark 0x0/0x20000 -j {chain}");
+    let ret = "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 -j RETURN";
+    assert_eq!(
+        tw[3..tw.len() - 3],
+        [
+            "-m comment --comment \"Start of tier kube-admin\" -j MARK --set-xmark 0x0/0x20000".to_string(),
+            jump("cali-pi-kcnp/a-admin"),
+            ret.into(),
+            jump("cali-pi-kcnp/b-admin"),
+            ret.into(),
+            "-m comment --comment \"Start of policies\" -j MARK --set-xmark 0x0/0x20000".into(),
+            jump("cali-pi-knp/x/np"),
+            ret.into(),
+            "-m comment --comment \"Drop if no policies passed packet\" -m mark --mark 0x0/0x20000 -j DROP".into(),
+            "-m comment --comment \"Start of tier kube-baseline\" -j MARK --set-xmark 0x0/0x20000".into(),
+            jump("cali-pi-kcnp/base"),
+            ret.into(),
+        ]
+    );
+    let fw = bodies(&g, &format!("cali-fw-{iface}"));
+    assert_eq!(
+        fw[3..fw.len() - 3],
+        [
+            "-m comment --comment \"Start of tier kube-admin\" -j MARK --set-xmark 0x0/0x20000"
+                .to_string(),
+            jump("cali-po-kcnp/first"),
+            ret.into(),
+            "-m comment --comment \"Start of tier kube-baseline\" -j MARK --set-xmark 0x0/0x20000"
+                .into(),
+            jump("cali-po-kcnp/base"),
+            ret.into(),
+        ],
+        "no NetworkPolicy tier and no drop: a ClusterNetworkPolicy never isolates"
+    );
+    let chains = g.snapshot().families[&IpFamily::V4].chains.clone();
+    assert!(
+        !chains.contains_key("cali-pi-kcnp/elsewhere"),
+        "inactive: no chains"
+    );
+    assert!(
+        !chains.contains_key("cali-po-kcnp/a-admin"),
+        "no egress rules: no chain"
+    );
+    assert_eq!(g.active_cluster_policy_count(), 4);
+
+    // The namespace relabelled out of the subjects: the tiers and their chains go, the
+    // NetworkPolicy tier stays as it was.
+    g.upsert_namespace_info(NamespaceInfo {
+        name: "x".into(),
+        labels: labels(&[(NAMESPACE_NAME_LABEL, "x"), ("team", "blue")]),
+    });
+    let update = g.flush();
+    assert!(update
+        .chains_removed
+        .iter()
+        .any(|(_, c)| c == "cali-pi-kcnp/base"));
+    let tw = bodies(&g, &format!("cali-tw-{iface}"));
+    assert!(tw.iter().any(|r| r.ends_with("-j cali-pi-kcnp/elsewhere")));
+    assert!(!tw
+        .iter()
+        .any(|r| r.contains("kcnp/a-admin") || r.contains("baseline")));
+    assert_eq!(g.active_cluster_policy_count(), 1);
+}
+
+#[test]
+fn without_cluster_policies_the_workload_chains_keep_the_pre_tier_layout() {
+    let mut g = graph();
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("pod", "a")]));
+    g.upsert_policy_info(allow_from("x", "np", &[("pod", "a")], vec![eq("pod", "b")]));
+    g.flush();
+    let iface = CalicoResolver::default()
+        .resolve(&local_pod("x", "a", "10.0.0.1", &[]))
+        .unwrap();
+    assert_eq!(
+        bodies(&g, &format!("cali-tw-{iface}")),
+        [
+            "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            "-m conntrack --ctstate INVALID -j DROP",
+            "-j MARK --set-xmark 0x0/0x30000",
+            "-m comment --comment \"Start of policies\" -j MARK --set-xmark 0x0/0x20000",
+            "-m mark --mark 0x0/0x20000 -j cali-pi-knp/x/np",
+            "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",
+            "-m comment --comment \"Drop if no policies passed packet\" -m mark --mark 0x0/0x20000 -j DROP",
+            "-j cali-pri-kns.x",
+            "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",
+            "-m comment --comment \"Drop if no profiles matched\" -j DROP",
+        ]
+    );
 }

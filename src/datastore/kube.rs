@@ -1,5 +1,6 @@
 //! The Kubernetes API datastore: Pods (all namespaces, remote ones feed the IP sets),
-//! Namespaces and NetworkPolicies (all namespaces), listed and watched with
+//! Namespaces and NetworkPolicies (all namespaces), and ClusterNetworkPolicies (their own
+//! follower, `kube_cnp`: the CRD may be missing), listed and watched with
 //! `kube::runtime::watcher`, turned into the same [`DatastoreEvent`]s as the directory source.
 //!
 //! # API
@@ -59,8 +60,9 @@
 //! - `Upsert` only when the trimmed form of an object differs from the one last delivered
 //!   (a kubelet status heartbeat or a new resourceVersion alone is no event), `Delete` only
 //!   for an object that was delivered;
-//! - `InSync` exactly once, after the first complete listing of all three kinds has been
-//!   delivered. Every event before it belongs to that initial listing.
+//! - `InSync` exactly once, after the first complete listing of all four kinds has been
+//!   delivered (a ClusterNetworkPolicy resource the API server does not serve counts as an
+//!   empty listing). Every event before it belongs to that initial listing.
 //!
 //! Relists: the watcher relists on `410 Gone`: an `ERROR` event in the watch, an expired
 //! `continue` token half way through a paginated list, and an HTTP 410 answering a watch
@@ -128,7 +130,7 @@ use crate::model::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
 pub const KEPT_POD_ANNOTATIONS: &[&str] = &[SANDBOX_ID_ANNOTATION];
 
 /// How many kinds must be listed before `InSync`.
-const KINDS: usize = 3;
+const KINDS: usize = 4;
 
 /// How often the runtime looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -170,6 +172,9 @@ pub struct KubeOptions {
     pub backoff: Policy,
     /// An error this long after the previous one starts again from the first wait.
     pub backoff_reset: Duration,
+    /// How often to look again for a ClusterNetworkPolicy resource the API server does not
+    /// serve (its CRD not installed), see `kube_cnp`.
+    pub missing_crd_recheck: Duration,
 }
 
 impl Default for KubeOptions {
@@ -180,6 +185,7 @@ impl Default for KubeOptions {
             watch_timeout: None,
             backoff: Policy::KUBE_WATCH,
             backoff_reset: Policy::KUBE_WATCH_RESET,
+            missing_crd_recheck: super::kube_cnp::MISSING_CRD_RECHECK,
         }
     }
 }
@@ -284,7 +290,8 @@ async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc
     tokio::select! {
         _ = follow::<Pod>(Api::all(client.clone()), &options, lists, &out) => {}
         _ = follow::<Namespace>(Api::all(client.clone()), &options, lists, &out) => {}
-        _ = follow::<NetworkPolicy>(Api::all(client), &options, lists, &out) => {}
+        _ = follow::<NetworkPolicy>(Api::all(client.clone()), &options, lists, &out) => {}
+        _ = super::kube_cnp::follow(Api::all(client), &options, lists, &out) => {}
         () = stopped(&stop) => {}
     }
     info!("Kubernetes datastore stopped");
@@ -351,9 +358,14 @@ impl Lists {
         }
     }
 
+    /// Whether listings are streamed (else paginated).
+    pub(super) fn streaming(&self) -> bool {
+        self.streaming
+    }
+
     /// The watcher reported `err` while listing: if it is the server refusing the streaming
     /// watch, switch to paginated lists (logged) and say so.
-    fn refused(&mut self, kind: &str, err: &watcher::Error) -> bool {
+    pub(super) fn refused(&mut self, kind: &str, err: &watcher::Error) -> bool {
         let refused = matches!(
             err,
             watcher::Error::WatchStartFailed(::kube::Error::Api(status))
@@ -373,7 +385,7 @@ impl Lists {
 
     /// A streaming list restarted without ever ending: the server ignored
     /// `sendInitialEvents` (it sent a plain watch, never the end bookmark).
-    fn ignored(&mut self, kind: &str) -> bool {
+    pub(super) fn ignored(&mut self, kind: &str) -> bool {
         if self.streaming && self.may_fall_back {
             warn!(
                 kind,

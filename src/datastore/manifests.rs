@@ -1,6 +1,6 @@
 //! Manifest loading: reads YAML or JSON manifests (multi-document, `kind: List` and typed
 //! lists expanded) from text, files and directories, and keeps the objects the agent works
-//! on: Pods, Namespaces and NetworkPolicies. A broken document is reported as a
+//! on: Pods, Namespaces, NetworkPolicies and ClusterNetworkPolicies. A broken document is reported as a
 //! [`ManifestError`] and never hides the other documents.
 
 use std::collections::HashSet;
@@ -26,6 +26,14 @@ pub struct ManifestError {
 
 const CORE_V1: &str = "v1";
 const NETWORKING_V1: &str = "networking.k8s.io/v1";
+const CLUSTER_POLICY_API: &str = crate::model::cluster_policy::API_VERSION;
+/// List kinds whose items may omit their own kind (the API server's typed lists).
+const TYPED_LISTS: [(&str, &str); 4] = [
+    ("PodList", "Pod"),
+    ("NamespaceList", "Namespace"),
+    ("NetworkPolicyList", "NetworkPolicy"),
+    ("ClusterNetworkPolicyList", "ClusterNetworkPolicy"),
+];
 const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 
 /// Parses every document of `text`. Objects of kinds the agent does not use are skipped.
@@ -238,18 +246,14 @@ impl Parsed<'_> {
             }
         };
         let list_kind = match string_field(&mapping, "kind") {
-            Some(kind @ ("List" | "PodList" | "NamespaceList" | "NetworkPolicyList")) => {
-                kind.to_string()
-            }
+            Some(kind) if is_list_kind(kind) => kind.to_string(),
             _ => return self.object(document, mapping, None),
         };
-        let default_kind = match list_kind.as_str() {
-            "PodList" => Some("Pod"),
-            "NamespaceList" => Some("Namespace"),
-            "NetworkPolicyList" => Some("NetworkPolicy"),
-            // A generic List mixes kinds, so its items must say what they are.
-            _ => None,
-        };
+        // A generic List mixes kinds, so its items must say what they are.
+        let default_kind = TYPED_LISTS
+            .iter()
+            .find(|(list, _)| *list == list_kind)
+            .map(|(_, kind)| *kind);
         let default_api_version = default_kind.and_then(|_| string_field(&mapping, "apiVersion"));
         match mapping.get("items") {
             None | Some(Value::Null) => {}
@@ -309,7 +313,8 @@ impl Parsed<'_> {
         let expected_api_version = match kind.as_str() {
             "Pod" | "Namespace" => CORE_V1,
             "NetworkPolicy" => NETWORKING_V1,
-            "List" | "PodList" | "NamespaceList" | "NetworkPolicyList" => {
+            "ClusterNetworkPolicy" => CLUSTER_POLICY_API,
+            list if is_list_kind(list) => {
                 self.error(
                     document,
                     format!("{item_prefix}a {kind} inside a list is not supported"),
@@ -346,6 +351,9 @@ impl Parsed<'_> {
         let object = match kind.as_str() {
             "Pod" => serde_yaml_ng::from_value(value).map(K8sObject::Pod),
             "Namespace" => serde_yaml_ng::from_value(value).map(K8sObject::Namespace),
+            "ClusterNetworkPolicy" => {
+                serde_yaml_ng::from_value(value).map(K8sObject::ClusterNetworkPolicy)
+            }
             _ => serde_yaml_ng::from_value(value).map(K8sObject::NetworkPolicy),
         };
         match object {
@@ -353,6 +361,10 @@ impl Parsed<'_> {
             Err(err) => self.error(document, format!("{described}: invalid object: {err}")),
         }
     }
+}
+
+fn is_list_kind(kind: &str) -> bool {
+    kind == "List" || TYPED_LISTS.iter().any(|(list, _)| *list == kind)
 }
 
 fn string_field<'a>(mapping: &'a Mapping, key: &str) -> Option<&'a str> {
@@ -407,6 +419,10 @@ mod tests {
                         np.metadata.name.clone().unwrap_or_default()
                     )
                 }
+                K8sObject::ClusterNetworkPolicy(cnp) => format!(
+                    "ClusterNetworkPolicy {}",
+                    cnp.metadata.name.clone().unwrap_or_default()
+                ),
             })
             .collect()
     }
@@ -801,6 +817,55 @@ items: nope
         let (objects, errors) = load_paths(std::slice::from_ref(&dir.0)).expect("readable");
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(names(&objects), ["Pod p"]);
+    }
+
+    #[test]
+    fn cluster_network_policies_and_their_lists_are_read() {
+        let text = "\
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: deny-metadata}
+spec:
+  tier: Admin
+  priority: 3
+  subject: {namespaces: {}}
+  egress: [{action: Deny, to: [{networks: [169.254.169.254/32]}]}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicyList
+items:
+- metadata: {name: baseline}
+  spec: {tier: Baseline, priority: 0, subject: {namespaces: {}}}
+---
+apiVersion: policy.networking.k8s.io/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: too-old}
+";
+        let (objects, errors) = parse_manifests(text, "cnp.yaml");
+        assert_eq!(
+            names(&objects),
+            [
+                "ClusterNetworkPolicy deny-metadata",
+                "ClusterNetworkPolicy baseline"
+            ]
+        );
+        let K8sObject::ClusterNetworkPolicy(first) = &objects[0] else {
+            panic!("{objects:?}")
+        };
+        let egress = first.spec.as_ref().unwrap().egress.as_ref().unwrap();
+        assert_eq!(
+            egress[0].to.as_ref().unwrap()[0].networks.as_deref(),
+            Some(&["169.254.169.254/32".to_string()][..])
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].message.contains("ClusterNetworkPolicy too-old")
+                && errors[0]
+                    .message
+                    .contains("policy.networking.k8s.io/v1alpha2"),
+            "{}",
+            errors[0].message
+        );
     }
 
     proptest::proptest! {

@@ -1,14 +1,19 @@
 //! The objects as the agent sees them: what datastores deliver (`K8sObject` in a
 //! `DatastoreEvent`) and the validated, compact form the calc graph works on (`PodInfo`,
-//! `NamespaceInfo`, `PolicyInfo` and their parts). Imports nothing of ours: every other room
-//! builds on it.
+//! `NamespaceInfo`, `PolicyInfo`, `ClusterPolicyInfo` and their parts). Imports nothing of
+//! ours: every other room builds on it.
 //!
 //! `validate` turns `k8s-openapi` objects into these types; everything past that point can
 //! trust them (CIDRs parse, ports are in range, selectors use known operators).
 
+pub mod cluster_policy;
 mod object;
 pub mod validate;
 
+pub use cluster_policy::{
+    ClusterNetworkPolicy, ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule, PodSelection,
+    RuleAction, Tier,
+};
 pub use object::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
 
 use std::collections::BTreeMap;

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
+use super::cluster_policy::ClusterNetworkPolicy;
 use super::validate::namespaced_key;
 
 // Pods are much larger than the other variants; these values are short-lived (parsed, then
@@ -14,6 +15,7 @@ pub enum K8sObject {
     Pod(Pod),
     Namespace(Namespace),
     NetworkPolicy(NetworkPolicy),
+    ClusterNetworkPolicy(ClusterNetworkPolicy),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -21,6 +23,7 @@ pub enum ObjectKind {
     Pod,
     Namespace,
     NetworkPolicy,
+    ClusterNetworkPolicy,
 }
 
 impl ObjectKind {
@@ -29,11 +32,13 @@ impl ObjectKind {
             ObjectKind::Pod => "Pod",
             ObjectKind::Namespace => "Namespace",
             ObjectKind::NetworkPolicy => "NetworkPolicy",
+            ObjectKind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         }
     }
 }
 
-/// Which object an event is about (`key` is `namespace/name`, or the name of a namespace).
+/// Which object an event is about (`key` is `namespace/name`, or the name of a namespace or
+/// of a cluster-scoped policy).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectRef {
     pub kind: ObjectKind,
@@ -55,6 +60,10 @@ impl K8sObject {
             K8sObject::NetworkPolicy(np) => ObjectRef {
                 kind: ObjectKind::NetworkPolicy,
                 key: namespaced_key(&np.metadata).to_string(),
+            },
+            K8sObject::ClusterNetworkPolicy(cnp) => ObjectRef {
+                kind: ObjectKind::ClusterNetworkPolicy,
+                key: cnp.metadata.name.clone().unwrap_or_default(),
             },
         }
     }

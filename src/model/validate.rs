@@ -1,7 +1,12 @@
 //! Validation at the edge of the calc graph: turns `k8s-openapi` Pods, Namespaces and
-//! NetworkPolicies into the trusted model types, applying the API server's validation and
-//! defaulting rules that matter for enforcement. An object that fails is rejected as a whole
-//! with a [`ValidationError`] naming the offending field.
+//! NetworkPolicies (and ClusterNetworkPolicies, in `cluster`) into the trusted model types,
+//! applying the API server's validation and defaulting rules that matter for enforcement. An
+//! object that fails is rejected as a whole with a [`ValidationError`] naming the offending
+//! field.
+
+mod cluster;
+
+pub use cluster::cluster_network_policy;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -25,7 +30,7 @@ use super::{
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind} {object}: {field}: {message}")]
 pub struct ValidationError {
-    /// `Pod`, `Namespace` or `NetworkPolicy`.
+    /// `Pod`, `Namespace`, `NetworkPolicy` or `ClusterNetworkPolicy`.
     pub kind: &'static str,
     /// `namespace/name`, or `name` for a Namespace.
     pub object: String,

@@ -4,6 +4,7 @@
 
 use crate::model::{IpFamily, ObjectKey};
 
+use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
 use super::deny_log::{self, DropKind};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
@@ -172,7 +173,8 @@ impl ChainInsertMode {
     }
 }
 
-/// `cali-tw-<iface>` (ingress, to the workload) and `cali-fw-<iface>` (egress).
+/// `cali-tw-<iface>` (ingress, to the workload) and `cali-fw-<iface>` (egress), for a pod
+/// no ClusterNetworkPolicy applies to: its NetworkPolicies' chains per direction.
 pub fn endpoint_chains(
     cfg: &RuleConfig,
     family: IpFamily,
@@ -180,6 +182,45 @@ pub fn endpoint_chains(
     namespace: &str,
     ingress: &[ObjectKey],
     egress: &[ObjectKey],
+) -> [Chain; 2] {
+    tiered_endpoint_chains(
+        cfg,
+        family,
+        iface,
+        namespace,
+        &TierChains::network_only(ingress),
+        &TierChains::network_only(egress),
+    )
+}
+
+/// The policies one direction of a workload chain jumps to, tier by tier, each list in
+/// evaluation order: ClusterNetworkPolicy Admin policies (by name), the NetworkPolicies,
+/// ClusterNetworkPolicy Baseline policies (by name).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierChains<'a> {
+    pub admin: &'a [String],
+    pub network: &'a [ObjectKey],
+    pub baseline: &'a [String],
+}
+
+impl<'a> TierChains<'a> {
+    pub fn network_only(network: &'a [ObjectKey]) -> TierChains<'a> {
+        TierChains {
+            network,
+            ..TierChains::default()
+        }
+    }
+}
+
+/// `cali-tw-<iface>` and `cali-fw-<iface>` with felix's tier layout: per direction, a
+/// section per tier that has policies there (see `endpoint_rules`).
+pub fn tiered_endpoint_chains(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    iface: &str,
+    namespace: &str,
+    ingress: &TierChains<'_>,
+    egress: &TierChains<'_>,
 ) -> [Chain; 2] {
     let [tw, fw] = render_endpoint(cfg, family, iface, None, namespace, ingress, egress, false);
     [tw.0, fw.0]
@@ -194,6 +235,27 @@ pub fn endpoint_chains_traced(
     namespace: &str,
     ingress: &[ObjectKey],
     egress: &[ObjectKey],
+) -> Vec<TracedChain> {
+    tiered_endpoint_chains_traced(
+        cfg,
+        family,
+        iface,
+        pod,
+        namespace,
+        &TierChains::network_only(ingress),
+        &TierChains::network_only(egress),
+    )
+}
+
+/// [`tiered_endpoint_chains`] with provenance; `pod` is the pod owning `iface`.
+pub fn tiered_endpoint_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    iface: &str,
+    pod: &ObjectKey,
+    namespace: &str,
+    ingress: &TierChains<'_>,
+    egress: &TierChains<'_>,
 ) -> Vec<TracedChain> {
     traced(
         render_endpoint(
@@ -217,12 +279,12 @@ fn render_endpoint(
     iface: &str,
     pod: Option<&ObjectKey>,
     namespace: &str,
-    ingress: &[ObjectKey],
-    egress: &[ObjectKey],
+    ingress: &TierChains<'_>,
+    egress: &TierChains<'_>,
     traced: bool,
 ) -> [Rendered; 2] {
-    let chain = |direction: Direction, name: String, policies: &[ObjectKey]| {
-        endpoint_rules(cfg, &name, direction, namespace, policies, traced).finish(
+    let chain = |direction: Direction, name: String, tiers: &TierChains<'_>| {
+        endpoint_rules(cfg, &name, direction, namespace, tiers, traced).finish(
             name.clone(),
             family,
             || ChainRole::Workload {
@@ -238,12 +300,26 @@ fn render_endpoint(
     ]
 }
 
+/// One tier's section of a workload chain: what it jumps to.
+enum Section<'a> {
+    Cluster {
+        tier: &'static str,
+        names: &'a [String],
+    },
+    Network(&'a [ObjectKey]),
+}
+
+/// A workload chain: conntrack, then per tier that has policies in this direction felix's
+/// section (clear the pass bit, each policy's jump guarded by "not passed" and followed by
+/// "Return if policy accepted"), the NetworkPolicy section ending with its drop (the pod is
+/// isolated), then the namespace profile (allow). A ClusterNetworkPolicy tier has no end
+/// drop: a Deny drops in the policy chain, and nothing matched falls through to the next tier.
 fn endpoint_rules(
     cfg: &RuleConfig,
     chain: &str,
     direction: Direction,
     namespace: &str,
-    policies: &[ObjectKey],
+    tiers: &TierChains<'_>,
     traced: bool,
 ) -> RuleList {
     let m = cfg.marks;
@@ -278,39 +354,89 @@ fn endpoint_rules(
         }),
         || RuleRole::ClearAcceptAndPass,
     );
-    if !policies.is_empty() {
-        rules.push(
-            Rule::new(Action::SetMark {
-                value: 0,
-                mask: m.pass,
-            })
-            .comment("Start of policies"),
-            || RuleRole::StartOfPolicies,
-        );
-        for p in policies {
-            rules.push(
-                Rule::new(Action::Jump(policy_chain(direction, &p.namespace, &p.name)))
-                    .mark_match(0, m.pass),
-                || RuleRole::JumpToPolicy { policy: p.clone() },
-            );
-            rules.push(
-                Rule::new(Action::Return)
-                    .comment("Return if policy accepted")
-                    .mark_match(m.accept, m.accept),
-                || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
-            );
+    let sections = [
+        Section::Cluster {
+            tier: ADMIN_TIER_NAME,
+            names: tiers.admin,
+        },
+        Section::Network(tiers.network),
+        Section::Cluster {
+            tier: BASELINE_TIER_NAME,
+            names: tiers.baseline,
+        },
+    ];
+    for section in sections {
+        match section {
+            Section::Cluster { tier, names } => {
+                if names.is_empty() {
+                    continue;
+                }
+                rules.push(
+                    Rule::new(Action::SetMark {
+                        value: 0,
+                        mask: m.pass,
+                    })
+                    .comment(format!("Start of tier {tier}")),
+                    || RuleRole::StartOfTier { tier },
+                );
+                for name in names {
+                    rules.push(
+                        Rule::new(Action::Jump(cluster_policy_chain(direction, name)))
+                            .mark_match(0, m.pass),
+                        || RuleRole::JumpToClusterPolicy {
+                            tier,
+                            name: name.clone(),
+                        },
+                    );
+                    rules.push(
+                        Rule::new(Action::Return)
+                            .comment("Return if policy accepted")
+                            .mark_match(m.accept, m.accept),
+                        || RuleRole::ReturnIfClusterPolicyAccepted {
+                            tier,
+                            name: name.clone(),
+                        },
+                    );
+                }
+            }
+            Section::Network(policies) => {
+                if policies.is_empty() {
+                    continue;
+                }
+                rules.push(
+                    Rule::new(Action::SetMark {
+                        value: 0,
+                        mask: m.pass,
+                    })
+                    .comment("Start of policies"),
+                    || RuleRole::StartOfPolicies,
+                );
+                for p in policies {
+                    rules.push(
+                        Rule::new(Action::Jump(policy_chain(direction, &p.namespace, &p.name)))
+                            .mark_match(0, m.pass),
+                        || RuleRole::JumpToPolicy { policy: p.clone() },
+                    );
+                    rules.push(
+                        Rule::new(Action::Return)
+                            .comment("Return if policy accepted")
+                            .mark_match(m.accept, m.accept),
+                        || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
+                    );
+                }
+                deny_log::push_logged_drop(
+                    &mut rules,
+                    cfg.deny_log.as_ref(),
+                    Rule::new(deny(cfg))
+                        .comment("Drop if no policies passed packet")
+                        .mark_match(0, m.pass),
+                    DropKind::Policy,
+                    direction,
+                    chain,
+                    || RuleRole::DropIfNoPolicyPassed,
+                );
+            }
         }
-        deny_log::push_logged_drop(
-            &mut rules,
-            cfg.deny_log.as_ref(),
-            Rule::new(deny(cfg))
-                .comment("Drop if no policies passed packet")
-                .mark_match(0, m.pass),
-            DropKind::Policy,
-            direction,
-            chain,
-            || RuleRole::DropIfNoPolicyPassed,
-        );
     }
     rules.push(
         Rule::new(Action::Jump(profile_chain(direction, namespace))),

@@ -15,6 +15,7 @@
 
 pub mod bridge;
 pub mod chains;
+pub mod cluster;
 pub mod counted;
 pub mod deny_log;
 pub mod dispatch;

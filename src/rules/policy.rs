@@ -245,7 +245,7 @@ fn named_port_set(
     }
 }
 
-fn merge_ranges(ranges: &[(u16, u16)]) -> Vec<(u16, u16)> {
+pub(super) fn merge_ranges(ranges: &[(u16, u16)]) -> Vec<(u16, u16)> {
     let mut sorted = ranges.to_vec();
     sorted.sort_unstable();
     let mut merged: Vec<(u16, u16)> = Vec::new();
@@ -258,7 +258,7 @@ fn merge_ranges(ranges: &[(u16, u16)]) -> Vec<(u16, u16)> {
     merged
 }
 
-fn split_multiport(ranges: Vec<(u16, u16)>) -> Vec<Vec<(u16, u16)>> {
+pub(super) fn split_multiport(ranges: Vec<(u16, u16)>) -> Vec<Vec<(u16, u16)>> {
     let mut chunks: Vec<Vec<(u16, u16)>> = Vec::new();
     let mut used = MULTIPORT_SLOTS;
     for range in ranges {

@@ -26,7 +26,7 @@ use kube::core::Expression;
 use crate::ipsets::SetDef;
 use crate::model::{
     IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch,
-    PortSpec, Protocol,
+    PortSpec, Protocol, RuleAction, Tier,
 };
 
 use super::{Chain, Direction, Rule};
@@ -61,6 +61,12 @@ pub enum ChainRole {
     /// `cali-pi-…` / `cali-po-…` of a policy.
     Policy {
         policy: ObjectKey,
+        direction: Direction,
+    },
+    /// `cali-pi-kcnp/<name>` / `cali-po-kcnp/<name>` of a ClusterNetworkPolicy.
+    ClusterPolicy {
+        name: String,
+        tier: Tier,
         direction: Direction,
     },
     /// `cali-pri-kns.<ns>` / `cali-pro-kns.<ns>`: allow for pods no policy isolates.
@@ -183,6 +189,12 @@ pub enum RuleRole {
     ReturnIfPolicyAccepted { policy: ObjectKey },
     /// "Drop if no policies passed packet": the pod is isolated and no policy allowed.
     DropIfNoPolicyPassed,
+    /// "Start of tier kube-admin|kube-baseline": clears the pass bit.
+    StartOfTier { tier: &'static str },
+    /// Jumps to one ClusterNetworkPolicy's chain.
+    JumpToClusterPolicy { tier: &'static str, name: String },
+    /// Returns when that ClusterNetworkPolicy accepted.
+    ReturnIfClusterPolicyAccepted { tier: &'static str, name: String },
     /// Jumps to the namespace profile (allow).
     JumpToProfile,
     /// Returns when the profile accepted.
@@ -199,6 +211,44 @@ pub enum RuleRole {
     PolicyDescription,
     /// One step of an allow of a Kubernetes rule.
     Policy(PolicyRuleRole),
+    /// A rule of a ClusterNetworkPolicy chain.
+    ClusterPolicy(ClusterRuleRole),
+}
+
+/// A rule of a ClusterNetworkPolicy chain: the API rule it implements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterRuleRole {
+    /// Index in `spec.ingress` / `spec.egress`.
+    pub rule: usize,
+    /// The rule's name, when it has one.
+    pub name: Option<String>,
+    /// What a match does (a Deny or Pass rule failing closed on an unknown peer is Deny).
+    pub action: RuleAction,
+    pub step: ClusterStep,
+}
+
+/// Which part of an API rule a ClusterNetworkPolicy chain rule is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterStep {
+    /// One way the rule matches (its action): the peer (index in `from`/`to`), the protocol
+    /// (`None`: every protocol) and the ports.
+    Match {
+        peer: usize,
+        protocol: Option<Protocol>,
+        ports: ClusterPortsRole,
+    },
+    /// The return after the rule once it accepted or passed.
+    ReturnAfter,
+}
+
+/// The ports of one way a ClusterNetworkPolicy rule matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterPortsRole {
+    Any,
+    /// Inclusive ranges in one multiport match.
+    Numeric(Vec<(u16, u16)>),
+    /// The destination's container port of that name.
+    Named(String),
 }
 
 /// A rendered chain with its provenance: `rules[i]` is what `chain.rules[i]` implements.
@@ -326,6 +376,16 @@ impl fmt::Display for ChainRole {
             ChainRole::Policy { policy, direction } => {
                 write!(f, "policy: NetworkPolicy {policy} {}", direction.as_str())
             }
+            ChainRole::ClusterPolicy {
+                name,
+                tier,
+                direction,
+            } => write!(
+                f,
+                "policy: ClusterNetworkPolicy {name} (tier {}) {}",
+                tier.as_str(),
+                direction.as_str()
+            ),
             ChainRole::Profile {
                 namespace,
                 direction,
@@ -401,6 +461,13 @@ pub fn describe_rule<'a>(
         RuleRole::DropIfNoPolicyPassed => {
             "drop: isolated and no policy allowed (Drop if no policies passed packet)".into()
         }
+        RuleRole::StartOfTier { tier } => format!("start of tier {tier}"),
+        RuleRole::JumpToClusterPolicy { tier, name } => {
+            format!("jump to ClusterNetworkPolicy {name} (tier {tier})")
+        }
+        RuleRole::ReturnIfClusterPolicyAccepted { tier, name } => {
+            format!("return if ClusterNetworkPolicy {name} (tier {tier}) accepted")
+        }
         RuleRole::JumpToProfile => "not isolated: to the namespace profile (allow)".into(),
         RuleRole::ReturnIfProfileAccepted => "return if the profile accepted".into(),
         RuleRole::DropIfNoProfileMatched => "drop if no profile matched".into(),
@@ -408,6 +475,54 @@ pub fn describe_rule<'a>(
         RuleRole::ProfileReturn => "return after the profile's allow".into(),
         RuleRole::PolicyDescription => {
             "no rule for this family: the chain only names the policy".into()
+        }
+        RuleRole::ClusterPolicy(c) => {
+            let (name, direction) = match chain {
+                ChainRole::ClusterPolicy {
+                    name, direction, ..
+                } => (name.as_str(), direction.as_str()),
+                _ => ("?", "?"),
+            };
+            let label = c
+                .name
+                .as_ref()
+                .map_or_else(String::new, |n| format!(" ({n})"));
+            let action = c.action.as_str();
+            match &c.step {
+                ClusterStep::ReturnAfter => format!(
+                    "ClusterNetworkPolicy {name} {direction} rule {}{label}: return after {action}",
+                    c.rule
+                ),
+                ClusterStep::Match {
+                    peer,
+                    protocol,
+                    ports,
+                } => {
+                    let proto = protocol.map_or_else(
+                        || "every protocol".to_string(),
+                        |p| p.as_str().to_ascii_uppercase(),
+                    );
+                    let ports = match ports {
+                        ClusterPortsRole::Any => String::new(),
+                        ClusterPortsRole::Numeric(r) => format!(
+                            " ports {}",
+                            r.iter()
+                                .map(|(a, b)| if a == b {
+                                    a.to_string()
+                                } else {
+                                    format!("{a}-{b}")
+                                })
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        ),
+                        ClusterPortsRole::Named(n) => format!(" named port {n}"),
+                    };
+                    format!(
+                        "ClusterNetworkPolicy {name} {direction} rule {}{label}, peer {peer}, {proto}{ports}: {action}",
+                        c.rule
+                    )
+                }
+            }
         }
         RuleRole::Policy(p) => {
             let (key, direction) = match chain {

@@ -288,7 +288,7 @@ impl Metrics {
             active_local_policies: gauge(
                 &r,
                 "netpol_active_local_policies",
-                "NetworkPolicies selecting at least one local endpoint",
+                "NetworkPolicies and ClusterNetworkPolicies selecting at least one local endpoint",
             ),
             datastore_in_sync: gauge(
                 &r,
@@ -303,7 +303,7 @@ impl Metrics {
             rejections: counter_vec(
                 &r,
                 "netpol_rejections_total",
-                "objects rejected (kind: Pod, Namespace, NetworkPolicy, Manifest; reason: invalid, interface, parse)",
+                "objects rejected (kind: Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Manifest; reason: invalid, interface, parse)",
                 &["kind", "reason"],
             ),
             rejected_objects: gauge_vec(
@@ -401,7 +401,7 @@ impl Metrics {
             registry: r,
         };
         // Series that exist from the start, so a scrape shows them at zero.
-        for kind in ["Pod", "Namespace", "NetworkPolicy"] {
+        for kind in ["Pod", "Namespace", "NetworkPolicy", "ClusterNetworkPolicy"] {
             m.rejected_objects.with_label_values(&[kind]).set(0);
         }
         for result in ["unchanged", "changed"] {

@@ -20,6 +20,11 @@
 //! - a namespace relabelled or deleted: the local pods selected by every policy with a
 //!   `namespaceSelector` peer its old labels matched.
 //!
+//! - a ClusterNetworkPolicy added, edited or deleted: every local pod; and while any
+//!   ClusterNetworkPolicy exists, a peer pod or namespace change (as above) marks every
+//!   local pod too, since subjects and peers reach across namespaces (a coarse bound, paid
+//!   only in clusters that use them).
+//!
 //! This is a superset of the pods that really lost something (a lost peer may still be
 //! allowed by another rule): it only bounds the work, [`decide`] makes the decision with the
 //! same evaluator `explain` uses ([`crate::verdict::State::allowed`]), one flow per entry. A
@@ -43,8 +48,8 @@ use std::net::IpAddr;
 use crate::host::conntrack::CtTuple;
 use crate::model::validate::{self, namespaced_key};
 use crate::model::{
-    DatastoreEvent, K8sObject, LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, ObjectKind,
-    Peer, PodInfo, PolicyInfo, Protocol,
+    ClusterPolicyInfo, DatastoreEvent, K8sObject, LabelSel, NamespaceInfo, NamespaceScope,
+    ObjectKey, ObjectKind, Peer, PodInfo, PolicyInfo, Protocol,
 };
 use crate::rules::{Direction, RuleConfig};
 use crate::verdict::{Action, Endpoint, Flow, State};
@@ -55,6 +60,7 @@ pub enum Change {
     Pod(ObjectKey, Option<PodInfo>),
     Namespace(String, Option<NamespaceInfo>),
     Policy(ObjectKey, Option<PolicyInfo>),
+    ClusterPolicy(String, Option<ClusterPolicyInfo>),
 }
 
 impl Change {
@@ -74,9 +80,15 @@ impl Change {
                 K8sObject::NetworkPolicy(np) => validate::network_policy(np)
                     .ok()
                     .map(|info| Change::Policy(info.key.clone(), Some(info))),
+                K8sObject::ClusterNetworkPolicy(c) => validate::cluster_network_policy(c)
+                    .ok()
+                    .map(|info| Change::ClusterPolicy(info.name.clone(), Some(info))),
             },
             DatastoreEvent::Delete(r) => match r.kind {
                 ObjectKind::Namespace => Some(Change::Namespace(r.key.clone(), None)),
+                ObjectKind::ClusterNetworkPolicy => {
+                    Some(Change::ClusterPolicy(r.key.clone(), None))
+                }
                 ObjectKind::Pod | ObjectKind::NetworkPolicy => {
                     let (ns, name) = r.key.split_once('/')?;
                     let key = ObjectKey::new(ns, name);
@@ -105,6 +117,7 @@ pub enum Cause {
     PeerDeleted(ObjectKey),
     /// A namespace one of its policies selected was relabelled or deleted.
     NamespaceChanged(String),
+    ClusterPolicyChanged(String),
 }
 
 impl fmt::Display for Cause {
@@ -117,6 +130,9 @@ impl fmt::Display for Cause {
             Cause::PeerChanged(k) => write!(f, "peer pod {k} relabelled or readdressed"),
             Cause::PeerDeleted(k) => write!(f, "peer pod {k} deleted"),
             Cause::NamespaceChanged(n) => write!(f, "namespace {n} relabelled or deleted"),
+            Cause::ClusterPolicyChanged(n) => {
+                write!(f, "ClusterNetworkPolicy {n} added, changed or deleted")
+            }
         }
     }
 }
@@ -143,6 +159,7 @@ pub struct Mirror {
     local: BTreeSet<ObjectKey>,
     namespaces: HashMap<String, NamespaceInfo>,
     policies: BTreeMap<ObjectKey, PolicyInfo>,
+    cluster_policies: BTreeMap<String, ClusterPolicyInfo>,
 }
 
 impl Mirror {
@@ -190,10 +207,26 @@ impl Mirror {
         })
     }
 
+    /// Marks every local pod (a ClusterNetworkPolicy change may concern any of them).
+    fn mark_all_local(&self, marked: &mut Marked, cause: &Cause) {
+        for pod in &self.local {
+            mark(marked, pod, cause);
+        }
+    }
+
     /// Applies one change; marks (into `marked`) the local pods it may have taken something
     /// from.
     pub fn apply(&mut self, change: Change, marked: &mut Marked) {
         match change {
+            Change::ClusterPolicy(name, new) => {
+                let old = match &new {
+                    Some(p) => self.cluster_policies.insert(name.clone(), p.clone()),
+                    None => self.cluster_policies.remove(&name),
+                };
+                if old != new {
+                    self.mark_all_local(marked, &Cause::ClusterPolicyChanged(name));
+                }
+            }
             Change::Policy(key, new) => {
                 let old = match &new {
                     Some(p) => self.policies.insert(key.clone(), p.clone()),
@@ -239,6 +272,9 @@ impl Mirror {
                     None => Cause::PeerDeleted(key.clone()),
                     Some(_) => Cause::PeerChanged(key.clone()),
                 };
+                if !self.cluster_policies.is_empty() {
+                    self.mark_all_local(marked, &cause);
+                }
                 let old_ns = self.ns_labels(&key.namespace);
                 let policies: Vec<&PolicyInfo> = self
                     .policies_with_peer(|scope, pods| {
@@ -273,6 +309,9 @@ impl Mirror {
                     return;
                 }
                 let cause = Cause::NamespaceChanged(name);
+                if !self.cluster_policies.is_empty() {
+                    self.mark_all_local(marked, &cause);
+                }
                 let pods: BTreeSet<ObjectKey> = self
                     .policies_with_peer(|scope, _| match scope {
                         NamespaceScope::Selector(s) => s.matches(&old.labels),
@@ -296,6 +335,7 @@ impl Mirror {
             self.pods.values().cloned(),
             self.policies.values().cloned(),
         );
+        state.set_cluster_policies(self.cluster_policies.values().cloned());
         for ip in host_addrs {
             if state.pod_by_ip(ip).is_none() {
                 state.add_host(*ip, self.node.clone());

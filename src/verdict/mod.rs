@@ -42,6 +42,7 @@
 //! caller supplies ([`State::set_interface`]); without it the report says the chain is not
 //! known.
 
+mod cluster;
 pub mod kernel;
 mod netpol;
 mod text;
@@ -56,9 +57,15 @@ use std::net::IpAddr;
 use serde_json::{json, Value};
 
 use crate::model::validate::{self, ValidationError};
-use crate::model::{IpFamily, K8sObject, NamespaceInfo, ObjectKey, PodInfo, PolicyInfo, Protocol};
+use crate::model::{
+    ClusterPolicyInfo, IpFamily, K8sObject, NamespaceInfo, ObjectKey, PodInfo, PolicyInfo,
+    Protocol, Tier,
+};
+use crate::rules::chains::{tiered_endpoint_chains_traced, TierChains};
+use crate::rules::provenance::{ChainRole, TracedChain};
 use crate::rules::{Direction, EndpointToHostAction, RuleConfig};
 
+pub use cluster::{tier_name, ClusterMatch, ClusterTierReport};
 pub use netpol::{AllowMatch, Miss, MissKind, NetworkPolicyReport, NpOutcome};
 
 /// One side of a flow as asked.
@@ -170,16 +177,21 @@ pub struct TierReport {
     pub detail: TierDetail,
 }
 
-/// Per tier; issue 15 adds the Admin and Baseline ClusterNetworkPolicy tiers here.
+/// Per tier: ClusterNetworkPolicy Admin, NetworkPolicy, ClusterNetworkPolicy Baseline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TierDetail {
     NetworkPolicy(NetworkPolicyReport),
+    Cluster(ClusterTierReport),
 }
 
 impl TierDetail {
     pub fn name(&self) -> &'static str {
         match self {
             TierDetail::NetworkPolicy(_) => "NetworkPolicy",
+            TierDetail::Cluster(c) => match c.tier {
+                Tier::Admin => "ClusterNetworkPolicy Admin",
+                Tier::Baseline => "ClusterNetworkPolicy Baseline",
+            },
         }
     }
 }
@@ -248,6 +260,11 @@ pub struct State {
     policies: Vec<PolicyInfo>,
     /// Per pod: the policies (indices) isolating it for ingress and for egress, in order.
     selected: Vec<[Vec<usize>; 2]>,
+    /// ClusterNetworkPolicies in evaluation order (tier, priority, name).
+    cluster: Vec<ClusterPolicyInfo>,
+    /// Per pod, per tier (Admin, Baseline), per direction: the ClusterNetworkPolicies
+    /// (indices) selecting it with rules in that direction, in order.
+    cluster_selected: Vec<[[Vec<usize>; 2]; 2]>,
     interfaces: HashMap<ObjectKey, String>,
     /// Node addresses → node name.
     hosts: HashMap<IpAddr, String>,
@@ -310,7 +327,7 @@ impl State {
         for (i, p) in policies.iter().enumerate() {
             by_ns.entry(p.key.namespace.as_str()).or_default().push(i);
         }
-        let selected = pod_list
+        let selected: Vec<[Vec<usize>; 2]> = pod_list
             .iter()
             .map(|pod| {
                 let mut sel: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
@@ -336,12 +353,27 @@ impl State {
             by_ip,
             namespaces,
             policies,
+            cluster_selected: vec![Default::default(); selected.len()],
             selected,
+            cluster: Vec::new(),
             interfaces: HashMap::new(),
             hosts: HashMap::new(),
             non_workloads: HashMap::new(),
             declared: HashMap::new(),
         }
+    }
+
+    /// Sets the ClusterNetworkPolicies (replacing any before; later duplicates of a name
+    /// win) and which pods each one's subject selects.
+    pub fn set_cluster_policies(&mut self, policies: impl IntoIterator<Item = ClusterPolicyInfo>) {
+        let mut by_name: BTreeMap<String, ClusterPolicyInfo> = BTreeMap::new();
+        for p in policies {
+            by_name.insert(p.name.clone(), p);
+        }
+        let mut list: Vec<ClusterPolicyInfo> = by_name.into_values().collect();
+        list.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        self.cluster_selected = cluster::selections(self, &list);
+        self.cluster = list;
     }
 
     /// Validates and indexes raw objects. Every object that fails validation is returned
@@ -352,6 +384,7 @@ impl State {
         let mut namespaces = Vec::new();
         let mut pods = Vec::new();
         let mut policies = Vec::new();
+        let mut cluster_policies = Vec::new();
         let mut non_workloads = HashMap::new();
         let mut hosts = HashMap::new();
         let mut declared: HashMap<ObjectKey, Vec<(Protocol, u16)>> = HashMap::new();
@@ -363,6 +396,10 @@ impl State {
                 },
                 K8sObject::NetworkPolicy(np) => match validate::network_policy(np) {
                     Ok(info) => policies.push(info),
+                    Err(e) => errors.push(e),
+                },
+                K8sObject::ClusterNetworkPolicy(c) => match validate::cluster_network_policy(c) {
+                    Ok(info) => cluster_policies.push(info),
                     Err(e) => errors.push(e),
                 },
                 K8sObject::Pod(p) => {
@@ -432,6 +469,7 @@ impl State {
             }
         }
         let mut state = State::new(cfg, namespaces, pods, policies);
+        state.set_cluster_policies(cluster_policies);
         // A workload's address is never a node's, whatever a status says.
         hosts.retain(|ip, _| !state.by_ip.contains_key(ip));
         state.hosts = hosts;
@@ -622,7 +660,7 @@ impl State {
             }
         }
         let egress = match &flow.src {
-            Side::Pod(i) => netpol::allows(self, Direction::Egress, *i, flow),
+            Side::Pod(i) => self.direction_allows(Direction::Egress, *i, flow),
             _ => true,
         };
         if !egress || !self.to_host_allowed(flow) {
@@ -630,10 +668,62 @@ impl State {
         }
         match &flow.dst {
             Side::Pod(i) if !self.is_from_own_node(flow, *i) => {
-                netpol::allows(self, Direction::Ingress, *i, flow)
+                self.direction_allows(Direction::Ingress, *i, flow)
             }
             _ => true,
         }
+    }
+
+    /// One direction of a pod through the tiers: Admin, NetworkPolicy (decides when the pod
+    /// is isolated), Baseline, then allow.
+    fn direction_allows(&self, dir: Direction, pod: usize, flow: &ResolvedFlow) -> bool {
+        if let Some(a) = cluster::decides(self, Tier::Admin, dir, pod, flow) {
+            return a;
+        }
+        if !self.selected[pod][dir_index(dir)].is_empty() {
+            return netpol::allows(self, dir, pod, flow);
+        }
+        cluster::decides(self, Tier::Baseline, dir, pod, flow).unwrap_or(true)
+    }
+
+    /// The pod's workload chain of `dir` with provenance, as the agent renders it (its tier
+    /// sections included); `None` when its interface is not known.
+    pub(crate) fn workload_chain(
+        &self,
+        pod: usize,
+        dir: Direction,
+        family: IpFamily,
+    ) -> Option<TracedChain> {
+        let p = &self.pods[pod];
+        let iface = self.interfaces.get(&p.key)?;
+        let keys = |d: Direction| -> Vec<ObjectKey> {
+            self.selected[pod][dir_index(d)]
+                .iter()
+                .map(|&i| self.policies[i].key.clone())
+                .collect()
+        };
+        let (ingress, egress) = (keys(Direction::Ingress), keys(Direction::Egress));
+        let [admin_in, baseline_in] = cluster::chain_names(self, Direction::Ingress, pod);
+        let [admin_out, baseline_out] = cluster::chain_names(self, Direction::Egress, pod);
+        tiered_endpoint_chains_traced(
+            &self.cfg,
+            family,
+            iface,
+            &p.key,
+            &p.key.namespace,
+            &TierChains {
+                admin: &admin_in,
+                network: &ingress,
+                baseline: &baseline_in,
+            },
+            &TierChains {
+                admin: &admin_out,
+                network: &egress,
+                baseline: &baseline_out,
+            },
+        )
+        .into_iter()
+        .find(|c| matches!(&c.role, ChainRole::Workload { direction, .. } if *direction == dir))
     }
 
     /// The full answer: per direction, which tiers ran, which policy, rule, peer and port
@@ -694,11 +784,29 @@ impl State {
         }
         // The tiers in order; the first that decides ends the direction.
         let mut tiers = Vec::new();
-        let np = netpol::report(self, direction, *i, flow);
-        tiers.push(TierReport {
-            decision: np.decision(),
-            detail: TierDetail::NetworkPolicy(np),
-        });
+        let workload = self.workload_chain(*i, direction, flow.family);
+        let cluster_tier = |tier: Tier| {
+            let c = cluster::report(self, tier, direction, *i, flow, workload.as_ref());
+            TierReport {
+                decision: c.decision(),
+                detail: TierDetail::Cluster(c),
+            }
+        };
+        if cluster::has_tier(self, Tier::Admin, direction, *i) {
+            tiers.push(cluster_tier(Tier::Admin));
+        }
+        if tiers.iter().all(|t| t.decision.is_none()) {
+            let np = netpol::report(self, direction, *i, flow);
+            tiers.push(TierReport {
+                decision: np.decision(),
+                detail: TierDetail::NetworkPolicy(np),
+            });
+        }
+        if tiers.iter().all(|t| t.decision.is_none())
+            && cluster::has_tier(self, Tier::Baseline, direction, *i)
+        {
+            tiers.push(cluster_tier(Tier::Baseline));
+        }
         let action = tiers
             .iter()
             .find_map(|t| t.decision)
@@ -886,6 +994,7 @@ impl DirectionVerdict {
             "tiers": self.tiers.iter().map(|t| {
                 let mut v = match &t.detail {
                     TierDetail::NetworkPolicy(np) => np.to_json(),
+                    TierDetail::Cluster(c) => c.to_json(),
                 };
                 v["tier"] = json!(t.detail.name());
                 v["decision"] = json!(t.decision.map(Action::as_str).unwrap_or("pass"));

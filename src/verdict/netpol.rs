@@ -15,7 +15,7 @@ use crate::ipsets::set_name;
 use crate::model::{
     IpFamily, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch, PortSpec,
 };
-use crate::rules::chains::{endpoint_chains_traced, profile_chains_traced};
+use crate::rules::chains::profile_chains_traced;
 use crate::rules::policy::{plan_policy, policy_chains_traced};
 use crate::rules::provenance::{
     describe_peer, describe_port, describe_port_entries, ChainRole, PolicyRuleRole, PolicyStep,
@@ -306,27 +306,7 @@ impl Chains<'_> {
     }
 
     fn workload(&self) -> Option<TracedChain> {
-        let pod = &self.state.pods[self.pod];
-        let iface = self.state.interfaces.get(&pod.key)?;
-        let keys = |d: usize| -> Vec<ObjectKey> {
-            self.state.selected[self.pod][d]
-                .iter()
-                .map(|&i| self.state.policies[i].key.clone())
-                .collect()
-        };
-        endpoint_chains_traced(
-            &self.state.cfg,
-            self.family,
-            iface,
-            &pod.key,
-            &pod.key.namespace,
-            &keys(0),
-            &keys(1),
-        )
-        .into_iter()
-        .find(
-            |c| matches!(&c.role, ChainRole::Workload { direction, .. } if *direction == self.dir),
-        )
+        self.state.workload_chain(self.pod, self.dir, self.family)
     }
 
     fn profile(&self) -> Option<TracedChain> {

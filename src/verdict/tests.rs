@@ -9,7 +9,9 @@ use proptest::prelude::*;
 use super::kernel::{self, KernelSets, KernelVerdict, NodeView, Ruleset, StepResult};
 use super::*;
 use crate::agent::Calculation;
-use crate::calc_graph::tests::{label_map, pod, policy, NAMESPACES, NODE, NS_LABELS};
+use crate::calc_graph::tests::{
+    cluster_policy, label_map, pod, policy, NAMESPACES, NODE, NS_LABELS,
+};
 use crate::calc_graph::GraphConfig;
 use crate::datastore::manifests::parse_manifests;
 use crate::iface_naming::{CalicoResolver, InterfaceResolver};
@@ -177,8 +179,13 @@ fn explain(state: &State, from: &str, to: &str, protocol: Protocol, port: u16) -
 }
 
 fn np(d: &DirectionVerdict) -> &NetworkPolicyReport {
-    let TierDetail::NetworkPolicy(np) = &d.tiers[0].detail;
-    np
+    d.tiers
+        .iter()
+        .find_map(|t| match &t.detail {
+            TierDetail::NetworkPolicy(np) => Some(np),
+            _ => None,
+        })
+        .expect("a NetworkPolicy tier")
 }
 
 fn allowed_by(d: &DirectionVerdict) -> &AllowMatch {
@@ -399,6 +406,7 @@ fn compile(
     namespaces: &[NamespaceInfo],
     pods: &[PodInfo],
     policies: &[PolicyInfo],
+    cluster_policies: &[ClusterPolicyInfo],
 ) -> Compiled {
     let mut tables = BTreeMap::new();
     let mut provenance = BTreeMap::new();
@@ -418,6 +426,9 @@ fn compile(
         policies
             .iter()
             .for_each(|x| calc.upsert_policy_info(x.clone()));
+        cluster_policies
+            .iter()
+            .for_each(|x| calc.upsert_cluster_policy_info(x.clone()));
         calc.flush();
         let state = calc.snapshot();
         for family in [IpFamily::V4, IpFamily::V6] {
@@ -464,7 +475,10 @@ fn matched_hashes(t: &kernel::Trace) -> Vec<&str> {
 
 /// The hash of the rule that decided a direction in the evaluator's report.
 fn deciding_hash(d: &DirectionVerdict) -> Option<String> {
-    let TierDetail::NetworkPolicy(np) = &d.tiers.first()?.detail;
+    let np = match &d.tiers.last()?.detail {
+        TierDetail::NetworkPolicy(np) => np,
+        TierDetail::Cluster(c) => return c.matched.as_ref()?.steps.first()?.hash.clone(),
+    };
     match &np.outcome {
         NpOutcome::Allowed(m) => m.steps[1].hash.clone(),
         NpOutcome::Denied { steps, .. } => steps[0].hash.clone(),
@@ -476,14 +490,16 @@ fn check_cluster(
     namespaces: Vec<NamespaceInfo>,
     pods: Vec<PodInfo>,
     policies: Vec<PolicyInfo>,
+    cluster_policies: Vec<ClusterPolicyInfo>,
     bridge: bool,
 ) -> Result<(), TestCaseError> {
     let cfg = RuleConfig {
         bridge: bridge.then(|| "cni0".to_string()),
         ..RuleConfig::default()
     };
-    let compiled = compile(&cfg, &namespaces, &pods, &policies);
+    let compiled = compile(&cfg, &namespaces, &pods, &policies, &cluster_policies);
     let mut state = State::new(cfg.clone(), namespaces, pods.clone(), policies);
+    state.set_cluster_policies(cluster_policies);
     let resolver = CalicoResolver::default();
     for p in &pods {
         state.set_interface(&p.key, resolver.resolve(p).unwrap());
@@ -647,7 +663,7 @@ fn namespaces() -> impl Strategy<Value = Vec<NamespaceInfo>> {
     })
 }
 
-use crate::model::NAMESPACE_NAME_LABEL;
+use crate::model::{ClusterPolicyInfo, RuleAction, Tier, NAMESPACE_NAME_LABEL};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
@@ -664,6 +680,149 @@ proptest! {
     ) {
         let mut seen = std::collections::BTreeSet::new();
         let pods: Vec<PodInfo> = pods.into_iter().rev().filter(|p| seen.insert(p.key.clone())).collect();
-        check_cluster(namespaces, pods, policies, bridge)?;
+        check_cluster(namespaces, pods, policies, Vec::new(), bridge)?;
     }
+
+    /// The same with ClusterNetworkPolicies of both tiers beside the NetworkPolicies (every
+    /// action, priority ties, pods/networks/unknown peers, numeric and named ports).
+    #[test]
+    fn evaluator_agrees_with_the_kernel_interpreter_with_cluster_policies(
+        namespaces in namespaces(),
+        pods in proptest::collection::vec(pod(), 1..6),
+        policies in proptest::collection::vec(policy(), 0..3),
+        cluster_policies in proptest::collection::vec(cluster_policy(), 1..4),
+        bridge in any::<bool>(),
+    ) {
+        let mut seen = std::collections::BTreeSet::new();
+        let pods: Vec<PodInfo> = pods.into_iter().rev().filter(|p| seen.insert(p.key.clone())).collect();
+        // One policy per name, as the API server keeps them.
+        let mut names = std::collections::BTreeSet::new();
+        let cluster_policies: Vec<ClusterPolicyInfo> = cluster_policies
+            .into_iter()
+            .rev()
+            .filter(|p| names.insert(p.name.clone()))
+            .collect();
+        check_cluster(namespaces, pods, policies, cluster_policies, bridge)?;
+    }
+}
+
+const CLUSTER_FIXTURE: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: a}}}
+  ingress:
+  - name: pass-from-y
+    action: Pass
+    from: [{namespaces: {matchLabels: {team: b}}}]
+  - name: deny-dns
+    action: Deny
+    from: [{pods: {namespaceSelector: {}, podSelector: {}}}]
+    protocols: [{udp: {destinationPort: {number: 53}}}]
+  egress:
+  - name: metadata
+    action: Deny
+    to: [{networks: [10.0.3.0/24]}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: floor}
+spec:
+  tier: Baseline
+  priority: 0
+  subject: {namespaces: {}}
+  ingress:
+  - name: deny-all
+    action: Deny
+    from: [{namespaces: {}}]
+"#;
+
+fn cluster_fixture() -> State {
+    let text = format!("{FIXTURE}\n---\n{CLUSTER_FIXTURE}");
+    let (objects, errors) = parse_manifests(&text, "fixture");
+    assert!(errors.is_empty(), "{errors:?}");
+    let (mut state, errors) = State::from_objects(RuleConfig::default(), &objects);
+    assert!(errors.is_empty(), "{errors:?}");
+    let resolver = CalicoResolver::default();
+    let pods: Vec<PodInfo> = state.pods().to_vec();
+    for p in pods {
+        state.set_interface(&p.key, resolver.resolve(&p).unwrap());
+    }
+    state
+}
+
+fn cluster_tier(d: &DirectionVerdict, tier: Tier) -> &ClusterTierReport {
+    d.tiers
+        .iter()
+        .find_map(|t| match &t.detail {
+            TierDetail::Cluster(c) if c.tier == tier => Some(c),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no {tier:?} tier in {:?}", d.tiers))
+}
+
+#[test]
+fn cluster_tiers_run_around_the_network_policies() {
+    let s = cluster_fixture();
+    // y/c -> x/b1 (team a): Admin passes, x/b-ingress isolates b1 and allows 9000-9010 from
+    // team b: the NetworkPolicy decides, Baseline never runs.
+    let v = explain(&s, "y/e", "x/b1", Tcp, 9005);
+    assert_eq!(v.ingress.action, Action::Allow, "{}", v.to_text());
+    let admin = cluster_tier(&v.ingress, Tier::Admin);
+    let m = admin.matched.as_ref().unwrap();
+    assert_eq!(
+        (m.policy.as_str(), m.rule, m.action, m.rule_name.as_deref()),
+        ("guard", 0, RuleAction::Pass, Some("pass-from-y"))
+    );
+    assert!(m.steps[0]
+        .chain
+        .as_deref()
+        .unwrap()
+        .starts_with("cali-pi-kcnp/guard"));
+    assert_eq!(m.steps[0].hash.as_ref().map(String::len), Some(16));
+    assert_eq!(v.ingress.tiers.len(), 2, "{}", v.to_text());
+    // Admin Deny decides before the NetworkPolicy tier runs.
+    let v = explain(&s, "z/d", "x/b1", Udp, 53);
+    assert_eq!(v.ingress.action, Action::Deny);
+    assert_eq!(v.ingress.tiers.len(), 1);
+    let m = cluster_tier(&v.ingress, Tier::Admin)
+        .matched
+        .clone()
+        .unwrap();
+    assert_eq!((m.rule, m.action), (1, RuleAction::Deny));
+    assert!(
+        v.to_text()
+            .contains("DENY (final) by ClusterNetworkPolicy guard ingress rule 1 (deny-dns)"),
+        "{}",
+        v.to_text()
+    );
+    // x/a is not isolated for ingress by a NetworkPolicy: Admin does not match TCP from x,
+    // then Baseline denies.
+    let v = explain(&s, "x/b1", "x/a", Tcp, 80);
+    assert_eq!(v.ingress.action, Action::Deny, "{}", v.to_text());
+    let base = cluster_tier(&v.ingress, Tier::Baseline);
+    assert_eq!(base.matched.as_ref().unwrap().policy, "floor");
+    assert_eq!(v.ingress.tiers.len(), 3);
+    // Egress to networks, pod addresses included: x/a -> z/d (10.0.3.1) is denied by Admin
+    // before x/a-egress's own-namespace-only rules are consulted.
+    let v = explain(&s, "x/a", "z/d", Tcp, 80);
+    assert_eq!(v.egress.action, Action::Deny);
+    assert_eq!(
+        cluster_tier(&v.egress, Tier::Admin)
+            .matched
+            .as_ref()
+            .unwrap()
+            .rule_name
+            .as_deref(),
+        Some("metadata")
+    );
+    let json = v.to_json();
+    assert_eq!(
+        json["egress"]["tiers"][0]["tier"],
+        "ClusterNetworkPolicy Admin"
+    );
+    assert_eq!(json["egress"]["tiers"][0]["decision"], "deny");
 }

@@ -5,9 +5,10 @@
 use std::fmt::Write as _;
 
 use super::{
-    Action, DirectionVerdict, KernelRef, MissKind, NpOutcome, TierDetail, Unpoliced, Verdict,
+    tier_name, Action, ClusterTierReport, DirectionVerdict, KernelRef, MissKind, NpOutcome,
+    TierDetail, Unpoliced, Verdict,
 };
-use crate::model::IpFamily;
+use crate::model::{IpFamily, RuleAction};
 use crate::rules::Direction;
 
 /// `cali-pi-knp/x/p #3 cali:AbCdEf0123456789  what`.
@@ -76,6 +77,7 @@ fn direction_text(out: &mut String, d: &DirectionVerdict, v: &Verdict) {
     }
     for t in &d.tiers {
         match &t.detail {
+            TierDetail::Cluster(c) => cluster_text(out, c, d.direction),
             TierDetail::NetworkPolicy(np) => {
                 let names: Vec<String> = np
                     .policies
@@ -167,6 +169,57 @@ fn direction_text(out: &mut String, d: &DirectionVerdict, v: &Verdict) {
         }
     }
     refs(out, &d.after, "  ");
+}
+
+fn cluster_text(out: &mut String, c: &ClusterTierReport, direction: Direction) {
+    let tier = c.tier.as_str();
+    let names: Vec<String> = c
+        .policies
+        .iter()
+        .map(|(n, p, chain)| format!("{n} (priority {p}, {chain})"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  ClusterNetworkPolicy tier {tier} ({}): {}",
+        tier_name(c.tier),
+        names.join(", ")
+    );
+    match &c.matched {
+        None => {
+            let _ = writeln!(
+                out,
+                "  no {} rule of these policies matches: on to the next tier",
+                direction.as_str()
+            );
+        }
+        Some(m) => {
+            let name = m
+                .rule_name
+                .as_ref()
+                .map_or_else(String::new, |n| format!(" ({n})"));
+            let result = match m.effect() {
+                RuleAction::Accept => "ACCEPT (final)".to_string(),
+                RuleAction::Deny if m.fail_closed => format!(
+                    "DENY (final): a {} rule with a peer this version cannot read fails closed",
+                    m.action.as_str()
+                ),
+                RuleAction::Deny => "DENY (final)".to_string(),
+                RuleAction::Pass => "PASS (the rest of the tier is skipped)".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "  {result} by ClusterNetworkPolicy {} {} rule {}{name} {}, peer {} ({}), {}",
+                m.policy,
+                direction.as_str(),
+                m.rule,
+                m.action.as_str(),
+                m.peer,
+                m.peer_text,
+                m.port_text
+            );
+            refs(out, &m.steps, "    ");
+        }
+    }
 }
 
 fn refs(out: &mut String, refs: &[KernelRef], indent: &str) {

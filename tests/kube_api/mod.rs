@@ -1,6 +1,9 @@
 //! A fake Kubernetes API server for the datastore tests: plain HTTP on 127.0.0.1, speaking
 //! the list/watch protocol of the real one for Pods (`/api/v1/pods`), Namespaces
-//! (`/api/v1/namespaces`) and NetworkPolicies (`/apis/networking.k8s.io/v1/networkpolicies`):
+//! (`/api/v1/namespaces`), NetworkPolicies (`/apis/networking.k8s.io/v1/networkpolicies`) and
+//! ClusterNetworkPolicies (`/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies`,
+//! a CRD: the test can uninstall it, and the resource then answers 404 like a real API server
+//! without the CRD, with a `Status` body or the plain text `404 page not found`):
 //! - lists (`PodList`…) with `metadata.resourceVersion`, paginated by `limit`/`continue` over
 //!   a snapshot, items without `kind`/`apiVersion` as the real server sends them;
 //! - `?watch=true&resourceVersion=N` streams newline-delimited `ADDED`/`MODIFIED`/`DELETED`
@@ -47,15 +50,21 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
-/// The three resources the datastore watches.
+/// The resources the datastore watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Res {
     Pods,
     Namespaces,
     Policies,
+    ClusterPolicies,
 }
 
-pub const ALL: [Res; 3] = [Res::Pods, Res::Namespaces, Res::Policies];
+pub const ALL: [Res; 4] = [
+    Res::Pods,
+    Res::Namespaces,
+    Res::Policies,
+    Res::ClusterPolicies,
+];
 
 impl Res {
     fn index(self) -> usize {
@@ -66,6 +75,9 @@ impl Res {
             Res::Pods => "/api/v1/pods",
             Res::Namespaces => "/api/v1/namespaces",
             Res::Policies => "/apis/networking.k8s.io/v1/networkpolicies",
+            Res::ClusterPolicies => {
+                "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"
+            }
         }
     }
     fn kind(self) -> &'static str {
@@ -73,11 +85,13 @@ impl Res {
             Res::Pods => "Pod",
             Res::Namespaces => "Namespace",
             Res::Policies => "NetworkPolicy",
+            Res::ClusterPolicies => "ClusterNetworkPolicy",
         }
     }
     fn api_version(self) -> &'static str {
         match self {
             Res::Policies => "networking.k8s.io/v1",
+            Res::ClusterPolicies => "policy.networking.k8s.io/v1alpha2",
             _ => "v1",
         }
     }
@@ -86,6 +100,7 @@ impl Res {
             "Pod" => Res::Pods,
             "Namespace" => Res::Namespaces,
             "NetworkPolicy" => Res::Policies,
+            "ClusterNetworkPolicy" => Res::ClusterPolicies,
             other => panic!("the fake API server does not serve {other}"),
         }
     }
@@ -102,6 +117,18 @@ pub fn key_of(obj: &Value) -> String {
         Some(ns) => format!("{ns}/{name}"),
         None => name.to_string(),
     }
+}
+
+/// How a resource whose CRD is not installed answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Served {
+    #[default]
+    Yes,
+    /// 404 with a `Status` body (`NotFound`).
+    NotFoundStatus,
+    /// 404 with the plain text `404 page not found`, as the API server's mux answers a
+    /// group it does not know.
+    NotFoundText,
 }
 
 /// How a watch that starts from an expired resource version is refused.
@@ -169,11 +196,12 @@ struct Kind {
     snapshots: HashMap<u64, Snapshot>,
     fail_lists: u32,
     fail_continues: u32,
+    served: Served,
 }
 
 struct State {
     rv: u64,
-    kinds: [Kind; 3],
+    kinds: [Kind; 4],
     requests: Vec<Req>,
     next_id: u64,
     streaming: Streaming,
@@ -182,10 +210,10 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    hold_lists: [watch::Sender<bool>; 3],
-    hold_watches: [watch::Sender<bool>; 3],
+    hold_lists: [watch::Sender<bool>; 4],
+    hold_watches: [watch::Sender<bool>; 4],
     /// Response body bytes sent, per resource.
-    sent: Arc<[AtomicU64; 3]>,
+    sent: Arc<[AtomicU64; 4]>,
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -254,6 +282,11 @@ impl FakeApi {
     pub fn apply(&self, obj: Value) -> u64 {
         let res = Res::of_kind(obj["kind"].as_str().expect("kind"));
         let mut state = self.state();
+        assert_eq!(
+            state.kinds[res.index()].served,
+            Served::Yes,
+            "{res:?} is not installed: the API server would refuse the object"
+        );
         state.rv += 1;
         state.next_id += 1;
         let rv = state.rv;
@@ -410,6 +443,25 @@ impl FakeApi {
         let line = format!("{}\n", json!({"type": "ERROR", "object": expired_status()}));
         for w in watches {
             let _ = w.tx.send(Msg::Line(line.clone()));
+        }
+    }
+
+    /// Installs or uninstalls the CRD behind `res`. Uninstalling deletes its objects (as the
+    /// API server does with a CRD's objects, without watch events: their watches end) and
+    /// answers 404 from then on; installing serves the resource again, empty.
+    pub fn set_served(&self, res: Res, served: Served) {
+        let mut state = self.state();
+        state.rv += 1;
+        let rv = state.rv;
+        let kind = &mut state.kinds[res.index()];
+        kind.served = served;
+        if served != Served::Yes {
+            kind.objects.clear();
+            kind.history.clear();
+            kind.compacted = rv + 1;
+            for w in std::mem::take(&mut kind.watches) {
+                let _ = w.tx.send(Msg::Abort);
+            }
         }
     }
 
@@ -604,7 +656,7 @@ fn decorate(res: Res, mut obj: Value, previous: Option<&Value>, rv: u64, id: u64
                     .or_insert_with(|| json!("BestEffort"));
             }
         }
-        Res::Policies => {
+        Res::Policies | Res::ClusterPolicies => {
             meta.insert("generation".into(), json!(1));
         }
     }
@@ -720,11 +772,36 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
             .into_owned()
             .collect();
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    shared.state.lock().unwrap().requests.push(Req {
-        res,
-        watch: watching,
-        query: query.clone(),
-    });
+    let served = {
+        let mut state = shared.state.lock().unwrap();
+        state.requests.push(Req {
+            res,
+            watch: watching,
+            query: query.clone(),
+        });
+        state.kinds[res.index()].served
+    };
+    match served {
+        Served::Yes => {}
+        Served::NotFoundStatus => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            )
+        }
+        Served::NotFoundText => {
+            return Response::builder()
+                .status(StatusCode::NOT_FOUND)
+                .header("content-type", "text/plain; charset=utf-8")
+                .body(
+                    Full::new(Bytes::from("404 page not found\n"))
+                        .map_err(|never| match never {})
+                        .boxed(),
+                )
+                .expect("response")
+        }
+    }
     // The datastore selects everything.
     for unexpected in ["labelSelector", "fieldSelector"] {
         if query.get(unexpected).is_some_and(|v| !v.is_empty()) {

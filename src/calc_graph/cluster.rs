@@ -1,0 +1,240 @@
+//! ClusterNetworkPolicies in the graph: which local endpoints each one's subject selects, the
+//! sets an active one references, and the order of the tiers in the workload chains.
+//!
+//! A ClusterNetworkPolicy is active, like a NetworkPolicy, while its subject selects a local
+//! endpoint; only then does it have chains and set references. A subject selects by pod
+//! labels and by the labels of the pod's namespace, so besides the policy's own events a
+//! local pod's relabel and its namespace's relabel re-evaluate it (per local endpoint: there
+//! are at most a few hundred). Its chains are shared by every endpoint it selects; each
+//! endpoint's chains list, per direction, the Admin policies that have rules there in
+//! (priority, name) order, its NetworkPolicies, then the Baseline policies likewise.
+
+use std::collections::BTreeSet;
+
+use crate::rules::cluster::{plan_cluster_policy, ClusterPolicyPlan};
+use crate::rules::Direction;
+
+use crate::model::validate;
+use crate::model::{ClusterNetworkPolicy, ClusterPolicyInfo, ObjectKey, ObjectKind, Tier};
+
+use super::{CalcGraph, Owner, RejectKind};
+
+pub(super) struct ClusterEntry {
+    pub(super) info: ClusterPolicyInfo,
+    pub(super) plan: ClusterPolicyPlan,
+    /// Local endpoints the subject selects; non-empty means active.
+    pub(super) selects: BTreeSet<ObjectKey>,
+}
+
+impl CalcGraph {
+    /// Validates and applies a ClusterNetworkPolicy. An invalid one is logged and recorded;
+    /// its previous valid version (if any) stays in force.
+    pub fn upsert_cluster_policy(&mut self, cnp: &ClusterNetworkPolicy) {
+        let name = cnp.metadata.name.clone().unwrap_or_default();
+        match validate::cluster_network_policy(cnp) {
+            Ok(info) => {
+                self.accept(ObjectKind::ClusterNetworkPolicy, &name);
+                self.upsert_cluster_policy_info(info);
+            }
+            Err(e) => self.reject(
+                ObjectKind::ClusterNetworkPolicy,
+                name,
+                RejectKind::Invalid,
+                e.to_string(),
+            ),
+        }
+    }
+
+    pub fn upsert_cluster_policy_info(&mut self, info: ClusterPolicyInfo) {
+        let name = info.name.clone();
+        if self
+            .cluster_policies
+            .get(&name)
+            .is_some_and(|p| p.info == info)
+        {
+            return;
+        }
+        let plan = plan_cluster_policy(&info);
+        let selects: BTreeSet<ObjectKey> = self
+            .endpoints
+            .keys()
+            .filter(|ep| self.subject_selects(&info, ep))
+            .cloned()
+            .collect();
+        let old = self.cluster_policies.remove(&name);
+        // New references first, so sets shared by the old and new version are not churned.
+        if !selects.is_empty() {
+            for def in plan.set_defs() {
+                self.sets.acquire(&def);
+            }
+        }
+        let old_selects = match &old {
+            Some(old) => {
+                if !old.selects.is_empty() {
+                    for def in old.plan.set_defs() {
+                        self.sets.release(&def);
+                    }
+                }
+                old.selects.clone()
+            }
+            None => BTreeSet::new(),
+        };
+        for ep in old_selects.union(&selects) {
+            if let Some(e) = self.endpoints.get_mut(ep) {
+                if selects.contains(ep) {
+                    e.cluster_policies.insert(name.clone());
+                } else {
+                    e.cluster_policies.remove(&name);
+                }
+            }
+            // Re-rendered even when still selected: its tier, priority or directions may differ.
+            self.dirty.mark(Owner::Endpoint(ep.clone()));
+        }
+        self.dirty.mark(Owner::ClusterPolicy(name.clone()));
+        self.cluster_policies.insert(
+            name,
+            ClusterEntry {
+                info,
+                plan,
+                selects,
+            },
+        );
+    }
+
+    pub fn remove_cluster_policy(&mut self, name: &str) {
+        self.rejected
+            .remove(&(ObjectKind::ClusterNetworkPolicy, name.to_string()));
+        let Some(entry) = self.cluster_policies.remove(name) else {
+            return;
+        };
+        for ep in &entry.selects {
+            if let Some(e) = self.endpoints.get_mut(ep) {
+                e.cluster_policies.remove(name);
+            }
+            self.dirty.mark(Owner::Endpoint(ep.clone()));
+        }
+        if !entry.selects.is_empty() {
+            for def in entry.plan.set_defs() {
+                self.sets.release(&def);
+            }
+        }
+        self.dirty.mark(Owner::ClusterPolicy(name.to_string()));
+    }
+
+    fn subject_selects(&self, info: &ClusterPolicyInfo, ep: &ObjectKey) -> bool {
+        let Some(pod) = self.sets.pod(ep) else {
+            return false;
+        };
+        info.subject.pods.matches(&pod.labels)
+            && info
+                .subject
+                .namespaces
+                .matches(&self.sets.namespace_labels(&ep.namespace))
+    }
+
+    /// Re-evaluates which ClusterNetworkPolicies select a local endpoint (it is new, or its
+    /// labels or its namespace's labels changed).
+    pub(super) fn reselect_cluster_policies(&mut self, key: &ObjectKey) {
+        if self.cluster_policies.is_empty() || !self.endpoints.contains_key(key) {
+            return;
+        }
+        let verdicts: Vec<(String, bool)> = self
+            .cluster_policies
+            .values()
+            .map(|p| (p.info.name.clone(), self.subject_selects(&p.info, key)))
+            .collect();
+        for (name, selects) in verdicts {
+            self.set_cluster_selection(&name, key, selects);
+        }
+    }
+
+    /// A namespace's labels changed: its local endpoints may have entered or left subjects.
+    pub(super) fn reselect_cluster_namespace(&mut self, namespace: &str) {
+        if self.cluster_policies.is_empty() {
+            return;
+        }
+        let eps: Vec<ObjectKey> = self
+            .endpoints_by_ns
+            .get(namespace)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for ep in eps {
+            self.reselect_cluster_policies(&ep);
+        }
+    }
+
+    /// Records whether policy `name` selects endpoint `ep`, activating or retiring the
+    /// policy when that changes whether it selects anything.
+    pub(super) fn set_cluster_selection(&mut self, name: &str, ep: &ObjectKey, selects: bool) {
+        let Some(entry) = self.cluster_policies.get_mut(name) else {
+            return;
+        };
+        let was_active = !entry.selects.is_empty();
+        let changed = if selects {
+            entry.selects.insert(ep.clone())
+        } else {
+            entry.selects.remove(ep)
+        };
+        if !changed {
+            return;
+        }
+        let is_active = !entry.selects.is_empty();
+        if let Some(e) = self.endpoints.get_mut(ep) {
+            if selects {
+                e.cluster_policies.insert(name.to_string());
+            } else {
+                e.cluster_policies.remove(name);
+            }
+        }
+        self.dirty.mark(Owner::Endpoint(ep.clone()));
+        if was_active != is_active {
+            for def in &entry.plan.set_defs() {
+                if is_active {
+                    self.sets.acquire(def);
+                } else {
+                    self.sets.release(def);
+                }
+            }
+            self.dirty.mark(Owner::ClusterPolicy(name.to_string()));
+        }
+    }
+
+    /// The chains of `tier`'s policies selecting the endpoint that have rules in
+    /// `direction`, in evaluation order.
+    pub(super) fn cluster_chains(
+        &self,
+        names: &BTreeSet<String>,
+        tier: Tier,
+        direction: Direction,
+    ) -> Vec<String> {
+        let mut policies: Vec<&ClusterEntry> = names
+            .iter()
+            .filter_map(|n| self.cluster_policies.get(n))
+            .filter(|p| p.info.tier == tier && p.plan.direction(direction).is_some())
+            .collect();
+        policies.sort_by(|a, b| a.info.order_key().cmp(&b.info.order_key()));
+        policies.into_iter().map(|p| p.info.name.clone()).collect()
+    }
+
+    /// The ClusterNetworkPolicies selecting a local endpoint, in chain order: Admin ingress,
+    /// Admin egress, Baseline ingress, Baseline egress.
+    pub(super) fn endpoint_cluster_policies(&self, key: &ObjectKey) -> [Vec<String>; 4] {
+        let Some(ep) = self.endpoints.get(key) else {
+            return Default::default();
+        };
+        let chains = |tier, direction| self.cluster_chains(&ep.cluster_policies, tier, direction);
+        [
+            chains(Tier::Admin, Direction::Ingress),
+            chains(Tier::Admin, Direction::Egress),
+            chains(Tier::Baseline, Direction::Ingress),
+            chains(Tier::Baseline, Direction::Egress),
+        ]
+    }
+
+    pub fn active_cluster_policy_count(&self) -> usize {
+        self.cluster_policies
+            .values()
+            .filter(|p| !p.selects.is_empty())
+            .count()
+    }
+}

@@ -1,0 +1,210 @@
+//! The ClusterNetworkPolicy follower of the Kubernetes datastore: lists and watches
+//! `policy.networking.k8s.io/v1alpha2` `clusternetworkpolicies` (cluster-scoped) with the
+//! same watcher, trimming, mirror and relist rules as the other kinds (`kube`), plus one state
+//! they do not have: the resource may not exist. The CRD comes from network-policy-api, not
+//! from Kubernetes, and a cluster may run the agent before (or without) installing it.
+//!
+//! # A missing CRD
+//!
+//! When the API server answers 404 for the resource (JSON `Status` or the plain-text
+//! `404 page not found`, both reach us as `kube::Error::Api` with code 404):
+//! - it is an empty listing: whatever was delivered before is deleted (the CRD was removed,
+//!   and the API server removed its objects with it), and the first time it counts as this
+//!   kind's first listing, so `InSync` is not held up by a resource that is not there;
+//! - it is logged once at warning level when it starts (with what to install), at debug
+//!   level on every later check, and at info level when the resource appears;
+//! - the resource is looked for again every `KubeOptions::missing_crd_recheck` (30 s by
+//!   default) with a fresh watcher, which lists and watches as soon as it is there. It never
+//!   ends the datastore and never turns into a fast retry loop.
+//!
+//! Any other error is handled as for the other kinds (logged, retried with the back-off
+//! policy, a 410 restarts with a relist).
+
+use std::time::Duration;
+
+use ::kube::runtime::utils::ResetTimerBackoff;
+use ::kube::runtime::{watcher, WatchStreamExt};
+use ::kube::Api;
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tracing::{debug, info, warn};
+
+use super::kube::{is_expired, Closed, Kind, KubeOptions, Lists, Mirror, Out};
+use crate::model::cluster_policy::{API_VERSION, PLURAL};
+use crate::model::{ClusterNetworkPolicy, K8sObject, ObjectKind, ObjectRef};
+
+/// How often a missing ClusterNetworkPolicy resource is looked for again.
+pub const MISSING_CRD_RECHECK: Duration = Duration::from_secs(30);
+
+impl Kind for ClusterNetworkPolicy {
+    const KIND: ObjectKind = ObjectKind::ClusterNetworkPolicy;
+    fn trim(&mut self) {
+        trim_cluster_network_policy(self)
+    }
+    fn into_object(self) -> K8sObject {
+        K8sObject::ClusterNetworkPolicy(self)
+    }
+    fn datastore_ref(&self) -> ObjectRef {
+        ObjectRef {
+            kind: ObjectKind::ClusterNetworkPolicy,
+            key: self.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Trims a ClusterNetworkPolicy to its name and spec (status and annotations such as
+/// `kubectl.kubernetes.io/last-applied-configuration` are never read). A namespace, which
+/// the API server never sets on a cluster-scoped object, is kept so the trimmed object
+/// validates exactly as the original.
+pub fn trim_cluster_network_policy(cnp: &mut ClusterNetworkPolicy) {
+    let meta = std::mem::take(&mut cnp.metadata);
+    cnp.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        ..ObjectMeta::default()
+    };
+}
+
+/// Whether the resource is served, as far as we know.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Served {
+    Unknown,
+    Yes,
+    No,
+}
+
+fn is_not_found(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::InitialListFailed(::kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(::kube::Error::Api(status))
+        | watcher::Error::WatchFailed(::kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}
+
+/// Lists and watches ClusterNetworkPolicies forever; see the module documentation. Returns
+/// only when the receiver is gone.
+pub(super) async fn follow(
+    api: Api<ClusterNetworkPolicy>,
+    options: &KubeOptions,
+    mut lists: Lists,
+    out: &Out,
+) -> Closed {
+    let kind = ObjectKind::ClusterNetworkPolicy.as_str();
+    let mut mirror = Mirror::<ClusterNetworkPolicy>::default();
+    let mut backoff = ResetTimerBackoff::new(
+        watcher::ExponentialBackoff::from(options.backoff.builder()),
+        options.backoff_reset,
+    );
+    let mut next_delay = move || backoff.next().unwrap_or(options.backoff.first);
+    let mut served = Served::Unknown;
+    loop {
+        let mut stream = watcher(api.clone(), lists.config(options))
+            .modify(ClusterNetworkPolicy::trim)
+            .boxed();
+        let mut restart = false;
+        // A streaming list started (`Init`) and not ended, with no error since: a second
+        // start means the server ignored `sendInitialEvents` (as for the other kinds).
+        let mut streaming_list_open = false;
+        while let Some(item) = stream.next().await {
+            if item.is_err() {
+                streaming_list_open = false;
+            }
+            match item {
+                Ok(event) => {
+                    match &event {
+                        watcher::Event::Init if lists.streaming() => {
+                            if streaming_list_open && lists.ignored(kind) {
+                                restart = true;
+                                break;
+                            }
+                            streaming_list_open = true;
+                        }
+                        watcher::Event::InitDone => streaming_list_open = false,
+                        _ => {}
+                    }
+                    if served != Served::Yes {
+                        if served == Served::No {
+                            info!(kind, "the {PLURAL} resource is served now; following it");
+                        }
+                        served = Served::Yes;
+                    }
+                    let (events, first_listing) = mirror.apply(event);
+                    for event in events {
+                        if let Err(closed) = out.send(event) {
+                            return closed;
+                        }
+                    }
+                    if first_listing {
+                        if let Err(closed) = out.kind_listed() {
+                            return closed;
+                        }
+                    }
+                }
+                Err(err) if lists.refused(kind, &err) => {
+                    // The server refused a streaming list: `lists` fell back to pages.
+                    restart = true;
+                    break;
+                }
+                Err(err) if is_not_found(&err) => {
+                    if served == Served::No {
+                        debug!(kind, "the {PLURAL} resource is still not served");
+                    } else {
+                        warn!(
+                            kind,
+                            recheck = ?options.missing_crd_recheck,
+                            "the API server does not serve {API_VERSION} {PLURAL} (404): \
+                             ClusterNetworkPolicies are not enforced until network-policy-api's \
+                             CRD is installed; looking again every {:?}",
+                            options.missing_crd_recheck
+                        );
+                    }
+                    served = Served::No;
+                    // An empty listing: what was delivered goes, and InSync may come.
+                    let _ = mirror.apply(watcher::Event::Init);
+                    let (events, first_listing) = mirror.apply(watcher::Event::InitDone);
+                    for event in events {
+                        if let Err(closed) = out.send(event) {
+                            return closed;
+                        }
+                    }
+                    if first_listing {
+                        if let Err(closed) = out.kind_listed() {
+                            return closed;
+                        }
+                    }
+                    tokio::time::sleep(options.missing_crd_recheck).await;
+                    // A fresh watcher: list from scratch once the resource is back.
+                    restart = true;
+                    break;
+                }
+                Err(err) => {
+                    restart = matches!(
+                        &err,
+                        watcher::Error::WatchStartFailed(::kube::Error::Api(status))
+                            if status.code == 410
+                    );
+                    let delay = next_delay();
+                    if is_expired(&err) {
+                        info!(
+                            kind,
+                            "resource version expired, relisting in {delay:?}: {err}"
+                        );
+                    } else {
+                        warn!(kind, "Kubernetes API error, retrying in {delay:?}: {err}");
+                    }
+                    tokio::time::sleep(delay).await;
+                    if restart {
+                        break;
+                    }
+                }
+            }
+        }
+        if !restart {
+            // The watcher stream never ends by itself; if it ever does, start a new one.
+            debug!(kind, "watch stream ended, restarting it");
+            tokio::time::sleep(next_delay()).await;
+        }
+    }
+}
