@@ -128,6 +128,10 @@ pub fn kube_proxy_iptables(
     for svc in services {
         let _ = writeln!(s, ":{} - [0:0]", sep_chain(svc.uid));
     }
+    // A chain is deleted only empty: declaring it flushes it first (as kube-proxy does).
+    for uid in removed {
+        let _ = writeln!(s, ":{} - [0:0]", sep_chain(*uid));
+    }
     if first {
         for chain in ["PREROUTING", "OUTPUT"] {
             let _ = writeln!(
@@ -260,6 +264,9 @@ mod tests {
         ), "{v6}");
         assert!(v6.contains("-j DNAT --to-destination [fd00:e2e::af4:a]:80"));
         assert!(v6.contains("-X KUBE-SEP-E2E7\nCOMMIT\n"));
+        // Flushed before it is deleted: a chain with rules cannot be deleted (found by the
+        // chaos harness deleting a pod).
+        assert!(v6.contains(":KUBE-SEP-E2E7 - [0:0]\n"), "{v6}");
         assert!(!v6.contains("PREROUTING"), "the jumps are written once");
         let first =
             kube_proxy_iptables(IpFamily::V4, &[svc("10.96.0.10", "10.244.0.10")], &[], true);

@@ -117,7 +117,7 @@ fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::R
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
          metadata: {{name: fault-{index}, namespace: {ns}}}\n\
          spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n  ingress:\n\
-         - from: [{{podSelector: {{matchExpressions: [{{key: fault-{index}, operator: DoesNotExist}}]}}}}]\n"
+         \x20 - from: [{{podSelector: {{matchExpressions: [{{key: fault-{index}, operator: DoesNotExist}}]}}}}]\n"
     ))?;
     let new = h.builder.world.clone();
     let before = h.cluster.have(VICTIM)?;

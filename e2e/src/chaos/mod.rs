@@ -226,7 +226,13 @@ impl Kill {
             5..=15 => {
                 let k = kind(rng);
                 let p = point(rng);
-                Kill::Tool(k, p, rng.random_range(0..=1))
+                // An apply runs `ipset restore` twice (additions, then removals) and one
+                // `iptables-restore` per family.
+                let skip = match k {
+                    Kind::Ipset => rng.random_range(0..=1),
+                    Kind::Iptables => 0,
+                };
+                Kill::Tool(k, p, skip)
             }
             16 | 17 => Kill::Down,
             _ => {
@@ -353,18 +359,34 @@ impl Harness {
     fn round(&mut self, n: usize) -> anyhow::Result<RoundResult> {
         self.flush_conntrack();
         let old = self.builder.world.clone();
-        let what = self.gen.change(&mut self.builder)?;
-        let new = self.builder.world.clone();
+        let mut what = self.gen.change(&mut self.builder)?;
+        let mid = self.builder.world.clone();
         let kill = Kill::pick(self.gen.rng());
+        // A kill aimed at a restore needs one to happen: the nudge makes sure node 0 has an
+        // `ipset restore` and an `iptables-restore` to run (see `nudge`).
+        if matches!(kill, Kill::Tool(..) | Kill::Twice(..)) && self.nudge(n)? {
+            what.push_str(" + nudge");
+        }
+        let new = self.builder.world.clone();
         let mut notes = Vec::new();
 
+        // The nudge never denies a pod anything (it admits every pod), so what `old` and `new`
+        // both deny, `mid` denies too.
         let watch = ProbeWatch::start(self, &self.must_block(&old, &new)?);
         let mut hit = None;
         match kill {
-            Kill::Timed(d) | Kill::Twice(d, ..) => {
+            Kill::Timed(d) => {
                 self.cluster.sync(&new)?;
                 std::thread::sleep(d);
                 self.cluster.kill_agent(VICTIM);
+            }
+            Kill::Twice(d, ..) => {
+                // The random change before the first kill, the nudge while the agent is down,
+                // so the restarted agent has restores to run.
+                self.cluster.sync(&mid)?;
+                std::thread::sleep(d);
+                self.cluster.kill_agent(VICTIM);
+                self.cluster.sync(&new)?;
             }
             Kill::Tool(kind, point, skip) => {
                 self.shims.arm(kind, point, skip)?;
@@ -496,6 +518,35 @@ impl Harness {
             mismatch,
             passed,
         })
+    }
+
+    /// Rewrites the policy `chaos-nudge` in the namespace of a node-0 pod: it isolates that
+    /// namespace's pods for ingress and admits every pod through a selector on a label key
+    /// new in each round (`nudge-<round>` absent), so node 0 must create a set, rewrite a
+    /// rule and remove the previous set. It admits every pod on every port, so no verdict
+    /// between pods changes. False when no pod runs on node 0.
+    fn nudge(&mut self, round: usize) -> anyhow::Result<bool> {
+        let Some(ns) = self
+            .builder
+            .world
+            .pods
+            .values()
+            .find(|p| p.node == VICTIM)
+            .map(|p| p.namespace.clone())
+        else {
+            return Ok(false);
+        };
+        self.builder
+            .world
+            .policies
+            .retain(|k, _| !k.ends_with("/chaos-nudge"));
+        self.builder.apply(&format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: chaos-nudge, namespace: {ns}}}\n\
+             spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n  ingress:\n\
+             \x20 - from: [{{podSelector: {{matchExpressions: [{{key: nudge-{round}, operator: DoesNotExist}}]}}}}]\n"
+        ))?;
+        Ok(true)
     }
 
     /// Established flows of earlier rounds must not answer for new probes (see the module
