@@ -264,7 +264,7 @@ impl Gen {
     /// A NetworkPolicy document (YAML) named `ns/name`.
     fn policy(&mut self, b: &WorldBuilder, ns: &str, name: &str) -> String {
         const TYPES: [&[&str]; 3] = [&["Ingress"], &["Egress"], &["Ingress", "Egress"]];
-        let types: &[&str] = *self.pick(&TYPES);
+        let types = *self.pick(&TYPES);
         let mut spec = BTreeMap::new();
         spec.insert("podSelector", self.selector());
         spec.insert("policyTypes", json!(types));
