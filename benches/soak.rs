@@ -169,8 +169,8 @@ fn churn_policy(g: u64) -> String {
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
          metadata: {{name: soak-churn, namespace: {CHURN_NS}}}\n\
          spec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n  ingress:\n\
-         - from: [{{podSelector: {{matchLabels: {{app: app-{}}}}}}}]\n    \
-         ports: [{{port: {}, protocol: TCP}}]\n",
+         \x20 - from: [{{podSelector: {{matchLabels: {{app: app-{}}}}}}}]\n\
+         \x20   ports: [{{port: {}, protocol: TCP}}]\n",
         g % APPS as u64,
         churn_port(g)
     )
@@ -261,8 +261,10 @@ fn check(filter: &str, nat: &str, acked: u64) -> (Vec<String>, Option<u64>) {
         .lines()
         .filter(|l| l.starts_with("-A cali"))
         .filter_map(|l| {
-            l.split("--dport ")
+            // One port renders as `--dport N` or `-m multiport --dports N`.
+            l.split(" --dport")
                 .nth(1)
+                .map(|r| r.trim_start_matches('s'))
                 .and_then(|r| r.split_whitespace().next())
                 .and_then(|p| p.parse::<u64>().ok())
         })
@@ -378,6 +380,20 @@ fn soak(agent_bin: &Path, backend: &str, opts: &Options) -> bool {
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "{backend}: no first apply in 60 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The churned policy is in force before the clock starts.
+    let start = Instant::now();
+    loop {
+        let filter = ns.sh(&format!("{ipt}-save -t filter"));
+        if check(&filter, "", 0).1 == Some(churn_port(0)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{backend}: the churned policy never reached the kernel:\n{}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(100));
