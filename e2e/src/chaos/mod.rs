@@ -311,6 +311,7 @@ impl Harness {
             converge_timeout: Duration::from_secs(30),
             family: args.ip_family,
             proxy: ServiceProxy::Iptables,
+            deny_logs: false,
         };
         let mut gen = Gen::new(XorShiftRng::seed_from_u64(seed), NODES);
         let builder = gen.initial()?;
@@ -734,7 +735,7 @@ impl Harness {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_secs(1));
             }
-            let seen = probe::run(
+            let (seen, _) = probe::run(
                 jobs.clone(),
                 self.probe_workers,
                 Duration::from_millis(1000),
@@ -851,7 +852,7 @@ impl ProbeWatch {
                     std::thread::sleep(Duration::from_millis(20));
                     continue;
                 }
-                let seen = probe::run(jobs.clone(), workers, timeout, &sctp);
+                let (seen, _) = probe::run(jobs.clone(), workers, timeout, &sctp);
                 let now = *p.lock().expect("not poisoned");
                 for (&(family, key), observed) in &seen {
                     for ((from, to), outcome) in observed {
