@@ -19,6 +19,7 @@ pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
 pub mod render;
+pub mod token;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -241,7 +242,8 @@ impl Chain {
     /// occurrence among identical rules (so duplicates such as repeated "Return if policy
     /// accepted" rules still get distinct hashes).
     pub fn new(name: impl Into<String>, family: IpFamily, rules: Vec<Rule>) -> Chain {
-        let name = name.into();
+        // Escaped like every jump to it (see `token`): a declaration and its jumps agree.
+        let name = token::chain_token(&name.into()).into_owned();
         let rules = render_rules(&name, family, &rules);
         Chain { name, rules }
     }
@@ -308,10 +310,10 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
         arg(&format!("-d {dst}"));
     }
     if let Some(i) = &rule.in_iface {
-        arg(&format!("-i {i}"));
+        arg(&format!("-i {}", token::token(i)));
     }
     if let Some(o) = &rule.out_iface {
-        arg(&format!("-o {o}"));
+        arg(&format!("-o {}", token::token(o)));
     }
     if let Some(p) = rule.protocol {
         arg(&format!("-p {p}"));
@@ -320,7 +322,10 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
         arg(&format!("-m comment --comment \"{RULE_HASH_PREFIX}{h}\""));
     }
     for c in &rule.comments {
-        arg(&format!("-m comment --comment \"{}\"", sanitize_comment(c)));
+        arg(&format!(
+            "-m comment --comment {}",
+            token::save_string(&sanitize_comment(c))
+        ));
     }
     for m in &rule.matches {
         arg(m);
@@ -334,8 +339,8 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
             IpFamily::V6 => "-j REJECT --reject-with icmp6-port-unreachable",
         }),
         Some(Action::Return) => arg("-j RETURN"),
-        Some(Action::Jump(c)) => arg(&format!("-j {c}")),
-        Some(Action::Goto(c)) => arg(&format!("-g {c}")),
+        Some(Action::Jump(c)) => arg(&format!("-j {}", token::chain_token(c))),
+        Some(Action::Goto(c)) => arg(&format!("-g {}", token::chain_token(c))),
         Some(Action::SetMark { value, mask }) => {
             let mut s = String::new();
             let _ = write!(s, "-j MARK --set-xmark {value:#x}/{mask:#x}");
@@ -348,10 +353,13 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
 /// felix's `GetLengthLimitedID`: `prefix + suffix` when it fits in `max` characters, else
 /// `prefix + "_" + base64url(sha256(suffix))` cut to `max`. A suffix that would fill the
 /// name exactly and starts with `_` is hashed too, so it cannot collide with a hashed name.
+/// Ours, not felix's: a suffix that is not a safe token (`token::is_safe_token`) is hashed
+/// whatever its length, so no name of ours carries unchecked text into a restore script.
 pub fn length_limited_name(prefix: &str, suffix: &str, max: usize) -> String {
     let suffix = if suffix.is_empty() { "_" } else { suffix };
     let total = prefix.len() + suffix.len();
-    if total < max || (total == max && !suffix.starts_with('_')) {
+    let fits = total < max || (total == max && !suffix.starts_with('_'));
+    if fits && token::is_safe_token(suffix) {
         return format!("{prefix}{suffix}");
     }
     let hash = URL_SAFE_NO_PAD.encode(Sha256::digest(suffix.as_bytes()));
