@@ -5,6 +5,7 @@
 
 pub mod dir;
 pub mod kube;
+pub mod limits;
 pub mod manifests;
 
 use std::sync::mpsc::Sender;
