@@ -117,8 +117,7 @@ fn write_cluster(dir: &Path, local: usize) {
         dual: false,
     };
     let mut rng = Rng(SEED);
-    let file =
-        |name: &str| std::io::BufWriter::new(std::fs::File::create(dir.join(name)).unwrap());
+    let file = |name: &str| std::io::BufWriter::new(std::fs::File::create(dir.join(name)).unwrap());
     let mut ns = file("namespaces.yaml");
     for i in 0..scale.namespaces {
         write!(

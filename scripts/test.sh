@@ -22,18 +22,22 @@ echo "cargo tests: $unit_passed passed, $unit_failed failed"
 # matrix (CNI topology : IP family : kube-proxy mode) chosen by value for CI: every topology
 # on IPv4 with kube-proxy's iptables mode, IPv6 and dual-stack on the Calico-style and
 # bridge topologies, the routes resolver on dual-stack, and kube-proxy's nftables mode twice.
+# A cell may name extra checks after a fourth colon (comma-separated): `explain` holds
+# `netpol-agent explain`'s verdict against every probe (--check-explain).
 # The whole 24-cell matrix is `bash scripts/e2e-matrix.sh`.
 cargo build --release --locked --bins
 e2e_passed=0
 e2e_failed=0
 e2e_status=0
-default_cells="calico:ipv4:iptables sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
+default_cells="calico:ipv4:iptables:explain sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
 calico:ipv6:iptables calico:dual:nftables bridge:ipv6:nftables bridge:dual:iptables hybridnet:dual:iptables"
 for cell in ${NETPOL_E2E_CELLS:-$default_cells}; do
-  IFS=: read -r cni family proxy <<< "$cell"
+  IFS=: read -r cni family proxy checks <<< "$cell"
+  extra=()
+  for check in ${checks//,/ }; do extra+=("--check-$check"); done
   log="target/e2e-$cni-$family-$proxy.txt"
   set +e
-  target/release/netpol-e2e run --cni "$cni" --ip-family "$family" --service-proxy "$proxy" \
+  target/release/netpol-e2e run --cni "$cni" --ip-family "$family" --service-proxy "$proxy" "${extra[@]}" \
     --jobs "${NETPOL_E2E_JOBS:-3}" e2e/scenarios e2e/regressions 2>&1 | tee "$log"
   status_one=${PIPESTATUS[0]}
   set -e

@@ -12,7 +12,11 @@
 //! Underneath: `model` (the objects as the agent sees them and their validation; imports
 //! nothing of ours), `host` (processes, netlink, preflight checks of the node), `telemetry`
 //! (metrics, health, the HTTP servers), `backoff` (the one retry policy), `config` (flags and
-//! `FELIX_*` variables). `tests/house.rs` keeps these import directions honest.
+//! `FELIX_*` variables).
+//!
+//! Beside the data path: `verdict` (pure: why a flow is allowed or denied from the objects,
+//! and an interpreter of our rules over what a kernel holds) and `inspect` (the `explain` and
+//! `audit` commands around it). `tests/house.rs` keeps these import directions honest.
 
 pub mod agent;
 pub mod backoff;
@@ -22,7 +26,9 @@ pub mod dataplane;
 pub mod datastore;
 pub mod host;
 pub mod iface_naming;
+pub mod inspect;
 pub mod ipsets;
 pub mod model;
 pub mod rules;
 pub mod telemetry;
+pub mod verdict;

@@ -1,11 +1,14 @@
 //! The netpol-agent command line: `run` (the agent), `cleanup` (remove everything we
-//! programmed), `compile` (render what a node must hold, offline).
+//! programmed), `compile` (render what a node must hold, offline), `explain` (why a flow is
+//! allowed or denied) and `audit` (whether a node's kernel holds what the policies say).
 //!
 //! Exit status: 0 success; 1 a failure while running (or `compile --strict` with rejected
 //! objects); 2 invalid configuration (a bad flag or `FELIX_*` value, found before anything
 //! is done); 3 `run` refused the node because its dataplane bypasses host netfilter (the
 //! preflight checks): at once when the health server is off, else on SIGTERM/SIGINT after
-//! having served `/readiness` 503 with the reason meanwhile.
+//! having served `/readiness` 503 with the reason meanwhile. `explain`: 0 allowed, 1 denied,
+//! 2 bad input, 3 the kernel's answer differs from the policies'; `audit`: 0 clean, 1
+//! findings, 2 error.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -32,6 +35,8 @@ use netpol_agent::datastore::dir::DirSource;
 use netpol_agent::datastore::manifests;
 use netpol_agent::host::exec::Exec;
 use netpol_agent::host::preflight::{self, PreflightConfig};
+use netpol_agent::inspect;
+use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
 use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
@@ -67,6 +72,13 @@ enum Command {
     Cleanup(CleanupArgs),
     /// Print the ipset and iptables-restore input a node needs for a set of manifests.
     Compile(CompileArgs),
+    /// Why a flow is allowed or denied: per side, the policy, rule, peer and port that decided
+    /// (or the closest misses), and the rules implementing it; --kernel follows the packet
+    /// through what a node's kernel holds.
+    Explain(Box<ExplainArgs>),
+    /// Whether a node's kernel holds what the policies say: every chain and rule of ours with
+    /// what it implements, drift, and other programs' rules that bypass or break enforcement.
+    Audit(Box<AuditArgs>),
 }
 
 #[derive(Args)]
@@ -137,6 +149,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Cleanup(args) => cleanup(args),
         Command::Compile(args) => compile(args),
+        Command::Explain(args) => return inspect::explain::run(&args),
+        Command::Audit(args) => return inspect::audit::run(&args),
     };
     match result {
         Ok(code) => code,

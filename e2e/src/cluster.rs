@@ -184,6 +184,11 @@ pub fn node_name(node: usize) -> String {
 }
 
 impl Cluster {
+    /// The IP families of the cluster's pods.
+    pub fn families(&self) -> &'static [IpFamily] {
+        self.cfg.family.families()
+    }
+
     /// Makes the nodes and the underlay; no pods, no agents yet.
     pub fn new(cfg: ClusterConfig, nodes: usize, tag: &str) -> anyhow::Result<Cluster> {
         let tag = format!("{PREFIX}{tag}");
@@ -629,6 +634,11 @@ impl Cluster {
         }
         self.proxied = Some(uids);
         Ok(())
+    }
+
+    /// The directory of manifests the agents read (the current step's objects).
+    pub fn manifests(&self) -> &Path {
+        &self.manifests
     }
 
     /// Waits until every node's kernel holds exactly what `netpol-agent compile` renders for

@@ -7,6 +7,7 @@ mod cni;
 mod cri_server;
 mod demo;
 mod expect;
+mod explain_check;
 mod family;
 mod netns;
 mod probe;
@@ -92,6 +93,10 @@ struct RunArgs {
     /// Print every step's truth tables, not only failing ones.
     #[arg(long, short)]
     verbose: bool,
+    /// Also hold `netpol-agent explain`'s verdict for every probe (computed from the step's
+    /// objects) against the expectation and the packets; a disagreement fails the step.
+    #[arg(long)]
+    check_explain: bool,
     /// Scenario files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -212,14 +217,20 @@ fn run(args: RunArgs) -> ExitCode {
         probe_timeout: Duration::from_millis(args.probe_timeout_ms),
         retry_wait: Duration::from_secs(1),
         verbose: args.verbose,
+        check_explain: args.check_explain,
     };
     let total = scenarios.len();
     println!(
-        "running {total} scenarios, cni {}, ip family {}, service proxy {}, {} at a time",
+        "running {total} scenarios, cni {}, ip family {}, service proxy {}, {} at a time{}",
         args.cni.name(),
         args.ip_family.name(),
         args.service_proxy.name(),
-        cfg.jobs
+        cfg.jobs,
+        if cfg.check_explain {
+            ", every probe checked against explain"
+        } else {
+            ""
+        }
     );
     let start = Instant::now();
     let outcomes = runner::run_all(scenarios, &cfg, &stop);

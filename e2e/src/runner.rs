@@ -13,6 +13,7 @@ use netpol_agent::model::IpFamily;
 
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::expect::{mismatches, render, Observed};
+use crate::explain_check;
 use crate::family::{addr_of, family_name};
 use crate::probe::{self, Job, Results};
 use crate::scenario::{PortKey, Scenario, Step, Target};
@@ -26,6 +27,8 @@ pub struct RunConfig {
     pub retry_wait: Duration,
     /// Print every step's tables, not only failing ones.
     pub verbose: bool,
+    /// Hold explain's verdict for every probe against the expectation and the packets.
+    pub check_explain: bool,
 }
 
 pub struct Outcome {
@@ -125,7 +128,15 @@ fn run_steps(
             Ok(d) => format!("converged in {} ms", d.as_millis()),
             Err(e) => format!("NOT CONVERGED: {e}"),
         };
-        if failing.is_empty() && converged.is_ok() {
+        let explain = if cfg.check_explain {
+            match explain_check::check(&cluster, step, &last) {
+                Ok(d) => d,
+                Err(e) => vec![format!("explain could not be checked: {e:#}\n")],
+            }
+        } else {
+            Vec::new()
+        };
+        if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
                 "  ok   {label}: {conv_text}{}",
@@ -147,6 +158,9 @@ fn run_steps(
             continue;
         }
         let _ = writeln!(report, "  FAIL {label}: {conv_text}");
+        for text in &explain {
+            report.push_str(&indent(text));
+        }
         let empty = Observed::new();
         for (family, key) in &failing {
             let seen = last.get(&(*family, *key)).unwrap_or(&empty);

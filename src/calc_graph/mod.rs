@@ -16,9 +16,10 @@
 //! `compile`) names it at the edge and answers with `set_interface`, before `flush`. Until it
 //! is named a local pod has no chains, and its traffic meets "Unknown interface".
 
+mod provenance;
 mod set_index;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub mod update;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -797,17 +798,7 @@ impl CalcGraph {
         if winner != Some(key) {
             return Vec::new();
         }
-        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
-        for policy in &ep.policies {
-            if let Some(p) = self.policies.get(policy) {
-                if p.plan.ingress.is_some() {
-                    ingress.push(policy.clone());
-                }
-                if p.plan.egress.is_some() {
-                    egress.push(policy.clone());
-                }
-            }
-        }
+        let (ingress, egress) = self.endpoint_policies(key);
         endpoint_chains(
             &self.cfg.rules,
             family,

@@ -14,10 +14,10 @@ use crate::iface_naming::CalicoResolver;
 use crate::model::*;
 use crate::rules::RuleConfig;
 
-const NODE: &str = "node-1";
-const NAMESPACES: [&str; 3] = ["x", "y", "z"];
-const POD_NAMES: [&str; 4] = ["a", "b", "c", "d"];
-const POLICY_NAMES: [&str; 3] = ["p1", "p2", "p3"];
+pub(crate) const NODE: &str = "node-1";
+pub(crate) const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+pub(crate) const POD_NAMES: [&str; 4] = ["a", "b", "c", "d"];
+pub(crate) const POLICY_NAMES: [&str; 3] = ["p1", "p2", "p3"];
 
 fn graph() -> Calculation {
     Calculation::new(
@@ -43,7 +43,7 @@ fn eq(k: &str, v: &str) -> Expression {
 
 // ---- generators ----
 
-fn label_map(
+pub(crate) fn label_map(
     keys: &'static [(&'static str, &'static [&'static str])],
 ) -> impl Strategy<Value = BTreeMap<String, String>> {
     proptest::collection::vec(proptest::option::of(0usize..3), keys.len()).prop_map(
@@ -58,12 +58,13 @@ fn label_map(
     )
 }
 
-const POD_LABELS: &[(&str, &[&str])] = &[
+pub(crate) const POD_LABELS: &[(&str, &[&str])] = &[
     ("pod", &["a", "b", "c"]),
     ("app", &["web", "db"]),
     ("tier", &["1", "2"]),
 ];
-const NS_LABELS: &[(&str, &[&str])] = &[("team", &["red", "blue"]), ("env", &["prod", "dev"])];
+pub(crate) const NS_LABELS: &[(&str, &[&str])] =
+    &[("team", &["red", "blue"]), ("env", &["prod", "dev"])];
 
 fn expression(
     keys: &'static [(&'static str, &'static [&'static str])],
@@ -162,7 +163,7 @@ fn rule(own: &'static str) -> impl Strategy<Value = PolicyRule> {
         .prop_map(|(ports, peers)| PolicyRule { ports, peers })
 }
 
-fn policy() -> impl Strategy<Value = PolicyInfo> {
+pub(crate) fn policy() -> impl Strategy<Value = PolicyInfo> {
     (0..3usize, 0..3usize).prop_flat_map(|(ni, pi)| {
         let ns = NAMESPACES[ni];
         (
@@ -183,7 +184,7 @@ fn policy() -> impl Strategy<Value = PolicyInfo> {
     })
 }
 
-fn pod() -> impl Strategy<Value = PodInfo> {
+pub(crate) fn pod() -> impl Strategy<Value = PodInfo> {
     (
         0..3usize,
         0..4usize,

@@ -10,6 +10,7 @@
 //!   timers, retries with back-off.
 //! - `owned`: reading back what we own from `iptables-save`/`ipset save` text.
 
+pub mod audit;
 pub mod driver;
 pub mod ipsets;
 pub mod iptables;

@@ -77,6 +77,7 @@ use ipnet::IpNet;
 use crate::model::IpFamily;
 
 use super::chains::deny;
+use super::provenance::{ChainRole, Rendered, RuleList, RuleRole};
 use super::{to_workload_chain, Action, Chain, Rule, RuleConfig, TO_WL_ADDR_DISPATCH};
 
 /// Neighbour solicitation and advertisement: pods on one bridge resolve each other with them.
@@ -101,35 +102,43 @@ pub fn physdev_out_bridged(port: &str) -> String {
 pub const NOT_BRIDGED: &str = "-m physdev ! --physdev-is-bridged";
 
 /// The `cali-FORWARD` rules of bridge mode after the mark reset.
-pub(crate) fn forward_rules(cfg: &RuleConfig, bridge: &str, family: IpFamily) -> Vec<Rule> {
+pub(crate) fn forward_rules(cfg: &RuleConfig, bridge: &str, family: IpFamily, out: &mut RuleList) {
     use super::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
-    let mut rules = Vec::new();
     if family == IpFamily::V6 {
         for t in BRIDGED_ICMPV6_TYPES {
-            rules.push(Rule {
-                protocol: Some("ipv6-icmp"),
-                ..Rule::new(Action::Accept)
-                    .matching("-m physdev --physdev-is-bridged")
-                    .matching(format!("-m icmp6 --icmpv6-type {t}"))
-            });
+            out.push(
+                Rule {
+                    protocol: Some("ipv6-icmp"),
+                    ..Rule::new(Action::Accept)
+                        .matching("-m physdev --physdev-is-bridged")
+                        .matching(format!("-m icmp6 --icmpv6-type {t}"))
+                },
+                || RuleRole::AcceptBridgedNeighbourDiscovery,
+            );
         }
     }
     for prefix in &cfg.interface_prefixes {
-        rules.push(
+        out.push(
             Rule::new(Action::Jump(FROM_WL_DISPATCH.into()))
                 .matching(physdev_in(&format!("{prefix}+"))),
+            || RuleRole::FromWorkloads {
+                prefix: prefix.clone(),
+            },
         );
-        rules.push(
+        out.push(
             Rule::new(Action::Jump(TO_WL_DISPATCH.into()))
                 .matching(physdev_out_bridged(&format!("{prefix}+"))),
+            || RuleRole::ToWorkloads {
+                prefix: prefix.clone(),
+            },
         );
     }
-    rules.push(
+    out.push(
         Rule::new(Action::Jump(TO_WL_ADDR_DISPATCH.into()))
             .out_iface(bridge)
             .matching(NOT_BRIDGED),
+        || RuleRole::RoutedIntoBridge,
     );
-    rules
 }
 
 /// `cali-to-wl-addr-dispatch`: a goto into the pod's `cali-tw-` chain per local pod address
@@ -139,21 +148,41 @@ pub fn addr_dispatch_chain(
     family: IpFamily,
     addrs: &[(IpAddr, String)],
 ) -> Chain {
+    render_addr_dispatch(cfg, family, addrs, false).0
+}
+
+pub(crate) fn render_addr_dispatch(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    addrs: &[(IpAddr, String)],
+    traced: bool,
+) -> Rendered {
     let mut sorted: Vec<&(IpAddr, String)> = addrs
         .iter()
         .filter(|(ip, _)| IpFamily::of(ip) == family)
         .collect();
     sorted.sort();
     sorted.dedup_by(|a, b| a.0 == b.0);
-    let mut rules: Vec<Rule> = sorted
-        .into_iter()
-        .map(|(ip, iface)| Rule {
-            dst: Some(IpNet::from(*ip)),
-            ..Rule::new(Action::Goto(to_workload_chain(iface)))
-        })
-        .collect();
-    rules.push(Rule::new(deny(cfg)).comment("Unknown workload address"));
-    Chain::new(TO_WL_ADDR_DISPATCH, family, rules)
+    let mut rules = RuleList::new(traced);
+    for (ip, iface) in sorted {
+        rules.push(
+            Rule {
+                dst: Some(IpNet::from(*ip)),
+                ..Rule::new(Action::Goto(to_workload_chain(iface)))
+            },
+            || RuleRole::ToEndpointByAddress {
+                addr: *ip,
+                iface: iface.clone(),
+            },
+        );
+    }
+    rules.push(
+        Rule::new(deny(cfg)).comment("Unknown workload address"),
+        || RuleRole::UnknownAddress,
+    );
+    rules.finish(TO_WL_ADDR_DISPATCH, family, || {
+        ChainRole::ToWorkloadAddressDispatch
+    })
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use crate::model::{IpFamily, ObjectKey};
 
+use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,
     Action, AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction,
@@ -23,74 +24,108 @@ pub(crate) fn deny(cfg: &RuleConfig) -> Action {
 }
 
 pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
+    render_static(cfg, family, false)
+        .into_iter()
+        .map(|(chain, _)| chain)
+        .collect()
+}
+
+/// [`static_chains`] with what each rule is for.
+pub fn static_chains_traced(cfg: &RuleConfig, family: IpFamily) -> Vec<TracedChain> {
+    traced(render_static(cfg, family, true))
+}
+
+fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Rendered> {
     let marks = cfg.marks;
-    let mut forward = vec![
-        // The accept bit survives: only pass and scratch bits are per-hop state.
+    let mut forward = RuleList::new(traced);
+    // The accept bit survives: only pass and scratch bits are per-hop state.
+    forward.push(
         Rule::new(Action::SetMark {
             value: 0,
             mask: marks.all() & !marks.accept,
         }),
-    ];
+        || RuleRole::ClearMarks,
+    );
     match &cfg.bridge {
         None => {
             for prefix in &cfg.interface_prefixes {
                 forward.push(
                     Rule::new(Action::Jump(FROM_WL_DISPATCH.into())).in_iface(format!("{prefix}+")),
+                    || RuleRole::FromWorkloads {
+                        prefix: prefix.clone(),
+                    },
                 );
                 forward.push(
                     Rule::new(Action::Jump(TO_WL_DISPATCH.into())).out_iface(format!("{prefix}+")),
+                    || RuleRole::ToWorkloads {
+                        prefix: prefix.clone(),
+                    },
                 );
             }
         }
-        Some(bridge) => forward.extend(bridge::forward_rules(cfg, bridge, family)),
+        Some(bridge) => bridge::forward_rules(cfg, bridge, family, &mut forward),
     }
 
     // From a pod to its host: by the veth in routed mode, by the bridge port in bridge mode.
-    let input = cfg
-        .interface_prefixes
-        .iter()
-        .map(|prefix| {
-            let rule = Rule::new(Action::Goto(WL_TO_HOST_CHAIN.into()));
-            match cfg.bridge {
-                None => rule.in_iface(format!("{prefix}+")),
-                Some(_) => rule.matching(bridge::physdev_in(&format!("{prefix}+"))),
-            }
-        })
-        .collect();
+    let mut input = RuleList::new(traced);
+    for prefix in &cfg.interface_prefixes {
+        let rule = Rule::new(Action::Goto(WL_TO_HOST_CHAIN.into()));
+        let rule = match cfg.bridge {
+            None => rule.in_iface(format!("{prefix}+")),
+            Some(_) => rule.matching(bridge::physdev_in(&format!("{prefix}+"))),
+        };
+        input.push(rule, || RuleRole::WorkloadToHost {
+            prefix: prefix.clone(),
+        });
+    }
 
-    let mut wl_to_host = Vec::new();
+    let mut wl_to_host = RuleList::new(traced);
     if family == IpFamily::V6 {
         for t in ICMPV6_TO_HOST_TYPES {
-            wl_to_host.push(Rule {
-                protocol: Some("ipv6-icmp"),
-                ..Rule::new(Action::Accept).matching(format!("-m icmp6 --icmpv6-type {t}"))
-            });
+            wl_to_host.push(
+                Rule {
+                    protocol: Some("ipv6-icmp"),
+                    ..Rule::new(Action::Accept).matching(format!("-m icmp6 --icmpv6-type {t}"))
+                },
+                || RuleRole::AcceptIcmpv6ToHost,
+            );
         }
     }
-    wl_to_host.push(Rule::new(Action::Jump(FROM_WL_DISPATCH.into())));
+    wl_to_host.push(Rule::new(Action::Jump(FROM_WL_DISPATCH.into())), || {
+        RuleRole::HostEgressPolicy
+    });
     let to_host = match cfg.endpoint_to_host_action {
         EndpointToHostAction::Accept => Action::Accept,
         EndpointToHostAction::Drop => deny(cfg),
         EndpointToHostAction::Return => Action::Return,
     };
-    wl_to_host.push(Rule::new(to_host).comment("Configured DefaultEndpointToHostAction"));
+    wl_to_host.push(
+        Rule::new(to_host).comment("Configured DefaultEndpointToHostAction"),
+        || RuleRole::EndpointToHostAction,
+    );
 
     // Host-to-pod traffic (kubelet probes) is never policed. In bridge mode it leaves by the
     // bridge (the port is chosen after OUTPUT).
-    let output = match &cfg.bridge {
-        None => cfg
-            .interface_prefixes
-            .iter()
-            .map(|prefix| Rule::new(Action::Return).out_iface(format!("{prefix}+")))
-            .collect(),
-        Some(bridge) => vec![Rule::new(Action::Return).out_iface(bridge.clone())],
-    };
+    let mut output = RuleList::new(traced);
+    match &cfg.bridge {
+        None => {
+            for prefix in &cfg.interface_prefixes {
+                output.push(
+                    Rule::new(Action::Return).out_iface(format!("{prefix}+")),
+                    || RuleRole::HostToWorkloadNotPoliced,
+                );
+            }
+        }
+        Some(bridge) => output.push(Rule::new(Action::Return).out_iface(bridge.clone()), || {
+            RuleRole::HostToWorkloadNotPoliced
+        }),
+    }
 
     vec![
-        Chain::new(FORWARD_CHAIN, family, forward),
-        Chain::new(INPUT_CHAIN, family, input),
-        Chain::new(WL_TO_HOST_CHAIN, family, wl_to_host),
-        Chain::new(OUTPUT_CHAIN, family, output),
+        forward.finish(FORWARD_CHAIN, family, || ChainRole::Forward),
+        input.finish(INPUT_CHAIN, family, || ChainRole::Input),
+        wl_to_host.finish(WL_TO_HOST_CHAIN, family, || ChainRole::WorkloadToHost),
+        output.finish(OUTPUT_CHAIN, family, || ChainRole::Output),
     ]
 }
 
@@ -152,17 +187,58 @@ pub fn endpoint_chains(
     ingress: &[ObjectKey],
     egress: &[ObjectKey],
 ) -> [Chain; 2] {
+    let [tw, fw] = render_endpoint(cfg, family, iface, None, namespace, ingress, egress, false);
+    [tw.0, fw.0]
+}
+
+/// [`endpoint_chains`] with provenance; `pod` is the pod owning `iface`.
+pub fn endpoint_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    iface: &str,
+    pod: &ObjectKey,
+    namespace: &str,
+    ingress: &[ObjectKey],
+    egress: &[ObjectKey],
+) -> Vec<TracedChain> {
+    traced(
+        render_endpoint(
+            cfg,
+            family,
+            iface,
+            Some(pod),
+            namespace,
+            ingress,
+            egress,
+            true,
+        )
+        .into(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn render_endpoint(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    iface: &str,
+    pod: Option<&ObjectKey>,
+    namespace: &str,
+    ingress: &[ObjectKey],
+    egress: &[ObjectKey],
+    traced: bool,
+) -> [Rendered; 2] {
+    let chain = |direction: Direction, name: String, policies: &[ObjectKey]| {
+        endpoint_rules(cfg, direction, namespace, policies, traced).finish(name, family, || {
+            ChainRole::Workload {
+                pod: pod.cloned(),
+                iface: iface.to_string(),
+                direction,
+            }
+        })
+    };
     [
-        Chain::new(
-            to_workload_chain(iface),
-            family,
-            endpoint_rules(cfg, Direction::Ingress, namespace, ingress),
-        ),
-        Chain::new(
-            from_workload_chain(iface),
-            family,
-            endpoint_rules(cfg, Direction::Egress, namespace, egress),
-        ),
+        chain(Direction::Ingress, to_workload_chain(iface), ingress),
+        chain(Direction::Egress, from_workload_chain(iface), egress),
     ]
 }
 
@@ -171,25 +247,40 @@ fn endpoint_rules(
     direction: Direction,
     namespace: &str,
     policies: &[ObjectKey],
-) -> Vec<Rule> {
+    traced: bool,
+) -> RuleList {
     let m = cfg.marks;
     let established = "-m conntrack --ctstate RELATED,ESTABLISHED";
-    let mut rules = match cfg.allow_action {
-        AllowAction::Accept => vec![Rule::new(Action::Accept).matching(established)],
-        AllowAction::Return => vec![
-            Rule::new(Action::SetMark {
-                value: m.accept,
-                mask: m.accept,
-            })
-            .matching(established),
-            Rule::new(Action::Return).matching(established),
-        ],
-    };
-    rules.push(Rule::new(deny(cfg)).matching("-m conntrack --ctstate INVALID"));
-    rules.push(Rule::new(Action::SetMark {
-        value: 0,
-        mask: m.accept | m.pass,
-    }));
+    let mut rules = RuleList::new(traced);
+    match cfg.allow_action {
+        AllowAction::Accept => rules.push(Rule::new(Action::Accept).matching(established), || {
+            RuleRole::AcceptEstablished
+        }),
+        AllowAction::Return => {
+            rules.push(
+                Rule::new(Action::SetMark {
+                    value: m.accept,
+                    mask: m.accept,
+                })
+                .matching(established),
+                || RuleRole::MarkEstablished,
+            );
+            rules.push(Rule::new(Action::Return).matching(established), || {
+                RuleRole::ReturnEstablished
+            });
+        }
+    }
+    rules.push(
+        Rule::new(deny(cfg)).matching("-m conntrack --ctstate INVALID"),
+        || RuleRole::DropInvalid,
+    );
+    rules.push(
+        Rule::new(Action::SetMark {
+            value: 0,
+            mask: m.accept | m.pass,
+        }),
+        || RuleRole::ClearAcceptAndPass,
+    );
     if !policies.is_empty() {
         rules.push(
             Rule::new(Action::SetMark {
@@ -197,51 +288,87 @@ fn endpoint_rules(
                 mask: m.pass,
             })
             .comment("Start of policies"),
+            || RuleRole::StartOfPolicies,
         );
         for p in policies {
             rules.push(
                 Rule::new(Action::Jump(policy_chain(direction, &p.namespace, &p.name)))
                     .mark_match(0, m.pass),
+                || RuleRole::JumpToPolicy { policy: p.clone() },
             );
             rules.push(
                 Rule::new(Action::Return)
                     .comment("Return if policy accepted")
                     .mark_match(m.accept, m.accept),
+                || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
             );
         }
         rules.push(
             Rule::new(deny(cfg))
                 .comment("Drop if no policies passed packet")
                 .mark_match(0, m.pass),
+            || RuleRole::DropIfNoPolicyPassed,
         );
     }
-    rules.push(Rule::new(Action::Jump(profile_chain(direction, namespace))));
+    rules.push(
+        Rule::new(Action::Jump(profile_chain(direction, namespace))),
+        || RuleRole::JumpToProfile,
+    );
     rules.push(
         Rule::new(Action::Return)
             .comment("Return if profile accepted")
             .mark_match(m.accept, m.accept),
+        || RuleRole::ReturnIfProfileAccepted,
     );
-    rules.push(Rule::new(deny(cfg)).comment("Drop if no profiles matched"));
+    rules.push(
+        Rule::new(deny(cfg)).comment("Drop if no profiles matched"),
+        || RuleRole::DropIfNoProfileMatched,
+    );
     rules
 }
 
 /// `cali-pri-kns.<ns>` and `cali-pro-kns.<ns>`: the allow-everything profile that decides for
 /// pods no policy isolates.
 pub fn profile_chains(cfg: &RuleConfig, family: IpFamily, namespace: &str) -> [Chain; 2] {
+    let [a, b] = render_profile(cfg, family, namespace, false);
+    [a.0, b.0]
+}
+
+/// [`profile_chains`] with provenance.
+pub fn profile_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    namespace: &str,
+) -> Vec<TracedChain> {
+    traced(render_profile(cfg, family, namespace, true).into())
+}
+
+fn render_profile(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    namespace: &str,
+    traced: bool,
+) -> [Rendered; 2] {
     let accept = cfg.marks.accept;
     let chain = |direction: Direction| {
-        Chain::new(
-            profile_chain(direction, namespace),
-            family,
-            vec![
-                Rule::new(Action::SetMark {
-                    value: accept,
-                    mask: accept,
-                })
-                .comment(format!("Profile kns.{namespace} {}", direction.as_str())),
-                Rule::new(Action::Return).mark_match(accept, accept),
-            ],
-        )
+        let mut rules = RuleList::new(traced);
+        rules.push(
+            Rule::new(Action::SetMark {
+                value: accept,
+                mask: accept,
+            })
+            .comment(format!("Profile kns.{namespace} {}", direction.as_str())),
+            || RuleRole::ProfileAllow,
+        );
+        rules.push(Rule::new(Action::Return).mark_match(accept, accept), || {
+            RuleRole::ProfileReturn
+        });
+        rules.finish(profile_chain(direction, namespace), family, || {
+            ChainRole::Profile {
+                namespace: namespace.to_string(),
+                direction,
+            }
+        })
     };
     [chain(Direction::Ingress), chain(Direction::Egress)]
 }

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use crate::model::IpFamily;
 
 use super::chains::deny;
+use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, from_workload_chain, to_workload_chain, Action, Chain, Rule, RuleConfig,
     FROM_WL_DISPATCH, TO_WL_DISPATCH,
@@ -29,13 +30,37 @@ pub fn dispatch_chains_with_addrs(
     ifaces: &[String],
     addrs: &[(IpAddr, String)],
 ) -> Vec<Chain> {
+    render_dispatch(cfg, family, ifaces, addrs, false)
+        .into_iter()
+        .map(|(chain, _)| chain)
+        .collect()
+}
+
+/// [`dispatch_chains_with_addrs`] with provenance: which interface (or address) each rule
+/// sends to.
+pub fn dispatch_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    ifaces: &[String],
+    addrs: &[(IpAddr, String)],
+) -> Vec<TracedChain> {
+    traced(render_dispatch(cfg, family, ifaces, addrs, true))
+}
+
+fn render_dispatch(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    ifaces: &[String],
+    addrs: &[(IpAddr, String)],
+    traced: bool,
+) -> Vec<Rendered> {
     let mut names: Vec<&str> = ifaces.iter().map(String::as_str).collect();
     names.sort_unstable();
     names.dedup();
-    let mut chains = tree(cfg, family, &names, Side::From);
-    chains.extend(tree(cfg, family, &names, Side::To));
+    let mut chains = tree(cfg, family, &names, Side::From, traced);
+    chains.extend(tree(cfg, family, &names, Side::To, traced));
     if cfg.bridge.is_some() {
-        chains.push(bridge::addr_dispatch_chain(cfg, family, addrs));
+        chains.push(bridge::render_addr_dispatch(cfg, family, addrs, traced));
     }
     chains
 }
@@ -70,9 +95,21 @@ impl Side {
             Side::To => to_workload_chain(iface),
         }
     }
+    fn role(self, bin: Option<String>) -> ChainRole {
+        match self {
+            Side::From => ChainRole::FromWorkloadDispatch { bin },
+            Side::To => ChainRole::ToWorkloadDispatch { bin },
+        }
+    }
 }
 
-fn tree(cfg: &RuleConfig, family: IpFamily, names: &[&str], side: Side) -> Vec<Chain> {
+fn tree(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    names: &[&str],
+    side: Side,
+    traced: bool,
+) -> Vec<Rendered> {
     let unknown = || Rule::new(deny(cfg)).comment("Unknown interface");
     let common = common_prefix(names);
     // Bin key: the common prefix plus the next character, or the name itself when it is the
@@ -86,29 +123,44 @@ fn tree(cfg: &RuleConfig, family: IpFamily, names: &[&str], side: Side) -> Vec<C
         bins.entry(&name[..key_len]).or_default().push(name);
     }
 
-    let mut root_rules = Vec::new();
+    let mut root_rules = RuleList::new(traced);
     let mut children = Vec::new();
     for (key, members) in bins {
         if let [only] = members[..] {
-            root_rules.push(side.matching(
-                cfg,
-                only.to_string(),
-                Action::Goto(side.endpoint_chain(only)),
-            ));
+            root_rules.push(
+                side.matching(
+                    cfg,
+                    only.to_string(),
+                    Action::Goto(side.endpoint_chain(only)),
+                ),
+                || RuleRole::ToEndpoint {
+                    iface: only.to_string(),
+                },
+            );
             continue;
         }
         let next_char = &key[common.len()..];
         let child = format!("{}-{next_char}", side.root());
-        root_rules.push(side.matching(cfg, format!("{key}+"), Action::Goto(child.clone())));
-        let mut rules: Vec<Rule> = members
-            .iter()
-            .map(|m| side.matching(cfg, m.to_string(), Action::Goto(side.endpoint_chain(m))))
-            .collect();
-        rules.push(unknown());
-        children.push(Chain::new(child, family, rules));
+        root_rules.push(
+            side.matching(cfg, format!("{key}+"), Action::Goto(child.clone())),
+            || RuleRole::ToBin {
+                prefix: key.to_string(),
+            },
+        );
+        let mut rules = RuleList::new(traced);
+        for m in &members {
+            rules.push(
+                side.matching(cfg, m.to_string(), Action::Goto(side.endpoint_chain(m))),
+                || RuleRole::ToEndpoint {
+                    iface: m.to_string(),
+                },
+            );
+        }
+        rules.push(unknown(), || RuleRole::UnknownInterface);
+        children.push(rules.finish(child, family, || side.role(Some(key.to_string()))));
     }
-    root_rules.push(unknown());
-    let mut chains = vec![Chain::new(side.root(), family, root_rules)];
+    root_rules.push(unknown(), || RuleRole::UnknownInterface);
+    let mut chains = vec![root_rules.finish(side.root(), family, || side.role(None))];
     chains.extend(children);
     chains
 }

@@ -18,6 +18,7 @@ pub mod chains;
 pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
+pub mod provenance;
 pub mod render;
 pub mod token;
 

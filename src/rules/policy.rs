@@ -18,6 +18,10 @@ use ipnet::IpNet;
 use crate::ipsets::SetDef;
 use crate::model::{IpFamily, NamespaceScope, Peer, PolicyInfo, PolicyRule, PortMatch, Protocol};
 
+use super::provenance::{
+    traced, ChainRole, PolicyRuleRole, PolicyStep, PortsRole, Rendered, RuleList, RuleRole,
+    TracedChain,
+};
 use super::{policy_chain, Action, Chain, Direction, Rule, RuleConfig};
 
 /// multiport takes at most 15 ports; a range takes two of those slots.
@@ -45,6 +49,16 @@ pub struct PlannedRule {
     pub protocol: Option<Protocol>,
     pub peer: PlannedPeer,
     pub ports: Vec<PlannedPorts>,
+    /// The Kubernetes rule and peer this planned rule comes from (provenance only).
+    pub source: RuleSource,
+}
+
+/// Where a planned rule comes from: the index of the Kubernetes rule in `spec.ingress` /
+/// `spec.egress`, and of the peer in its `from` / `to` (`None`: the rule has no peers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RuleSource {
+    pub rule: usize,
+    pub peer: Option<usize>,
 }
 
 /// The rules of one direction of a policy, in order.
@@ -89,7 +103,8 @@ pub fn plan_policy(policy: &PolicyInfo) -> PolicyPlan {
         rules.as_ref().map(|rules| DirectionPlan {
             rules: rules
                 .iter()
-                .flat_map(|r| plan_rule(policy, r, dir))
+                .enumerate()
+                .flat_map(|(i, r)| plan_rule(policy, i, r, dir))
                 .collect(),
         })
     };
@@ -106,7 +121,12 @@ struct ProtocolPorts {
     names: Vec<String>,
 }
 
-fn plan_rule(policy: &PolicyInfo, rule: &PolicyRule, dir: Direction) -> Vec<PlannedRule> {
+fn plan_rule(
+    policy: &PolicyInfo,
+    index: usize,
+    rule: &PolicyRule,
+    dir: Direction,
+) -> Vec<PlannedRule> {
     // Ports grouped by protocol; no ports at all means every protocol and port.
     let mut groups: BTreeMap<Option<Protocol>, ProtocolPorts> = BTreeMap::new();
     if rule.ports.is_empty() {
@@ -155,10 +175,14 @@ fn plan_rule(policy: &PolicyInfo, rule: &PolicyRule, dir: Direction) -> Vec<Plan
                 protocol,
                 peer: PlannedPeer::Any,
                 ports: port_alternatives(None),
+                source: RuleSource {
+                    rule: index,
+                    peer: None,
+                },
             });
             continue;
         }
-        for peer in &peers {
+        for (peer_index, peer) in peers.iter().enumerate() {
             let ports = port_alternatives(Some(peer));
             let planned_peer = match peer {
                 Peer::IpBlock { cidr, except } => PlannedPeer::Cidr {
@@ -181,6 +205,10 @@ fn plan_rule(policy: &PolicyInfo, rule: &PolicyRule, dir: Direction) -> Vec<Plan
                 protocol,
                 peer: planned_peer,
                 ports,
+                source: RuleSource {
+                    rule: index,
+                    peer: Some(peer_index),
+                },
             });
         }
     }
@@ -256,16 +284,43 @@ pub fn policy_chains(
     plan: &PolicyPlan,
     set_name: &dyn Fn(&SetDef) -> String,
 ) -> Vec<Chain> {
+    render_policy(cfg, family, policy, plan, set_name, false)
+        .into_iter()
+        .map(|(chain, _)| chain)
+        .collect()
+}
+
+/// [`policy_chains`] with provenance: for each rule, the Kubernetes rule, peer, protocol and
+/// port entries it implements (the same chains, byte for byte).
+pub fn policy_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    policy: &PolicyInfo,
+    plan: &PolicyPlan,
+    set_name: &dyn Fn(&SetDef) -> String,
+) -> Vec<TracedChain> {
+    traced(render_policy(cfg, family, policy, plan, set_name, true))
+}
+
+fn render_policy(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    policy: &PolicyInfo,
+    plan: &PolicyPlan,
+    set_name: &dyn Fn(&SetDef) -> String,
+    traced: bool,
+) -> Vec<Rendered> {
     let mut chains = Vec::new();
-    for (dir, dplan) in [
-        (Direction::Ingress, &plan.ingress),
-        (Direction::Egress, &plan.egress),
+    for (dir, dplan, krules) in [
+        (Direction::Ingress, &plan.ingress, &policy.ingress),
+        (Direction::Egress, &plan.egress, &policy.egress),
     ] {
         let Some(dplan) = dplan else { continue };
         let name = policy_chain(dir, &policy.key.namespace, &policy.key.name);
-        let mut rules = Vec::new();
+        let mut rules = RuleList::new(traced);
         for rule in &dplan.rules {
-            render_rule(cfg, family, dir, rule, set_name, &mut rules);
+            let source = krules.as_ref().and_then(|r| r.get(rule.source.rule));
+            render_rule(cfg, family, dir, rule, source, set_name, &mut rules);
         }
         let description = format!(
             "KubernetesNetworkPolicy {}/{} {}",
@@ -273,18 +328,71 @@ pub fn policy_chains(
             policy.key.name,
             dir.as_str()
         );
-        match rules.first_mut() {
+        match rules.rules.first_mut() {
             Some(first) => first.comments.insert(0, description),
             // No rule (or none for this family): the chain only carries its description, so
             // the endpoint chain's "Drop if no policies passed packet" applies.
-            None => rules.push(Rule {
-                action: Some(Action::None),
-                ..Rule::default().comment(description)
-            }),
+            None => rules.push(
+                Rule {
+                    action: Some(Action::None),
+                    ..Rule::default().comment(description)
+                },
+                || RuleRole::PolicyDescription,
+            ),
         }
-        chains.push(Chain::new(name, family, rules));
+        chains.push(rules.finish(name, family, || ChainRole::Policy {
+            policy: policy.key.clone(),
+            direction: dir,
+        }));
     }
     chains
+}
+
+/// The port entries (indices in the Kubernetes rule's `ports`) a port alternative implements.
+fn ports_role(
+    protocol: Option<Protocol>,
+    ports: &PlannedPorts,
+    source: Option<&PolicyRule>,
+) -> PortsRole {
+    let Some(protocol) = protocol else {
+        return PortsRole::AllProtocols;
+    };
+    let specs = source.map(|r| r.ports.as_slice()).unwrap_or_default();
+    let of_protocol = || {
+        specs
+            .iter()
+            .enumerate()
+            .filter(move |(_, s)| s.protocol == protocol)
+    };
+    match ports {
+        PlannedPorts::Any => PortsRole::AllPorts {
+            entries: of_protocol().map(|(i, _)| i).collect(),
+        },
+        PlannedPorts::Numeric(ranges) => PortsRole::Numeric {
+            entries: of_protocol()
+                .filter(|(_, s)| match s.port {
+                    PortMatch::Range { first, last } => {
+                        ranges.iter().any(|(a, b)| *a <= first && last <= *b)
+                    }
+                    _ => false,
+                })
+                .map(|(i, _)| i)
+                .collect(),
+        },
+        PlannedPorts::Named(def) => {
+            let name = match def {
+                SetDef::NamedPort { port_name, .. } => port_name.clone(),
+                SetDef::Selector { .. } => String::new(),
+            };
+            PortsRole::Named {
+                entries: of_protocol()
+                    .filter(|(_, s)| s.port == PortMatch::Named(name.clone()))
+                    .map(|(i, _)| i)
+                    .collect(),
+                name,
+            }
+        }
+    }
 }
 
 fn render_rule(
@@ -292,10 +400,19 @@ fn render_rule(
     family: IpFamily,
     dir: Direction,
     rule: &PlannedRule,
+    source: Option<&PolicyRule>,
     set_name: &dyn Fn(&SetDef) -> String,
-    out: &mut Vec<Rule>,
+    out: &mut RuleList,
 ) {
     let marks = cfg.marks;
+    let role = |step: PolicyStep| {
+        RuleRole::Policy(PolicyRuleRole {
+            rule: rule.source.rule,
+            peer: rule.source.peer,
+            protocol: rule.protocol,
+            step,
+        })
+    };
     let peer_side = match dir {
         Direction::Ingress => "src",
         Direction::Egress => "dst",
@@ -323,10 +440,13 @@ fn render_rule(
             }
             if !except.is_empty() {
                 // scratch0 = "not in an excepted CIDR"; scratch1 is cleared with it, as felix does.
-                out.push(Rule::new(Action::SetMark {
-                    value: marks.scratch0,
-                    mask: marks.scratch0 | marks.scratch1,
-                }));
+                out.push(
+                    Rule::new(Action::SetMark {
+                        value: marks.scratch0,
+                        mask: marks.scratch0 | marks.scratch1,
+                    }),
+                    || role(PolicyStep::ExceptStart),
+                );
                 for ex in except {
                     let mut clear = Rule::new(Action::SetMark {
                         value: 0,
@@ -336,7 +456,7 @@ fn render_rule(
                         Direction::Ingress => clear.src = Some(*ex),
                         Direction::Egress => clear.dst = Some(*ex),
                     }
-                    out.push(clear);
+                    out.push(clear, || role(PolicyStep::ExceptClear { cidr: *ex }));
                 }
             }
         }
@@ -371,8 +491,15 @@ fn render_rule(
         if needs_scratch {
             allow = allow.mark_match(marks.scratch0, marks.scratch0);
         }
-        out.push(allow);
-        out.push(Rule::new(Action::Return).mark_match(marks.accept, marks.accept));
+        out.push(allow, || {
+            role(PolicyStep::Allow {
+                ports: ports_role(rule.protocol, ports, source),
+            })
+        });
+        out.push(
+            Rule::new(Action::Return).mark_match(marks.accept, marks.accept),
+            || role(PolicyStep::ReturnIfAllowed),
+        );
     }
 }
 

@@ -1,0 +1,120 @@
+//! The provenance of everything the graph renders for one family: every chain with what each
+//! of its rules implements (`rules::provenance`), rendered again with tracing on. Off the hot
+//! path: `audit` and `explain` ask for it once; the graph's own renders never trace.
+
+use std::collections::BTreeMap;
+
+use crate::ipsets::set_name;
+use crate::model::{IpFamily, ObjectKey};
+use crate::rules::chains::{
+    endpoint_chains_traced, kernel_chain_rules, profile_chains_traced, static_chains_traced,
+};
+use crate::rules::dispatch::dispatch_chains_traced;
+use crate::rules::policy::policy_chains_traced;
+use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
+
+use super::CalcGraph;
+
+impl CalcGraph {
+    /// What every chain and rule the graph renders for `family` implements, as of the last
+    /// flush (the chains are those of `snapshot`, byte for byte), plus our rules in the
+    /// kernel chains.
+    pub fn provenance(&self, family: IpFamily) -> Provenance {
+        let cfg = &self.cfg.rules;
+        let mut chains: Vec<TracedChain> = static_chains_traced(cfg, family);
+        let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
+        chains.extend(dispatch_chains_traced(
+            cfg,
+            family,
+            &ifaces,
+            &self.endpoint_addrs(),
+        ));
+        for ns in self.endpoints_by_ns.keys() {
+            chains.extend(profile_chains_traced(cfg, family, ns));
+        }
+        for p in self.policies.values().filter(|p| !p.selects.is_empty()) {
+            chains.extend(policy_chains_traced(
+                cfg,
+                family,
+                &p.info,
+                &p.plan,
+                &|def| set_name(family, &def.id()),
+            ));
+        }
+        let mut pods_by_iface = BTreeMap::new();
+        for (key, ep) in &self.endpoints {
+            let winner = self
+                .iface_claims
+                .get(&ep.iface)
+                .and_then(|claims| claims.first());
+            if winner != Some(key) {
+                continue;
+            }
+            pods_by_iface.insert(ep.iface.clone(), key.clone());
+            let (ingress, egress) = self.endpoint_policies(key);
+            chains.extend(endpoint_chains_traced(
+                cfg,
+                family,
+                &ep.iface,
+                key,
+                &key.namespace,
+                &ingress,
+                &egress,
+            ));
+        }
+        let kernel = kernel_chain_rules(cfg, family)
+            .into_iter()
+            .map(|k| {
+                let rules = k
+                    .inserts
+                    .iter()
+                    .map(|r| (r.hash.clone(), RuleRole::JumpToOurs))
+                    .chain(
+                        k.appends
+                            .iter()
+                            .map(|r| (r.hash.clone(), RuleRole::AcceptAllowed)),
+                    )
+                    .collect();
+                (k.chain, rules)
+            })
+            .collect();
+        Provenance {
+            chains: chains
+                .into_iter()
+                .map(|c| (c.chain.name.clone(), c))
+                .collect(),
+            kernel,
+            pods_by_iface,
+            policies: self
+                .policies
+                .iter()
+                .filter(|(_, p)| !p.selects.is_empty())
+                .map(|(k, p)| (k.clone(), p.info.clone()))
+                .collect(),
+            sets: self
+                .emitted_sets
+                .iter()
+                .map(|(id, def)| (set_name(family, id), describe_set(def)))
+                .collect(),
+        }
+    }
+
+    /// The active policies selecting a local endpoint, by direction, in chain order.
+    pub(super) fn endpoint_policies(&self, key: &ObjectKey) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
+        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
+        let Some(ep) = self.endpoints.get(key) else {
+            return (ingress, egress);
+        };
+        for policy in &ep.policies {
+            if let Some(p) = self.policies.get(policy) {
+                if p.plan.ingress.is_some() {
+                    ingress.push(policy.clone());
+                }
+                if p.plan.egress.is_some() {
+                    egress.push(policy.clone());
+                }
+            }
+        }
+        (ingress, egress)
+    }
+}

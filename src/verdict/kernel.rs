@@ -1,0 +1,1306 @@
+//! A small interpreter of the iptables rule dialect we render, run over what a kernel really
+//! holds (`iptables-save` and `ipset save` text, or `compile` output): it follows one packet
+//! from a hook chain (`FORWARD`, `INPUT`, `OUTPUT` of the filter table) rule by rule through
+//! jumps, gotos and returns, keeping the packet mark, and says what the kernel does with it.
+//!
+//! Hand-written on purpose: no crate interprets `iptables-save` text, and only the matches
+//! and targets our chains use are needed. What it understands: `-s/-d` (with `!`), `-i/-o`
+//! (with `+` wildcards), `-p`, `-m comment`, `-m mark --mark`, `-m set --match-set NAME
+//! src|dst|dst,dst` (`hash:net`, `hash:ip`, `hash:ip,port`), `-m conntrack --ctstate` and
+//! `-m state --state` (the first packet of a connection is NEW), `-m multiport --dports`
+//! (ranges too), `-m tcp|udp|sctp --dport`, `--syn`, `-m physdev` (`--physdev-in/-out`,
+//! `--physdev-is-bridged/-in/-out`), `-m icmp6`/`-m icmp` (never a TCP/UDP/SCTP packet);
+//! targets `ACCEPT`, `DROP`, `REJECT`, `RETURN`, `MARK --set-xmark/--set-mark`, `LOG` and
+//! `NFLOG` (they only log), jumps and gotos to chains, and chain policies. Anything else (a
+//! match or target of another program, a set type we do not create, an interface the packet's
+//! description does not name) is reported as *cannot evaluate* with the rule, never guessed;
+//! a rule with such a match that another of its matches rules out is simply not matched.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde_json::{json, Value};
+
+use crate::model::{IpFamily, Protocol};
+use crate::rules::RULE_HASH_PREFIX;
+
+/// At most this many rules are looked at for one packet (a loop of jumps ends there).
+const MAX_STEPS: usize = 200_000;
+
+/// The filter table as a kernel holds it: chains in order, and the built-in chains'
+/// policies.
+#[derive(Clone, Debug, Default)]
+pub struct Ruleset {
+    pub chains: HashMap<String, Vec<KernelRule>>,
+    /// `FORWARD` → `ACCEPT`, ...
+    pub policies: HashMap<String, String>,
+}
+
+/// One rule: its text after `-A CHAIN `, its `cali:` hash when its first comment is one, and
+/// what the interpreter makes of it.
+#[derive(Clone, Debug)]
+pub struct KernelRule {
+    pub body: String,
+    pub hash: Option<String>,
+    parsed: ParsedRule,
+}
+
+#[derive(Clone, Debug)]
+struct ParsedRule {
+    matches: Vec<Match>,
+    target: Target,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Target {
+    None,
+    Accept,
+    Drop,
+    Reject,
+    Return,
+    Jump(String),
+    Goto(String),
+    /// `--set-xmark value/mask`: bits of mask are cleared, then value is xored.
+    SetXMark(u32, u32),
+    /// `--set-mark value/mask`: bits of mask are cleared, then value is ored.
+    SetMark(u32, u32),
+    /// Logs and continues.
+    Log,
+    Unknown(String),
+}
+
+#[derive(Clone, Debug)]
+enum Match {
+    Src(bool, IpNet),
+    Dst(bool, IpNet),
+    In(bool, String),
+    Out(bool, String),
+    Proto(bool, String),
+    Mark(bool, u32, u32),
+    Set {
+        neg: bool,
+        name: String,
+        flags: Vec<String>,
+    },
+    CtState(bool, Vec<String>),
+    DPorts(bool, Vec<(u16, u16)>),
+    /// multiport `--ports`: source or destination port.
+    AnyPorts(bool, Vec<(u16, u16)>),
+    Syn(bool),
+    PhysIn(bool, String),
+    PhysOut(bool, String),
+    PhysIsBridged(bool),
+    PhysIsIn(bool),
+    PhysIsOut(bool),
+    /// An ICMP type match: never a TCP, UDP or SCTP packet.
+    IcmpType,
+    Unknown(String),
+}
+
+/// An interface as the packet's description knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Iface {
+    /// This interface.
+    Named(String),
+    /// Some interface that is not a pod's (the uplink): its name is not known here.
+    NonPod,
+    /// No interface at this hook (`INPUT` has no output interface).
+    Absent,
+}
+
+impl Iface {
+    fn describe(&self) -> String {
+        match self {
+            Iface::Named(n) => n.clone(),
+            Iface::NonPod => "(not a pod interface)".into(),
+            Iface::Absent => "-".into(),
+        }
+    }
+}
+
+/// The first packet of a connection as one node's filter table sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packet {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub protocol: Protocol,
+    pub dport: u16,
+    pub in_iface: Iface,
+    pub out_iface: Iface,
+    /// Bridge mode: the bridge port the frame entered by / leaves by.
+    pub physdev_in: Option<String>,
+    pub physdev_out: Option<String>,
+    /// Bridged (both ports known) rather than routed.
+    pub bridged: bool,
+}
+
+/// What the interpreter needs to know about the node besides its tables.
+#[derive(Clone, Debug, Default)]
+pub struct NodeView {
+    /// Pod interface prefixes (`FELIX_INTERFACEPREFIX`): an interface that is no pod's never
+    /// matches a name starting with one of them.
+    pub pod_prefixes: Vec<String>,
+    /// Bridge mode: the bridge (the uplink is not it).
+    pub bridge: Option<String>,
+}
+
+/// IP sets as `ipset save` shows them.
+#[derive(Clone, Debug, Default)]
+pub struct KernelSets {
+    pub sets: HashMap<String, KernelSet>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct KernelSet {
+    /// `hash:net`, `hash:ip,port`, ...
+    pub set_type: String,
+    pub family: Option<IpFamily>,
+    /// The `add` entries as printed.
+    pub entries: Vec<String>,
+    hosts: HashSet<IpAddr>,
+    nets: Vec<IpNet>,
+    ip_ports: HashSet<(IpAddr, Protocol, u16)>,
+    /// Entries this interpreter cannot read (then a miss is "cannot evaluate").
+    unreadable: Vec<String>,
+}
+
+// ---------------------------------------------------------------- parsing
+
+/// Splits a rule body into words; double-quoted words keep their spaces (and `\"`).
+fn words(body: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_quotes = false;
+    let mut has_word = false;
+    let mut chars = body.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if in_quotes => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            '"' => {
+                in_quotes = !in_quotes;
+                has_word = true;
+            }
+            c if c.is_whitespace() && !in_quotes => {
+                if has_word {
+                    out.push(std::mem::take(&mut cur));
+                    has_word = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                has_word = true;
+            }
+        }
+    }
+    if has_word {
+        out.push(cur);
+    }
+    out
+}
+
+fn parse_num(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+/// `value[/mask]`; the mask defaults to all bits.
+fn parse_mark(text: &str) -> Option<(u32, u32)> {
+    match text.split_once('/') {
+        Some((v, m)) => Some((parse_num(v)?, parse_num(m)?)),
+        None => Some((parse_num(text)?, u32::MAX)),
+    }
+}
+
+fn parse_net(text: &str) -> Option<IpNet> {
+    text.parse::<IpNet>()
+        .ok()
+        .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+/// `80`, `80:90`, `80,443,8000:8080`.
+fn parse_ports(text: &str) -> Option<Vec<(u16, u16)>> {
+    text.split(',')
+        .map(|p| match p.split_once(':') {
+            Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+            None => {
+                let n = p.parse().ok()?;
+                Some((n, n))
+            }
+        })
+        .collect()
+}
+
+/// The hash of a rule whose first comment is `cali:<hash>`.
+pub fn rule_hash(body: &str) -> Option<String> {
+    hash_of(&words(body))
+}
+
+fn hash_of(w: &[String]) -> Option<String> {
+    let i = w.iter().position(|x| x == "--comment")?;
+    w.get(i + 1)?
+        .strip_prefix(RULE_HASH_PREFIX)
+        .filter(|h| !h.is_empty())
+        .map(str::to_string)
+}
+
+fn parse_rule(w: &[String]) -> ParsedRule {
+    let mut matches = Vec::new();
+    let mut target = Target::None;
+    let mut module: Option<String> = None;
+    let mut in_target = false;
+    let mut neg = false;
+    let mut i = 0;
+    let unknown = |what: String| Match::Unknown(what);
+    while i < w.len() {
+        let t = w[i].as_str();
+        let arg = w.get(i + 1).cloned().unwrap_or_default();
+        let mut used = 2;
+        match t {
+            "!" => {
+                neg = true;
+                i += 1;
+                continue;
+            }
+            "-s" | "--source" => matches.push(match parse_net(&arg) {
+                Some(n) => Match::Src(neg, n),
+                None => unknown(format!("-s {arg}")),
+            }),
+            "-d" | "--destination" => matches.push(match parse_net(&arg) {
+                Some(n) => Match::Dst(neg, n),
+                None => unknown(format!("-d {arg}")),
+            }),
+            "-i" | "--in-interface" => matches.push(Match::In(neg, arg)),
+            "-o" | "--out-interface" => matches.push(Match::Out(neg, arg)),
+            "-p" | "--protocol" => matches.push(Match::Proto(neg, arg.to_ascii_lowercase())),
+            "-m" | "--match" => {
+                module = Some(arg);
+                in_target = false;
+            }
+            "-j" | "--jump" => {
+                in_target = true;
+                module = None;
+                target = match arg.as_str() {
+                    "ACCEPT" => Target::Accept,
+                    "DROP" => Target::Drop,
+                    "REJECT" => Target::Reject,
+                    "RETURN" => Target::Return,
+                    "MARK" => Target::Unknown("MARK without --set-xmark/--set-mark".into()),
+                    "LOG" | "NFLOG" => Target::Log,
+                    // A chain, or a target extension (CT, TPROXY, ...) that is then found to
+                    // be no chain when jumped to.
+                    other => Target::Jump(other.to_string()),
+                };
+            }
+            "-g" | "--goto" => {
+                target = Target::Goto(arg);
+                module = None;
+                in_target = false;
+            }
+            opt if opt.starts_with("--") && in_target => {
+                match (&target, opt) {
+                    (Target::Unknown(_), "--set-xmark") => {
+                        target = match parse_mark(&arg) {
+                            Some((v, m)) => Target::SetXMark(v, m),
+                            None => Target::Unknown(format!("MARK --set-xmark {arg}")),
+                        }
+                    }
+                    (Target::Unknown(_), "--set-mark") => {
+                        target = match parse_mark(&arg) {
+                            Some((v, m)) => Target::SetMark(v, m),
+                            None => Target::Unknown(format!("MARK --set-mark {arg}")),
+                        }
+                    }
+                    // REJECT --reject-with X, LOG --log-prefix X, NFLOG --nflog-group N ...
+                    (Target::Reject | Target::Log, _) => {}
+                    (Target::Jump(name), _) => {
+                        target = Target::Unknown(format!("-j {name} {opt}"));
+                    }
+                    _ => {}
+                }
+            }
+            opt if opt.starts_with("--") => {
+                let m = module.as_deref().unwrap_or("");
+                let parsed = match (m, opt) {
+                    ("comment", "--comment") => None,
+                    ("mark", "--mark") => Some(match parse_mark(&arg) {
+                        Some((v, mask)) => Match::Mark(neg, v & mask, mask),
+                        None => unknown(format!("--mark {arg}")),
+                    }),
+                    ("set", "--match-set") => {
+                        let flags = w.get(i + 2).cloned().unwrap_or_default();
+                        used = 3;
+                        Some(Match::Set {
+                            neg,
+                            name: arg.clone(),
+                            flags: flags.split(',').map(str::to_string).collect(),
+                        })
+                    }
+                    ("conntrack", "--ctstate") | ("state", "--state") => Some(Match::CtState(
+                        neg,
+                        arg.split(',').map(str::to_string).collect(),
+                    )),
+                    ("multiport", "--dports" | "--destination-ports")
+                    | ("tcp" | "udp" | "sctp", "--dport" | "--destination-port") => {
+                        Some(match parse_ports(&arg) {
+                            Some(p) => Match::DPorts(neg, p),
+                            None => unknown(format!("{opt} {arg}")),
+                        })
+                    }
+                    ("multiport", "--ports") => Some(match parse_ports(&arg) {
+                        Some(p) => Match::AnyPorts(neg, p),
+                        None => unknown(format!("{opt} {arg}")),
+                    }),
+                    ("tcp", "--syn") => {
+                        used = 1;
+                        Some(Match::Syn(neg))
+                    }
+                    ("physdev", "--physdev-in") => Some(Match::PhysIn(neg, arg.clone())),
+                    ("physdev", "--physdev-out") => Some(Match::PhysOut(neg, arg.clone())),
+                    ("physdev", "--physdev-is-bridged") => {
+                        used = 1;
+                        Some(Match::PhysIsBridged(neg))
+                    }
+                    ("physdev", "--physdev-is-in") => {
+                        used = 1;
+                        Some(Match::PhysIsIn(neg))
+                    }
+                    ("physdev", "--physdev-is-out") => {
+                        used = 1;
+                        Some(Match::PhysIsOut(neg))
+                    }
+                    ("icmp6", "--icmpv6-type") | ("icmp", "--icmp-type") => Some(Match::IcmpType),
+                    _ => {
+                        // An option we do not know: its arguments are unknown too, so the
+                        // words up to the next option go with it.
+                        let mut j = i + 1;
+                        let mut text = format!("-m {m} {opt}");
+                        while j < w.len() && !w[j].starts_with('-') && w[j] != "!" {
+                            text.push(' ');
+                            text.push_str(&w[j]);
+                            j += 1;
+                        }
+                        used = j - i;
+                        Some(unknown(text))
+                    }
+                };
+                if let Some(p) = parsed {
+                    matches.push(p);
+                }
+            }
+            other => {
+                matches.push(unknown(other.to_string()));
+                used = 1;
+            }
+        }
+        neg = false;
+        i += used;
+    }
+    ParsedRule { matches, target }
+}
+
+impl KernelRule {
+    pub fn new(body: impl Into<String>) -> KernelRule {
+        let body = body.into();
+        let w = words(&body);
+        KernelRule {
+            hash: hash_of(&w),
+            parsed: parse_rule(&w),
+            body,
+        }
+    }
+
+    /// What the rule does when it matches, in `iptables` words (`ACCEPT`, `jump X`, ...).
+    pub fn target_text(&self) -> String {
+        match &self.parsed.target {
+            Target::None => "(no target: continue)".into(),
+            Target::Accept => "ACCEPT".into(),
+            Target::Drop => "DROP".into(),
+            Target::Reject => "REJECT".into(),
+            Target::Return => "RETURN".into(),
+            Target::Jump(c) => format!("jump {c}"),
+            Target::Goto(c) => format!("goto {c}"),
+            Target::SetXMark(v, m) => format!("MARK --set-xmark {v:#x}/{m:#x}"),
+            Target::SetMark(v, m) => format!("MARK --set-mark {v:#x}/{m:#x}"),
+            Target::Log => "log".into(),
+            Target::Unknown(t) => format!("unknown target {t}"),
+        }
+    }
+
+    /// Whether the rule's target is `ACCEPT`.
+    pub fn accepts(&self) -> bool {
+        self.parsed.target == Target::Accept
+    }
+
+    /// Whether the rule's target is `RETURN`.
+    pub fn returns(&self) -> bool {
+        self.parsed.target == Target::Return
+    }
+
+    /// The chain a jump or goto leads to.
+    pub fn jump_target(&self) -> Option<&str> {
+        match &self.parsed.target {
+            Target::Jump(c) | Target::Goto(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether the rule can match the first packet of a pod's connection: an interface match
+    /// can rule pods out (`-i docker0`, `-o lo`), a conntrack match new connections
+    /// (`--ctstate RELATED,ESTABLISHED`), as far as the rule itself tells.
+    pub fn can_match_new_pod_traffic(&self, view: &NodeView) -> bool {
+        let new_ok = self.parsed.matches.iter().all(|m| match m {
+            Match::CtState(neg, states) => states.iter().any(|s| s == "NEW") != *neg,
+            _ => true,
+        });
+        new_ok && self.can_match_pod_traffic(view)
+    }
+
+    /// Whether the rule can match pod traffic at all: `false` when an interface match rules
+    /// pods out (`-i docker0`, `-o lo`), as far as the rule itself tells.
+    pub fn can_match_pod_traffic(&self, view: &NodeView) -> bool {
+        let pod_side = |pat: &str| {
+            let p = pat.trim_end_matches('+');
+            let wild = pat.ends_with('+');
+            view.pod_prefixes.iter().any(|pp| {
+                if wild {
+                    p.starts_with(pp.as_str()) || pp.starts_with(p)
+                } else {
+                    p.starts_with(pp.as_str())
+                }
+            }) || view.bridge.as_deref() == Some(p)
+        };
+        self.parsed.matches.iter().all(|m| match m {
+            Match::In(false, pat) | Match::Out(false, pat) => pod_side(pat),
+            _ => true,
+        })
+    }
+}
+
+impl Ruleset {
+    /// Reads the `*filter` section of `iptables-save` output, or `iptables-restore` input such
+    /// as `compile` prints (`-I CHAIN [N]` inserts where it says). Counters (`[p:b]`) are
+    /// skipped. Text without a filter section is an empty table.
+    pub fn parse(text: &str) -> Ruleset {
+        let mut rs = Ruleset::default();
+        let mut inside = false;
+        let mut any_table = false;
+        for line in text.lines() {
+            let line = line.trim_end();
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            if let Some(name) = line.strip_prefix('*') {
+                any_table = true;
+                inside = name == "filter";
+                continue;
+            }
+            if any_table && !inside {
+                continue;
+            }
+            if line == "COMMIT" {
+                inside = false;
+                continue;
+            }
+            if let Some(decl) = line.strip_prefix(':') {
+                let mut w = decl.split_whitespace();
+                if let Some(name) = w.next() {
+                    rs.chains.entry(name.to_string()).or_default();
+                    if let Some(policy) = w.next().filter(|p| *p != "-") {
+                        rs.policies.insert(name.to_string(), policy.to_string());
+                    }
+                }
+                continue;
+            }
+            let line = match line.strip_prefix('[') {
+                Some(rest) => rest.split_once("] ").map_or(line, |(_, r)| r),
+                None => line,
+            };
+            if let Some(rest) = line.strip_prefix("-A ") {
+                let (chain, body) = rest.split_once(' ').unwrap_or((rest, ""));
+                rs.chains
+                    .entry(chain.to_string())
+                    .or_default()
+                    .push(KernelRule::new(body));
+            } else if let Some(rest) = line.strip_prefix("-I ") {
+                let (chain, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+                let (pos, body) = match rest.split_once(' ') {
+                    Some((n, b)) if n.parse::<usize>().is_ok() => {
+                        (n.parse::<usize>().unwrap_or(1), b)
+                    }
+                    _ => (1, rest),
+                };
+                let rules = rs.chains.entry(chain.to_string()).or_default();
+                let at = pos.saturating_sub(1).min(rules.len());
+                rules.insert(at, KernelRule::new(body));
+            }
+        }
+        for builtin in ["INPUT", "FORWARD", "OUTPUT"] {
+            rs.policies
+                .entry(builtin.to_string())
+                .or_insert_with(|| "ACCEPT".to_string());
+        }
+        rs
+    }
+
+    pub fn chain(&self, name: &str) -> Option<&[KernelRule]> {
+        self.chains.get(name).map(Vec::as_slice)
+    }
+}
+
+impl KernelSets {
+    /// Reads `ipset save` (or `ipset restore` input): every set, ours and others'.
+    pub fn parse(text: &str) -> KernelSets {
+        let mut sets: HashMap<String, KernelSet> = HashMap::new();
+        for line in text.lines() {
+            let mut w = line.split_whitespace();
+            match (w.next(), w.next()) {
+                (Some("create"), Some(name)) => {
+                    let set_type = w.next().unwrap_or_default().to_string();
+                    let mut family = None;
+                    while let Some(x) = w.next() {
+                        if x == "family" {
+                            family = match w.next() {
+                                Some("inet") => Some(IpFamily::V4),
+                                Some("inet6") => Some(IpFamily::V6),
+                                _ => None,
+                            };
+                        }
+                    }
+                    sets.insert(
+                        name.to_string(),
+                        KernelSet {
+                            set_type,
+                            family,
+                            ..KernelSet::default()
+                        },
+                    );
+                }
+                (Some("add"), Some(name)) => {
+                    if let (Some(set), Some(entry)) = (sets.get_mut(name), w.next()) {
+                        set.add(entry);
+                    }
+                }
+                _ => {}
+            }
+        }
+        KernelSets { sets }
+    }
+}
+
+impl KernelSet {
+    fn add(&mut self, entry: &str) {
+        self.entries.push(entry.to_string());
+        let readable = match self.set_type.as_str() {
+            "hash:net" | "hash:ip" => match parse_net(entry) {
+                Some(n) if n.prefix_len() == n.max_prefix_len() => {
+                    self.hosts.insert(n.addr());
+                    true
+                }
+                Some(n) => {
+                    self.nets.push(n);
+                    true
+                }
+                None => false,
+            },
+            "hash:ip,port" => {
+                let parsed = entry.split_once(',').and_then(|(ip, pp)| {
+                    let (proto, port) = pp.split_once(':')?;
+                    let protocol = Protocol::parse(&proto.to_ascii_uppercase())?;
+                    Some((ip.parse::<IpAddr>().ok()?, protocol, port.parse().ok()?))
+                });
+                match parsed {
+                    Some(t) => {
+                        self.ip_ports.insert(t);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            _ => false,
+        };
+        if !readable {
+            self.unreadable.push(entry.to_string());
+        }
+    }
+}
+
+// ---------------------------------------------------------------- evaluation
+
+/// A match's answer: yes, no, or cannot tell (and why).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Tri {
+    Yes,
+    No,
+    Unknown(String),
+}
+
+fn tri(b: bool) -> Tri {
+    if b {
+        Tri::Yes
+    } else {
+        Tri::No
+    }
+}
+
+fn negate(neg: bool, t: Tri) -> Tri {
+    match (neg, t) {
+        (false, t) => t,
+        (true, Tri::Yes) => Tri::No,
+        (true, Tri::No) => Tri::Yes,
+        (true, u) => u,
+    }
+}
+
+fn iface_pattern(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('+') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == pattern,
+    }
+}
+
+/// `-i`/`-o`/`--physdev-*` against the packet's interface.
+fn iface_match(pattern: &str, iface: &Iface, view: &NodeView, which: &str) -> Tri {
+    match iface {
+        Iface::Named(n) => tri(iface_pattern(pattern, n)),
+        Iface::Absent => Tri::No,
+        Iface::NonPod => {
+            let p = pattern.trim_end_matches('+');
+            let only_pods = view
+                .pod_prefixes
+                .iter()
+                .any(|pp| p.starts_with(pp.as_str()));
+            if only_pods || view.bridge.as_deref() == Some(pattern) {
+                Tri::No
+            } else {
+                Tri::Unknown(format!(
+                    "the packet's {which} interface is not a pod's and its name is not known here, so {pattern} cannot be checked"
+                ))
+            }
+        }
+    }
+}
+
+fn in_ranges(ranges: &[(u16, u16)], port: u16) -> bool {
+    ranges.iter().any(|(a, b)| (*a..=*b).contains(&port))
+}
+
+struct Interp<'a> {
+    sets: &'a KernelSets,
+    view: &'a NodeView,
+    packet: &'a Packet,
+}
+
+impl Interp<'_> {
+    fn eval(&self, m: &Match, mark: u32) -> Tri {
+        let p = self.packet;
+        match m {
+            Match::Src(neg, n) => negate(*neg, tri(n.contains(&p.src))),
+            Match::Dst(neg, n) => negate(*neg, tri(n.contains(&p.dst))),
+            Match::In(neg, pat) => negate(*neg, iface_match(pat, &p.in_iface, self.view, "input")),
+            Match::Out(neg, pat) => {
+                negate(*neg, iface_match(pat, &p.out_iface, self.view, "output"))
+            }
+            Match::Proto(neg, proto) => {
+                let number = match p.protocol {
+                    Protocol::Tcp => "6",
+                    Protocol::Udp => "17",
+                    Protocol::Sctp => "132",
+                };
+                let yes = proto == p.protocol.as_str() || proto == number || proto == "all";
+                negate(*neg, tri(yes))
+            }
+            Match::Mark(neg, value, mask) => negate(*neg, tri(mark & mask == *value)),
+            Match::Set { neg, name, flags } => negate(*neg, self.set_match(name, flags)),
+            Match::CtState(neg, states) => negate(*neg, tri(states.iter().any(|s| s == "NEW"))),
+            Match::DPorts(neg, ranges) => negate(*neg, tri(in_ranges(ranges, p.dport))),
+            Match::AnyPorts(neg, ranges) => {
+                if in_ranges(ranges, p.dport) {
+                    negate(*neg, Tri::Yes)
+                } else {
+                    Tri::Unknown(
+                        "multiport --ports also matches the source port, which is not known".into(),
+                    )
+                }
+            }
+            Match::Syn(neg) => negate(*neg, tri(p.protocol == Protocol::Tcp)),
+            Match::PhysIn(neg, pat) => negate(
+                *neg,
+                match &p.physdev_in {
+                    Some(port) => tri(iface_pattern(pat, port)),
+                    None => Tri::No,
+                },
+            ),
+            Match::PhysOut(neg, pat) => negate(
+                *neg,
+                match &p.physdev_out {
+                    Some(port) => tri(iface_pattern(pat, port)),
+                    None => Tri::No,
+                },
+            ),
+            Match::PhysIsBridged(neg) => negate(*neg, tri(p.bridged)),
+            Match::PhysIsIn(neg) => negate(*neg, tri(p.physdev_in.is_some())),
+            Match::PhysIsOut(neg) => negate(*neg, tri(p.physdev_out.is_some())),
+            Match::IcmpType => Tri::No,
+            Match::Unknown(what) => Tri::Unknown(format!("match not understood: {what}")),
+        }
+    }
+
+    fn set_match(&self, name: &str, flags: &[String]) -> Tri {
+        let p = self.packet;
+        let Some(set) = self.sets.sets.get(name) else {
+            return Tri::Unknown(format!("set {name} is not in the kernel's ipset save"));
+        };
+        if set.family.is_some_and(|f| f != IpFamily::of(&p.src)) {
+            return Tri::No;
+        }
+        let addr = |flag: &str| match flag {
+            "src" => Some(p.src),
+            "dst" => Some(p.dst),
+            _ => None,
+        };
+        let found = match set.set_type.as_str() {
+            "hash:net" | "hash:ip" => {
+                let Some(ip) = flags.first().and_then(|f| addr(f)) else {
+                    return Tri::Unknown(format!("set {name}: flags {}", flags.join(",")));
+                };
+                set.hosts.contains(&ip) || set.nets.iter().any(|n| n.contains(&ip))
+            }
+            "hash:ip,port" => {
+                let ip = flags.first().and_then(|f| addr(f));
+                match (ip, flags.get(1).map(String::as_str)) {
+                    (Some(ip), Some("dst")) => set.ip_ports.contains(&(ip, p.protocol, p.dport)),
+                    _ => {
+                        return Tri::Unknown(format!(
+                            "set {name}: flags {} need the source port, which is not known",
+                            flags.join(",")
+                        ))
+                    }
+                }
+            }
+            other => {
+                return Tri::Unknown(format!("set {name} is of type {other}, not one we create"))
+            }
+        };
+        if !found && !set.unreadable.is_empty() {
+            return Tri::Unknown(format!(
+                "set {name} holds entries this reader does not understand ({})",
+                set.unreadable.join(", ")
+            ));
+        }
+        tri(found)
+    }
+}
+
+/// What happened at one rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepResult {
+    NoMatch,
+    /// Matched; what it did (`ACCEPT`, `jump cali-fw-x`, `MARK → 0x10000`).
+    Matched(String),
+    CannotEvaluate(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceStep {
+    pub chain: String,
+    /// 1-based position in the chain.
+    pub number: usize,
+    pub body: String,
+    pub hash: Option<String>,
+    pub result: StepResult,
+}
+
+/// The kernel's answer for the packet at this hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelVerdict {
+    Accept,
+    Drop,
+    Reject,
+    /// A rule could not be evaluated (the last step of the trace says which and why).
+    CannotEvaluate(String),
+}
+
+impl KernelVerdict {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            KernelVerdict::Accept => "accept",
+            KernelVerdict::Drop => "drop",
+            KernelVerdict::Reject => "reject",
+            KernelVerdict::CannotEvaluate(_) => "cannot evaluate",
+        }
+    }
+    /// `Some(true)` accepted, `Some(false)` dropped or rejected, `None` unknown.
+    pub fn allowed(&self) -> Option<bool> {
+        match self {
+            KernelVerdict::Accept => Some(true),
+            KernelVerdict::Drop | KernelVerdict::Reject => Some(false),
+            KernelVerdict::CannotEvaluate(_) => None,
+        }
+    }
+}
+
+/// One packet's way through one hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    pub hook: String,
+    pub packet: Packet,
+    pub steps: Vec<TraceStep>,
+    pub verdict: KernelVerdict,
+    /// `Some(chain)` when the built-in chain's policy decided.
+    pub by_policy: Option<String>,
+}
+
+/// Follows `packet` from the built-in chain `hook` of `rules`.
+pub fn trace(
+    rules: &Ruleset,
+    sets: &KernelSets,
+    view: &NodeView,
+    hook: &str,
+    packet: &Packet,
+) -> Trace {
+    let interp = Interp { sets, view, packet };
+    let mut steps = Vec::new();
+    let mut mark: u32 = 0;
+    // Frames to return to: (chain, next rule index).
+    let mut stack: Vec<(String, usize)> = Vec::new();
+    let mut chain = hook.to_string();
+    let mut index = 0usize;
+    let policy = |steps: Vec<TraceStep>| {
+        let p = rules.policies.get(hook).map_or("ACCEPT", String::as_str);
+        let verdict = match p {
+            "ACCEPT" => KernelVerdict::Accept,
+            "DROP" => KernelVerdict::Drop,
+            other => KernelVerdict::CannotEvaluate(format!("chain {hook} has policy {other}")),
+        };
+        Trace {
+            hook: hook.to_string(),
+            packet: packet.clone(),
+            steps,
+            verdict,
+            by_policy: Some(hook.to_string()),
+        }
+    };
+    let done = |steps: Vec<TraceStep>, verdict: KernelVerdict| Trace {
+        hook: hook.to_string(),
+        packet: packet.clone(),
+        steps,
+        verdict,
+        by_policy: None,
+    };
+    if rules.chain(hook).is_none() {
+        return policy(steps);
+    }
+    loop {
+        if steps.len() >= MAX_STEPS {
+            return done(
+                steps,
+                KernelVerdict::CannotEvaluate(format!("more than {MAX_STEPS} rules: a loop?")),
+            );
+        }
+        let list = rules.chain(&chain).unwrap_or_default();
+        let Some(rule) = list.get(index) else {
+            // The end of the chain: back to the caller, or the hook's policy.
+            match stack.pop() {
+                Some((c, i)) => {
+                    chain = c;
+                    index = i;
+                    continue;
+                }
+                None => return policy(steps),
+            }
+        };
+        let mut unknown = None;
+        let mut matched = true;
+        for m in &rule.parsed.matches {
+            match interp.eval(m, mark) {
+                Tri::Yes => {}
+                Tri::No => {
+                    matched = false;
+                    break;
+                }
+                Tri::Unknown(why) => {
+                    unknown.get_or_insert(why);
+                }
+            }
+        }
+        let mut step = TraceStep {
+            chain: chain.clone(),
+            number: index + 1,
+            body: rule.body.clone(),
+            hash: rule.hash.clone(),
+            result: StepResult::NoMatch,
+        };
+        if !matched {
+            steps.push(step);
+            index += 1;
+            continue;
+        }
+        if let Some(why) = unknown {
+            step.result = StepResult::CannotEvaluate(why.clone());
+            steps.push(step);
+            return done(
+                steps,
+                KernelVerdict::CannotEvaluate(format!("{chain} #{}: {why}", index + 1)),
+            );
+        }
+        let target = &rule.parsed.target;
+        step.result = StepResult::Matched(match target {
+            Target::SetXMark(v, m) => {
+                mark = (mark & !m) ^ v;
+                format!("MARK, mark now {mark:#x}")
+            }
+            Target::SetMark(v, m) => {
+                mark = (mark & !m) | v;
+                format!("MARK, mark now {mark:#x}")
+            }
+            _ => rule.target_text(),
+        });
+        steps.push(step);
+        match target {
+            Target::None | Target::Log | Target::SetXMark(..) | Target::SetMark(..) => {
+                index += 1;
+            }
+            Target::Accept => return done(steps, KernelVerdict::Accept),
+            Target::Drop => return done(steps, KernelVerdict::Drop),
+            Target::Reject => return done(steps, KernelVerdict::Reject),
+            Target::Return => match stack.pop() {
+                Some((c, i)) => {
+                    chain = c;
+                    index = i;
+                }
+                None => return policy(steps),
+            },
+            Target::Jump(c) | Target::Goto(c) => {
+                if rules.chain(c).is_none() {
+                    let why = format!("target {c} is neither a chain of this table nor a target this reader knows");
+                    if let Some(last) = steps.last_mut() {
+                        last.result = StepResult::CannotEvaluate(why.clone());
+                    }
+                    return done(steps, KernelVerdict::CannotEvaluate(why));
+                }
+                if matches!(target, Target::Jump(_)) {
+                    stack.push((chain.clone(), index + 1));
+                }
+                chain = c.clone();
+                index = 0;
+            }
+            Target::Unknown(t) => {
+                let why = format!("target not understood: {t}");
+                if let Some(last) = steps.last_mut() {
+                    last.result = StepResult::CannotEvaluate(why.clone());
+                }
+                return done(steps, KernelVerdict::CannotEvaluate(why));
+            }
+        }
+    }
+}
+
+impl Trace {
+    /// The trace as text: every rule that matched, runs of rules that did not collapsed to
+    /// a count; `describe` adds what a rule of ours implements (from its hash).
+    pub fn to_text(&self, describe: &dyn Fn(&str, &str) -> Option<String>) -> String {
+        let mut out = String::new();
+        let p = &self.packet;
+        let _ = writeln!(
+            out,
+            "{}: {} -> {} {} {}, in {} out {}{}",
+            self.hook,
+            p.src,
+            p.dst,
+            p.protocol.as_str(),
+            p.dport,
+            p.in_iface.describe(),
+            p.out_iface.describe(),
+            match (&p.physdev_in, &p.physdev_out) {
+                (None, None) => String::new(),
+                (i, o) => format!(
+                    ", bridge ports in {} out {}{}",
+                    i.as_deref().unwrap_or("-"),
+                    o.as_deref().unwrap_or("-"),
+                    if p.bridged { " (bridged)" } else { "" }
+                ),
+            }
+        );
+        let mut skipped: Option<(String, usize)> = None;
+        let flush = |out: &mut String, skipped: &mut Option<(String, usize)>| {
+            if let Some((chain, n)) = skipped.take() {
+                let _ = writeln!(out, "    {chain}: {n} rule(s) not matching");
+            }
+        };
+        for s in &self.steps {
+            if s.result == StepResult::NoMatch {
+                match &mut skipped {
+                    Some((c, n)) if *c == s.chain => *n += 1,
+                    _ => {
+                        flush(&mut out, &mut skipped);
+                        skipped = Some((s.chain.clone(), 1));
+                    }
+                }
+                continue;
+            }
+            flush(&mut out, &mut skipped);
+            let what = match &s.result {
+                StepResult::Matched(w) => w.clone(),
+                StepResult::CannotEvaluate(w) => format!("CANNOT EVALUATE: {w}"),
+                StepResult::NoMatch => String::new(),
+            };
+            let _ = writeln!(out, "  {} #{}: {}  -> {what}", s.chain, s.number, s.body);
+            if let Some(d) = s.hash.as_deref().and_then(|h| describe(&s.chain, h)) {
+                let _ = writeln!(out, "      ({d})");
+            }
+        }
+        flush(&mut out, &mut skipped);
+        match &self.by_policy {
+            Some(c) => {
+                let _ = writeln!(
+                    out,
+                    "  => {} (policy of {c})",
+                    self.verdict.as_str().to_ascii_uppercase()
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  => {}", self.verdict.as_str().to_ascii_uppercase());
+            }
+        }
+        out
+    }
+
+    pub fn to_json(&self, describe: &dyn Fn(&str, &str) -> Option<String>) -> Value {
+        let p = &self.packet;
+        let iface = |i: &Iface| match i {
+            Iface::Named(n) => json!(n),
+            Iface::NonPod => json!("(not a pod interface)"),
+            Iface::Absent => Value::Null,
+        };
+        json!({
+            "hook": self.hook,
+            "packet": {
+                "source": p.src.to_string(), "destination": p.dst.to_string(),
+                "protocol": p.protocol.as_str(), "port": p.dport,
+                "in": iface(&p.in_iface), "out": iface(&p.out_iface),
+                "physdev_in": p.physdev_in, "physdev_out": p.physdev_out, "bridged": p.bridged,
+            },
+            "steps": self.steps.iter().filter(|s| s.result != StepResult::NoMatch).map(|s| {
+                let (result, what) = match &s.result {
+                    StepResult::Matched(w) => ("matched", w.clone()),
+                    StepResult::CannotEvaluate(w) => ("cannot evaluate", w.clone()),
+                    StepResult::NoMatch => ("no match", String::new()),
+                };
+                json!({"chain": s.chain, "rule_number": s.number, "rule": s.body, "hash": s.hash,
+                       "result": result, "action": what,
+                       "implements": s.hash.as_deref().and_then(|h| describe(&s.chain, h))})
+            }).collect::<Vec<_>>(),
+            "rules_not_matching": self.steps.iter().filter(|s| s.result == StepResult::NoMatch).count(),
+            "verdict": self.verdict.as_str(),
+            "cannot_evaluate_because": match &self.verdict { KernelVerdict::CannotEvaluate(w) => Some(w.clone()), _ => None },
+            "by_chain_policy": self.by_policy,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(src: &str, dst: &str, port: u16, i: Iface, o: Iface) -> Packet {
+        Packet {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            protocol: Protocol::Tcp,
+            dport: port,
+            in_iface: i,
+            out_iface: o,
+            physdev_in: None,
+            physdev_out: None,
+            bridged: false,
+        }
+    }
+
+    fn view() -> NodeView {
+        NodeView {
+            pod_prefixes: vec!["cali".into()],
+            bridge: None,
+        }
+    }
+
+    #[test]
+    fn words_keep_quoted_comments() {
+        assert_eq!(
+            words(r#"-m comment --comment "a \"b\" c" -j ACCEPT"#),
+            ["-m", "comment", "--comment", "a \"b\" c", "-j", "ACCEPT"]
+        );
+        assert_eq!(
+            rule_hash(r#"-i cali+ -m comment --comment "cali:abcDEF" -j X"#).as_deref(),
+            Some("abcDEF")
+        );
+        assert_eq!(rule_hash(r#"-m comment --comment "kube" -j X"#), None);
+    }
+
+    #[test]
+    fn follows_jumps_gotos_marks_and_policies() {
+        let rs = Ruleset::parse(
+            "*filter\n:FORWARD DROP [0:0]\n:c1 - [0:0]\n:c2 - [0:0]\n:c3 - [0:0]\n\
+             -A FORWARD -i cali+ -j c1\n\
+             -A FORWARD -m mark --mark 0x10000/0x10000 -j ACCEPT\n\
+             -A c1 -g c2\n-A c1 -j DROP\n\
+             -A c2 -s 10.0.0.0/8 -p tcp -m multiport --dports 80,8000:8080 -j MARK --set-xmark 0x10000/0x10000\n\
+             -A c2 -j c3\n\
+             -A c3 -m mark --mark 0x10000/0x10000 -j RETURN\n-A c3 -j REJECT --reject-with icmp-port-unreachable\n\
+             COMMIT\n",
+        );
+        let sets = KernelSets::default();
+        let ok = trace(
+            &rs,
+            &sets,
+            &view(),
+            "FORWARD",
+            &packet(
+                "10.1.1.1",
+                "10.2.2.2",
+                8001,
+                Iface::Named("cali1".into()),
+                Iface::NonPod,
+            ),
+        );
+        assert_eq!(ok.verdict, KernelVerdict::Accept);
+        // The goto's chain returned straight to FORWARD: c1's DROP was never reached.
+        assert!(ok.steps.iter().all(|s| !(s.chain == "c1" && s.number == 2)));
+        let rejected = trace(
+            &rs,
+            &sets,
+            &view(),
+            "FORWARD",
+            &packet(
+                "10.1.1.1",
+                "10.2.2.2",
+                443,
+                Iface::Named("cali1".into()),
+                Iface::NonPod,
+            ),
+        );
+        assert_eq!(rejected.verdict, KernelVerdict::Reject);
+        // Not from a pod: falls through to the policy.
+        let policy = trace(
+            &rs,
+            &sets,
+            &view(),
+            "FORWARD",
+            &packet(
+                "10.1.1.1",
+                "10.2.2.2",
+                80,
+                Iface::NonPod,
+                Iface::Named("cali2".into()),
+            ),
+        );
+        assert_eq!(policy.verdict, KernelVerdict::Drop);
+        assert_eq!(policy.by_policy.as_deref(), Some("FORWARD"));
+    }
+
+    #[test]
+    fn sets_conntrack_physdev_and_negation() {
+        let sets = KernelSets::parse(
+            "create cali40s:a hash:net family inet hashsize 1024 maxelem 1048576\nadd cali40s:a 10.0.0.1\nadd cali40s:a 10.9.0.0/16\n\
+             create cali40n:b hash:ip,port family inet\nadd cali40n:b 10.0.0.2,tcp:8080\n",
+        );
+        let rs = Ruleset::parse(
+            "-A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j DROP\n\
+             -A FORWARD -m physdev ! --physdev-is-bridged -m set --match-set cali40s:a src -m set --match-set cali40n:b dst,dst -j ACCEPT\n\
+             -A FORWARD ! -s 10.0.0.0/8 -j ACCEPT\n-A FORWARD -j DROP\n",
+        );
+        let run = |src: &str, port: u16| {
+            trace(
+                &rs,
+                &sets,
+                &view(),
+                "FORWARD",
+                &packet(src, "10.0.0.2", port, Iface::NonPod, Iface::NonPod),
+            )
+            .verdict
+        };
+        assert_eq!(run("10.0.0.1", 8080), KernelVerdict::Accept);
+        assert_eq!(run("10.9.3.3", 8080), KernelVerdict::Accept);
+        assert_eq!(run("10.0.0.1", 8081), KernelVerdict::Drop);
+        assert_eq!(run("192.168.0.1", 1), KernelVerdict::Accept);
+    }
+
+    #[test]
+    fn never_guesses() {
+        let rs = Ruleset::parse(
+            "-A FORWARD -o eth0 -j ACCEPT\n-A FORWARD -m addrtype --dst-type LOCAL -j DROP\n",
+        );
+        let sets = KernelSets::default();
+        // -o eth0 against an unnamed uplink: cannot tell.
+        let t = trace(
+            &rs,
+            &sets,
+            &view(),
+            "FORWARD",
+            &packet(
+                "10.0.0.1",
+                "10.0.0.2",
+                80,
+                Iface::Named("cali1".into()),
+                Iface::NonPod,
+            ),
+        );
+        assert!(
+            matches!(t.verdict, KernelVerdict::CannotEvaluate(_)),
+            "{t:?}"
+        );
+        // -o eth0 cannot match a pod interface; the unknown addrtype match stops it.
+        let t = trace(
+            &rs,
+            &sets,
+            &view(),
+            "FORWARD",
+            &packet(
+                "10.0.0.1",
+                "10.0.0.2",
+                80,
+                Iface::NonPod,
+                Iface::Named("cali2".into()),
+            ),
+        );
+        match &t.verdict {
+            KernelVerdict::CannotEvaluate(why) => assert!(why.contains("addrtype"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // A rule another match rules out is not a problem.
+        let rs = Ruleset::parse("-A FORWARD -p udp -m addrtype --dst-type LOCAL -j DROP\n");
+        let t = trace(
+            &rs,
+            &sets,
+            &view(),
+            "FORWARD",
+            &packet(
+                "10.0.0.1",
+                "10.0.0.2",
+                80,
+                Iface::NonPod,
+                Iface::Named("cali2".into()),
+            ),
+        );
+        assert_eq!(t.verdict, KernelVerdict::Accept);
+    }
+
+    #[test]
+    fn restore_inserts_go_where_they_say() {
+        let rs = Ruleset::parse(
+            "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -j a\n-I FORWARD 1 -j b\n-I FORWARD 2 -j c\nCOMMIT\n",
+        );
+        let bodies: Vec<&str> = rs.chains["FORWARD"]
+            .iter()
+            .map(|r| r.body.as_str())
+            .collect();
+        assert_eq!(bodies, ["-j b", "-j c", "-j a"]);
+    }
+}
