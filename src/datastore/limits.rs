@@ -29,6 +29,10 @@ pub const MAX_NESTING: usize = 128;
 /// Longest message kept for one broken document; the rest is cut with a note of the length.
 pub const MAX_MESSAGE_CHARS: usize = 400;
 
+/// Most problems reported one by one for a file; the rest are counted in one line (a file of
+/// 400k broken documents would otherwise log 400k lines each time it is read).
+pub const MAX_REPORTED_PER_FILE: usize = 100;
+
 const BOM: char = '\u{feff}';
 
 /// `bytes` as text: a UTF-8 byte-order mark is dropped (editors on Windows write one, and

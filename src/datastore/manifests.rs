@@ -48,6 +48,7 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
         source_name,
         objects: Vec::new(),
         errors: Vec::new(),
+        unreported: 0,
     };
     let text = limits::strip_bom(text);
     if text.len() > MAX_MANIFEST_BYTES {
@@ -77,6 +78,17 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
                 }
             }
         }
+    }
+    if parsed.unreported > 0 {
+        parsed.errors.push(ManifestError {
+            source_name: source_name.to_string(),
+            document: 0,
+            message: format!(
+                "{} more broken documents or objects, not reported one by one (at most {} per file)",
+                parsed.unreported,
+                limits::MAX_REPORTED_PER_FILE
+            ),
+        });
     }
     (parsed.objects, parsed.errors)
 }
@@ -271,10 +283,16 @@ struct Parsed<'a> {
     source_name: &'a str,
     objects: Vec<K8sObject>,
     errors: Vec<ManifestError>,
+    /// Problems past `limits::MAX_REPORTED_PER_FILE`, counted in one closing error.
+    unreported: usize,
 }
 
 impl Parsed<'_> {
     fn error(&mut self, document: usize, message: String) {
+        if self.errors.len() >= limits::MAX_REPORTED_PER_FILE {
+            self.unreported += 1;
+            return;
+        }
         self.errors.push(ManifestError {
             source_name: self.source_name.to_string(),
             document,
