@@ -162,40 +162,17 @@ pub fn iptables_save(data: &[u8]) {
     }
 }
 
-/// `ipset save` output. Checks: no panic; our sets survive a render → parse round trip.
+/// `ipset save` output. Checks: no panic; the sets the writer keeps survive a
+/// parse → render → parse round trip (`reread_save` of its own output prints it again).
 pub fn ipset_save(data: &[u8]) {
-    let Ok(sets) = netpol_agent::dataplane::ipsets::read_save(data) else {
+    let Some(text) = netpol_agent::dataplane::ipsets::reread_save(data) else {
         return;
     };
     let mut owned = OwnedState::default();
     owned.add_ipsets(&String::from_utf8_lossy(data), IpFamily::V4);
     owned.add_ipsets(&String::from_utf8_lossy(data), IpFamily::V6);
-
-    let mut text = String::new();
-    let mut regular = BTreeMap::new();
-    for (name, set) in &sets {
-        let (Some(family), Some(set_type), Some(maxelem)) = (set.family, set.set_type, set.maxelem)
-        else {
-            continue;
-        };
-        if set.irregular {
-            continue;
-        }
-        let family = match family {
-            IpFamily::V4 => "inet",
-            IpFamily::V6 => "inet6",
-        };
-        text.push_str(&format!(
-            "create {name} {} family {family} hashsize 1024 maxelem {maxelem}\n",
-            set_type.as_str()
-        ));
-        for m in &set.members {
-            text.push_str(&format!("add {name} {m}\n"));
-        }
-        regular.insert(name.clone(), set.clone());
-    }
-    let again = netpol_agent::dataplane::ipsets::read_save(text.as_bytes()).expect("our text");
-    assert_eq!(again, regular, "render → parse changed our sets:\n{text}");
+    let again = netpol_agent::dataplane::ipsets::reread_save(text.as_bytes()).expect("our text");
+    assert_eq!(again, text, "render → parse changed our sets");
 }
 
 /// Manifest files as bytes (YAML or JSON, lists, many documents). Checks: no panic; every
@@ -427,8 +404,8 @@ pub fn compile(data: &[u8]) {
     }
 }
 
-/// One rtnetlink datagram as the routes and bridge resolvers receive it (dump replies and
-/// events). Checks: no panic; what the resolvers conclude is consistent.
+/// One rtnetlink datagram as the routes resolver receives it (dump replies and events).
+/// Checks: no panic; every address the resolver maps names at least one interface.
 pub fn rtnetlink(data: &[u8]) {
     use netlink_packet_core::NetlinkPayload;
     use netlink_packet_route::RouteNetlinkMessage;
@@ -446,7 +423,9 @@ pub fn rtnetlink(data: &[u8]) {
     let mut routes = Vec::new();
     for m in &inner {
         match m {
-            RouteNetlinkMessage::NewLink(l) => links.extend(netpol_agent::host::netlink::parse_link(l)),
+            RouteNetlinkMessage::NewLink(l) => {
+                links.extend(netpol_agent::host::netlink::parse_link(l))
+            }
             RouteNetlinkMessage::NewRoute(r) => {
                 routes.extend(netpol_agent::host::netlink::parse_host_route(r))
             }
@@ -462,14 +441,6 @@ pub fn rtnetlink(data: &[u8]) {
     for (ip, names) in map.interfaces() {
         assert!(!names.is_empty(), "{ip} maps to no interface");
         let _ = netpol_agent::iface_naming::resolve_from_map(&map, &[ip], &prefixes);
-    }
-    let resolved =
-        netpol_agent::iface_naming::bridge_ports_from_messages("cni0", &prefixes, &inner);
-    for (ip, port) in resolved {
-        assert!(
-            prefixes.iter().any(|p| port.starts_with(p.as_str())),
-            "{ip} resolved to {port}, which no prefix names"
-        );
     }
 }
 
@@ -501,60 +472,80 @@ pub fn xtables(data: &[u8]) {
     }
 }
 
-/// One `NETLINK_NETFILTER` datagram of nf_tables events, classified for our interest. No panic.
+/// The netlink messages of one datagram as `(type, payload)`: the framing the watchers
+/// read before they decode (a message whose length does not fit ends the datagram).
+fn netlink_messages(mut data: &[u8]) -> Vec<(u16, &[u8])> {
+    const HEADER: usize = 16;
+    let mut out = Vec::new();
+    while data.len() >= HEADER {
+        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        let msg_type = u16::from_ne_bytes([data[4], data[5]]);
+        if len < HEADER || len > data.len() {
+            break;
+        }
+        out.push((msg_type, &data[HEADER..len]));
+        data = data.get(len.next_multiple_of(4)..).unwrap_or_default();
+    }
+    out
+}
+
+/// One `NETLINK_NETFILTER` datagram of nf_tables events, each message classified for our
+/// interest. No panic.
 pub fn nft_events(data: &[u8]) {
     let interest = netpol_agent::agent::ours();
-    let _ = netpol_agent::dataplane::watch::replay::nft_datagram(data, &interest);
-}
-
-/// One datagram of an `IPSET_CMD_LIST` dump: headers and member digests. No panic.
-pub fn ipset_list(data: &[u8]) {
-    let _ = netpol_agent::dataplane::watch::replay::ipset_datagram(data);
-}
-
-/// One NFLOG datagram: framing, the packet attributes, and the packet decoder (also fed the
-/// raw bytes directly, with the first byte as the family). No panic; a decoded flow prints.
-pub fn nflog(data: &[u8]) {
-    if let Ok(packets) = netpol_agent::host::nflog::packets_of_datagram(data) {
-        for p in packets {
-            if let Ok(flow) = p.flow() {
-                let _ = flow.to_string();
-            }
-            let _ = p.src();
-        }
+    for (msg_type, payload) in netlink_messages(data) {
+        let _ = netpol_agent::dataplane::watch::nft::classify_event(msg_type, payload, &interest);
     }
+}
+
+/// One datagram of an `IPSET_CMD_LIST` dump: each message decoded as a list part, and its
+/// payload digested as members. No panic.
+pub fn ipset_list(data: &[u8]) {
+    use netpol_agent::dataplane::watch::ipset::{decode_list_message, digest_members};
+    for (msg_type, payload) in netlink_messages(data) {
+        let _ = decode_list_message(msg_type, payload);
+        let mut digest = Default::default();
+        let _ = digest_members(payload, &mut digest);
+    }
+}
+
+/// One packet as NFLOG hands it over: the decoder for an unknown family (from the IP
+/// version) and for a family given by the first byte. No panic; a decoded flow prints.
+pub fn nflog(data: &[u8]) {
     if let Ok(flow) = netpol_agent::host::nflog::decode::decode(data) {
         let _ = flow.to_string();
     }
     if let Some((&family, packet)) = data.split_first() {
-        let _ = netpol_agent::host::nflog::decode::decode_for_family(family, packet);
+        if let Ok(flow) = netpol_agent::host::nflog::decode::decode_for_family(family, packet) {
+            let _ = flow.to_string();
+        }
     }
 }
 
-/// CRI answers as protobuf: a `ListPodSandboxResponse` and container events, each framed by
-/// a two-byte length. Checks: no panic; the sandbox table stays consistent and every pod
-/// resolves to a READY sandbox of its own.
+/// A CRI `ListPodSandboxResponse` as protobuf. Checks: no panic; the sandbox each pod
+/// resolves to is READY and is one of that pod's sandboxes.
 pub fn cri(data: &[u8]) {
     use k8s_cri::v1 as cri;
+    use netpol_agent::iface_naming::{select_sandbox, SandboxRecord};
     use prost::Message as _;
-    let mut frames = Vec::new();
-    let mut rest = data;
-    while rest.len() >= 2 {
-        let len = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
-        frames.push(&rest[2..2 + len]);
-        rest = &rest[2 + len..];
-    }
-    let Some((first, events)) = frames.split_first() else {
+    let Ok(list) = cri::ListPodSandboxResponse::decode(data) else {
         return;
     };
-    let Ok(list) = cri::ListPodSandboxResponse::decode(*first) else {
-        return;
-    };
-    let events: Vec<cri::ContainerEventResponse> = events
+    let records: Vec<SandboxRecord> = list
+        .items
         .iter()
-        .filter_map(|e| cri::ContainerEventResponse::decode(*e).ok())
+        .filter_map(SandboxRecord::from_sandbox)
         .collect();
-    let resolved = netpol_agent::iface_naming::cri_replay(&list, &events)
-        .unwrap_or_else(|e| panic!("sandbox table inconsistent: {e}"));
-    let _: BTreeMap<_, String> = resolved;
+    let mut pods: BTreeMap<String, Vec<&SandboxRecord>> = BTreeMap::new();
+    for r in &records {
+        pods.entry(r.pod.to_string()).or_default().push(r);
+    }
+    for (pod, sandboxes) in &pods {
+        for uid in [None, Some(sandboxes[0].uid.as_str())] {
+            if let Some(chosen) = select_sandbox(sandboxes.iter().copied(), uid) {
+                assert!(chosen.ready, "{pod}: a sandbox that is not ready was chosen");
+                assert_eq!(&chosen.pod.to_string(), pod);
+            }
+        }
+    }
 }
