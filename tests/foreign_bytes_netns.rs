@@ -85,7 +85,11 @@ fn foreign_bytes_do_not_stop_the_agent(backend: &str) {
     .unwrap();
     wait_converged(&ns, &dir.path, backend, &log);
 
-    assert_eq!(foreign_lines(&ns, backend), before, "foreign rules untouched");
+    assert_eq!(
+        foreign_lines(&ns, backend),
+        before,
+        "foreign rules untouched"
+    );
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("invalid UTF-8"), "{text}");
 }

@@ -92,8 +92,7 @@ fn every_name_bearing_field_is_validated_as_the_api_server_does() {
             ),
             (
                 "Namespace name",
-                validate::namespace(&serde_json::from_value(namespace(&bad)).unwrap())
-                    .map(|_| ()),
+                validate::namespace(&serde_json::from_value(namespace(&bad)).unwrap()).map(|_| ()),
                 "metadata.name",
             ),
         ];
@@ -101,10 +100,16 @@ fn every_name_bearing_field_is_validated_as_the_api_server_does() {
             let err = result.expect_err(&format!("{what} {bad:?} must be rejected"));
             assert_eq!(err.field, field, "{what} {bad:?}: {err}");
             let shown = err.to_string();
-            assert!(no_control(&shown), "{what}: the message echoes raw text: {shown:?}");
+            assert!(
+                no_control(&shown),
+                "{what}: the message echoes raw text: {shown:?}"
+            );
             // A key up to the longest valid `namespace/name` (317 characters) is shown whole,
             // so it can be searched for; longer text is cut.
-            assert!(shown.len() < 600, "{what}: the message is not shortened: {shown}");
+            assert!(
+                shown.len() < 600,
+                "{what}: the message is not shortened: {shown}"
+            );
         }
     }
 }
@@ -263,7 +268,11 @@ fn compile_rejects_hostile_names_and_renders_the_good_policy() {
             .args(family)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let script = String::from_utf8(out.stdout).expect("compile prints UTF-8");
         assert_script_safe(
             &script

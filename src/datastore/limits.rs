@@ -48,7 +48,10 @@ pub fn decode(bytes: &[u8]) -> Result<&str, String> {
                 .iter()
                 .rposition(|&b| b == b'\n')
                 .map_or(0, |p| p + 1);
-            let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+            let column = String::from_utf8_lossy(&before[line_start..])
+                .chars()
+                .count()
+                + 1;
             Err(format!(
                 "not UTF-8 text: byte 0x{:02x} at line {line} column {column} (byte {at}) is not \
                  valid UTF-8; manifests must be UTF-8, the file is skipped",
@@ -128,9 +131,13 @@ enum Quote {
 enum Block {
     None,
     /// Header seen; content lines must be indented more than `parent`.
-    Header { parent: usize },
+    Header {
+        parent: usize,
+    },
     /// Content indented at least `indent`.
-    Content { indent: usize },
+    Content {
+        indent: usize,
+    },
 }
 
 /// The nesting depth of collections in `text` is more than [`MAX_NESTING`]: what the scan

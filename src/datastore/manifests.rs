@@ -15,8 +15,8 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use super::limits::{self, MAX_MANIFEST_BYTES};
-pub use crate::model::K8sObject;
 use crate::model::validate::shown_name;
+pub use crate::model::K8sObject;
 use serde_yaml_ng::{Mapping, Value};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -60,7 +60,10 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
         let line_offset = chunk.first_line - 1;
         if let Some(problem) = limits::nesting_problem(chunk.text) {
             document += 1;
-            parsed.error(document, limits::shift_lines(&problem, line_offset).into_owned());
+            parsed.error(
+                document,
+                limits::shift_lines(&problem, line_offset).into_owned(),
+            );
             continue;
         }
         let documents = serde_yaml_ng::Deserializer::from_str(chunk.text);
@@ -68,6 +71,11 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
             document += 1;
             match Value::deserialize(deserializer) {
                 Ok(value) => parsed.document(document, value),
+                Err(_) if parsed.errors.len() >= limits::MAX_REPORTED_PER_FILE => {
+                    // Past the bound only counted: no message is formatted.
+                    parsed.unreported += 1;
+                    break;
+                }
                 Err(err) => {
                     let message = err.to_string();
                     let message = limits::shift_lines(&message, line_offset);
@@ -150,10 +158,9 @@ pub fn load_paths(paths: &[PathBuf]) -> anyhow::Result<(Vec<K8sObject>, Vec<Mani
     let mut objects = Vec::new();
     let mut errors = Vec::new();
     for file in manifest_files(paths)? {
-        let bytes = read_manifest_file(&file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
-        let (file_objects, file_errors) =
-            parse_manifest_bytes(&bytes, &file.display().to_string());
+        let bytes =
+            read_manifest_file(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let (file_objects, file_errors) = parse_manifest_bytes(&bytes, &file.display().to_string());
         objects.extend(file_objects);
         errors.extend(file_errors);
     }

@@ -235,7 +235,10 @@ fn validated_selector(
     for (key, value) in sel.match_labels.iter().flatten() {
         let labels_field = format!("{field}.matchLabels");
         if let Some(problem) = qualified_name_problem(key) {
-            return Err(ctx.error(labels_field, format!("key {} is invalid: {problem}", shown(key))));
+            return Err(ctx.error(
+                labels_field,
+                format!("key {} is invalid: {problem}", shown(key)),
+            ));
         }
         if let Some(problem) = label_value_problem(value) {
             return Err(ctx.error(
@@ -562,7 +565,10 @@ fn protocol(
         Some(name) => Protocol::parse(name).ok_or_else(|| {
             ctx.error(
                 field,
-                format!("unsupported protocol {}; accepted values are TCP, UDP and SCTP", shown(name)),
+                format!(
+                    "unsupported protocol {}; accepted values are TCP, UDP and SCTP",
+                    shown(name)
+                ),
             )
         }),
     }

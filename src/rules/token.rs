@@ -90,10 +90,7 @@ pub fn restore_line_problem(line: &str) -> Option<String> {
             let end = rest.find(' ').unwrap_or(rest.len());
             let word = &rest[..end];
             if !is_safe_token(word) {
-                return Some(format!(
-                    "the word {:?} is not a safe token",
-                    shorten(word)
-                ));
+                return Some(format!("the word {:?} is not a safe token", shorten(word)));
             }
             if first && !word.starts_with('-') && !word.starts_with(':') {
                 return Some(format!("the line starts with {:?}", shorten(word)));
@@ -175,7 +172,10 @@ mod tests {
         }
         for bad in ["", "x\n-F\n#", "a b", "a\0b", "a\"b", "caf\u{e9}", "#x"] {
             let t = token(bad);
-            assert!(t.starts_with('_') && t.len() == 17 && is_safe_token(&t), "{t}");
+            assert!(
+                t.starts_with('_') && t.len() == 17 && is_safe_token(&t),
+                "{t}"
+            );
         }
         assert_ne!(token("a b"), token("a  b"));
         let chain = chain_token("cali-tw-a\nb");
@@ -227,7 +227,10 @@ mod tests {
         let problem = script_problem("*filter\n-A x\"y\nCOMMIT\n", restore_line_problem)
             .expect("line 2 is unsafe");
         assert!(problem.starts_with("line 2 "), "{problem}");
-        assert_eq!(script_problem("*filter\nCOMMIT\n", restore_line_problem), None);
+        assert_eq!(
+            script_problem("*filter\nCOMMIT\n", restore_line_problem),
+            None
+        );
     }
 
     #[test]

@@ -70,12 +70,11 @@ pub fn detect_backend(exec: &Exec, mode: BackendMode) -> Backend {
             {
                 return false;
             }
-            run_save(exec, &tool_name(f, backend, "save"), Some("mangle"))
-                .is_ok_and(|out| {
-                    HINT_CHAINS
-                        .iter()
-                        .any(|h| out.windows(h.len()).any(|w| w == h.as_bytes()))
-                })
+            run_save(exec, &tool_name(f, backend, "save"), Some("mangle")).is_ok_and(|out| {
+                HINT_CHAINS
+                    .iter()
+                    .any(|h| out.windows(h.len()).any(|w| w == h.as_bytes()))
+            })
         })
     };
     if has_hint(Backend::Nft) {
@@ -99,7 +98,11 @@ pub fn detect_backend(exec: &Exec, mode: BackendMode) -> Backend {
         fams.iter()
             .map(|&f| {
                 run_save(exec, &tool_name(f, backend, "save"), None)
-                    .map(|out| out.split(|&b| b == b'\n').filter(|l| l.starts_with(b"-")).count())
+                    .map(|out| {
+                        out.split(|&b| b == b'\n')
+                            .filter(|l| l.starts_with(b"-"))
+                            .count()
+                    })
                     .unwrap_or(0)
             })
             .sum()

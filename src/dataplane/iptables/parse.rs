@@ -129,7 +129,11 @@ pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Re
             } else {
                 ownership.rule(body)
             };
-            state.chains.entry(chain.to_string()).or_default().push(rule);
+            state
+                .chains
+                .entry(chain.to_string())
+                .or_default()
+                .push(rule);
         }
     }
     Ok(state)
