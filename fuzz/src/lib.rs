@@ -157,7 +157,12 @@ pub fn iptables_save(data: &[u8]) {
             let want: Vec<&str> = k.appends.iter().map(|r| r.body.as_str()).collect();
             assert_eq!(tail, want, "{} appends last", k.chain);
             let ours = rules.iter().filter(|r| r.hash.is_some()).count();
-            assert_eq!(ours, k.inserts.len() + k.appends.len(), "{} extra copies", k.chain);
+            assert_eq!(
+                ours,
+                k.inserts.len() + k.appends.len(),
+                "{} extra copies",
+                k.chain
+            );
         }
     }
 }
@@ -284,7 +289,9 @@ pub fn validate(data: &[u8]) {
                                 Peer::IpBlock { cidr, except } => {
                                     assert_eq!(*cidr, cidr.trunc());
                                     for e in except {
-                                        assert!(cidr.contains(e) && e.prefix_len() > cidr.prefix_len());
+                                        assert!(
+                                            cidr.contains(e) && e.prefix_len() > cidr.prefix_len()
+                                        );
                                     }
                                 }
                                 Peer::Pods { namespaces, pods } => {
@@ -543,7 +550,10 @@ pub fn cri(data: &[u8]) {
     for (pod, sandboxes) in &pods {
         for uid in [None, Some(sandboxes[0].uid.as_str())] {
             if let Some(chosen) = select_sandbox(sandboxes.iter().copied(), uid) {
-                assert!(chosen.ready, "{pod}: a sandbox that is not ready was chosen");
+                assert!(
+                    chosen.ready,
+                    "{pod}: a sandbox that is not ready was chosen"
+                );
                 assert_eq!(&chosen.pod.to_string(), pod);
             }
         }

@@ -82,10 +82,7 @@ const VALIDATE: [(u8, &str); 8] = [
         0,
         r#"{"metadata":{"name":"x\n-F\n#","namespace":"shop"},"spec":{"nodeName":"node-1"},"status":{"podIP":"10.0.0.6"}}"#,
     ),
-    (
-        1,
-        r#"{"metadata":{"name":"shop","labels":{"team":"a"}}}"#,
-    ),
+    (1, r#"{"metadata":{"name":"shop","labels":{"team":"a"}}}"#),
     (1, r#"{"metadata":{"name":"Bad Name"}}"#),
     (
         2,
@@ -127,14 +124,21 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         let mut bom = b"\xef\xbb\xbf".to_vec();
         bom.extend_from_slice(DEMO[1].1.as_bytes());
         v.push(bom);
-        v.push(text("kind: Namespace\napiVersion: v1\nmetadata: {name: a}\n---\n: : [\n---\nkind: Pod\n"));
+        v.push(text(
+            "kind: Namespace\napiVersion: v1\nmetadata: {name: a}\n---\n: : [\n---\nkind: Pod\n",
+        ));
         v
     };
     match target {
         "iptables_save" => {
             let mut foreign = text(LEGACY_SAVE);
             let at = foreign.len() - 60;
-            foreign.splice(at..at, b"-A INPUT -m comment --comment \"\xff\xfe\" -j ACCEPT\n".iter().copied());
+            foreign.splice(
+                at..at,
+                b"-A INPUT -m comment --comment \"\xff\xfe\" -j ACCEPT\n"
+                    .iter()
+                    .copied(),
+            );
             vec![text(LEGACY_SAVE), text(NFT_SAVE), foreign]
         }
         "ipset_save" => vec![text(IPSET_SAVE)],
@@ -188,7 +192,9 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             let mut tcp4 = vec![
                 0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
             ];
-            tcp4.extend_from_slice(&[0x1f, 0x90, 0, 80, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 2, 0, 0, 0, 0, 0, 0]);
+            tcp4.extend_from_slice(&[
+                0x1f, 0x90, 0, 80, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 2, 0, 0, 0, 0, 0, 0,
+            ]);
             let mut udp6 = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
             udp6.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
             udp6.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);

@@ -118,10 +118,9 @@ pub fn ipset_line_problem(line: &str) -> Option<String> {
     ) {
         return Some("the line is not an ipset command we write".to_string());
     }
-    match line.split(' ').find(|word| !is_safe_token(word)) {
-        Some(word) => Some(format!("the word {:?} is not a safe token", shorten(word))),
-        None => None,
-    }
+    line.split(' ')
+        .find(|word| !is_safe_token(word))
+        .map(|word| format!("the word {:?} is not a safe token", shorten(word)))
 }
 
 /// The first line of `script` that `problem` finds fault with: its number (1-based), the
