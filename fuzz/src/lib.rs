@@ -444,10 +444,9 @@ pub fn rtnetlink(data: &[u8]) {
         let _ = state.apply(m);
     }
     let map = state.map();
-    let prefixes = vec!["cali".to_string(), "veth".to_string()];
     for (ip, names) in map.interfaces() {
         assert!(!names.is_empty(), "{ip} maps to no interface");
-        let _ = netpol_agent::iface_naming::resolve_from_map(&map, &[ip], &prefixes);
+        assert!(map.targets(&ip).is_some_and(|t| !t.is_empty()), "{ip}");
     }
 }
 
