@@ -35,6 +35,7 @@ use crate::model::{DatastoreEvent, IpFamily, K8sObject, ObjectKind};
 use crate::rules;
 use crate::telemetry::health::{Health, Loop};
 use crate::telemetry::metrics;
+use crate::traffic::Traffic;
 
 /// What the dataplane's iptables writer owns: the chain and rule-hash names `rules` renders.
 pub const OWNERSHIP: Ownership = Ownership {
@@ -136,7 +137,8 @@ impl std::ops::DerefMut for Calculation {
 }
 
 /// Runs until `stop` is set or the datastore goes away. Leaves the rules in place on exit:
-/// pods stay protected while the agent restarts.
+/// pods stay protected while the agent restarts. `traffic` hears of every event, flush and
+/// turn, and publishes what deny logging and the rule counters need (nothing when off).
 pub fn run(
     mut graph: Calculation,
     dataplane_cfg: DataplaneConfig,
@@ -144,6 +146,7 @@ pub fn run(
     inputs: Receiver<Input>,
     stop: Arc<AtomicBool>,
     health: Arc<Health>,
+    mut traffic: Traffic,
 ) -> anyhow::Result<()> {
     let m = metrics::global();
     let (update_tx, update_rx) = channel::<Batch>();
@@ -166,6 +169,7 @@ pub fn run(
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
+        traffic.tick(&graph);
         let first = match inputs.recv_timeout(IDLE_TURN) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -191,6 +195,7 @@ pub fn run(
                         m.datastore_in_sync.set(1);
                     }
                     graph.set_event_time(Some(Instant::now()));
+                    traffic.before(&graph, e);
                     graph.apply(e);
                 }
                 Input::InterfacesChanged => rename_all = true,
@@ -201,9 +206,10 @@ pub fn run(
             graph.interfaces_changed();
         }
         m.calc_graph_events.inc_by(datastore_events);
-        let flushed = in_sync.then(|| Batch {
+        let mut flushed = in_sync.then(|| Batch {
             update: graph.flush(),
             programming_starts: graph.take_programming_starts(),
+            on_applied: Vec::new(),
         });
         if just_synced {
             info!(
@@ -215,9 +221,18 @@ pub fn run(
         }
         m.calc_graph_update_seconds
             .observe(batch_start.elapsed().as_secs_f64());
+        traffic.after_batch(&graph, flushed.as_ref().map(|b| &b.update));
+        if let Some(f) = traffic.take_on_applied() {
+            match flushed.as_mut() {
+                // Even with an empty update: behind the batches still being applied.
+                Some(b) => b.on_applied.push(f),
+                // Nothing was ever sent: nothing to wait for.
+                None => f(),
+            }
+        }
         export_graph_gauges(&graph, &mut rejections_seen);
         if let Some(b) = flushed {
-            if !b.update.is_empty() && update_tx.send(b).is_err() {
+            if (!b.update.is_empty() || !b.on_applied.is_empty()) && update_tx.send(b).is_err() {
                 break 'events;
             }
         }

@@ -28,6 +28,7 @@ use crate::iface_naming::{
     ResolverConfig, DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
 };
 use crate::model::IpFamily;
+use crate::rules::deny_log::{DenyLogConfig, Rate, RateUnit, DEFAULT_SNAP_LEN};
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
 };
@@ -153,6 +154,46 @@ pub fn parse_host(text: &str) -> Result<String, String> {
     } else {
         Err("accepted values: an IP address or host name, e.g. localhost or 0.0.0.0".into())
     }
+}
+
+/// A deny-log rate: `N` packets per second, or `N/unit` with the units iptables' `limit`
+/// match takes (`sec`, `second`, `s`, `min`, `minute`, `m`, `hour`, `h`, `day`, `d`; any
+/// case), at most 10000 per second.
+pub fn parse_deny_log_rate(text: &str) -> Result<Rate, String> {
+    const FORMS: &str = "accepted values: packets per second (10), or N/sec, N/min, N/hour, N/day (3/min), at most 10000/sec";
+    let t = text.trim();
+    let (count, unit) = match t.split_once('/') {
+        Some((n, u)) => (n.trim(), u.trim().to_ascii_lowercase()),
+        None => (t, "sec".to_string()),
+    };
+    let unit = match unit.as_str() {
+        "s" | "sec" | "second" => RateUnit::Second,
+        "m" | "min" | "minute" => RateUnit::Minute,
+        "h" | "hour" => RateUnit::Hour,
+        "d" | "day" => RateUnit::Day,
+        _ => return Err(format!("unknown unit {unit:?}; {FORMS}")),
+    };
+    let count: u32 = count
+        .parse()
+        .map_err(|_| format!("not a whole number of packets; {FORMS}"))?;
+    let rate = Rate { count, unit };
+    rate.canonical().map_err(|e| format!("{e}; {FORMS}"))?;
+    Ok(rate)
+}
+
+/// A `-m limit` burst: 1 ..= 10000 packets.
+pub fn parse_deny_log_burst(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err("accepted values: a whole number of packets from 1 to 10000".into()),
+    }
+}
+
+/// An NFLOG group: 0 ..= 65535.
+pub fn parse_nflog_group(text: &str) -> Result<u16, String> {
+    text.trim()
+        .parse::<u16>()
+        .map_err(|_| "accepted values: an NFLOG group number from 0 to 65535".into())
 }
 
 /// Where objects come from.
@@ -415,6 +456,27 @@ pub struct AgentOptions {
     /// its event stream, and how changes are learned when it has none (0: never).
     #[arg(long, env = "FELIX_CRIREFRESHINTERVAL", default_value = "10", value_parser = parse_interval)]
     pub cri_refresh_interval: Duration,
+    /// Deny logging: seconds one log line stands for its flow (5-tuple); later packets of
+    /// the flow within the window are counted, not logged.
+    #[arg(long, env = "FELIX_DENYLOGDEDUPWINDOW", default_value = "5", value_parser = parse_timeout)]
+    pub deny_log_dedup_window: Duration,
+    /// Export per-policy packet and byte counters of the allow rules, read from the kernel's
+    /// rule counters on a timer.
+    #[arg(long, env = "FELIX_POLICYCOUNTERSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub policy_counters_enabled: bool,
+    /// Seconds between reads of the kernel's rule counters (per-policy counters, and the
+    /// denied-packet counters of deny logging).
+    #[arg(long, env = "FELIX_POLICYCOUNTERSINTERVAL", default_value = "60", value_parser = parse_timeout)]
+    pub policy_counters_interval: Duration,
+    /// Cut tracked connections that policy no longer allows: after an update takes something
+    /// from a local pod, its conntrack entries are held against the new policy state and the
+    /// denied ones deleted.
+    #[arg(long, env = "FELIX_CONNTRACKREEVALUATE", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub conntrack_reevaluate: bool,
+    /// Conntrack re-evaluation: seconds between two re-evaluations at most (changes in
+    /// between are coalesced into one).
+    #[arg(long, env = "FELIX_CONNTRACKREEVALUATEINTERVAL", default_value = "0.25", value_parser = parse_timeout)]
+    pub conntrack_reevaluate_interval: Duration,
 }
 
 impl AgentOptions {
@@ -524,6 +586,21 @@ pub struct RuleOptions {
     /// maxelem of every IP set.
     #[arg(long, env = "FELIX_MAXIPSETSIZE", default_value = "1048576", value_parser = parse_max_ipset_size)]
     pub max_ipset_size: u32,
+    /// Deny logging: an NFLOG rule, rate-limited per pod and direction, before every drop
+    /// that policy makes, and one log line per denied flow.
+    #[arg(long, env = "FELIX_DENYLOGENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub deny_log_enabled: bool,
+    /// The NFLOG group deny-log rules send to and the agent reads (no other program may hold
+    /// it).
+    #[arg(long, env = "FELIX_DENYLOGNFLOGGROUP", default_value = "20", value_parser = parse_nflog_group)]
+    pub deny_log_nflog_group: u16,
+    /// Deny logging: packets logged per pod and direction, on average (N per second, or
+    /// N/sec, N/min, N/hour, N/day).
+    #[arg(long, env = "FELIX_DENYLOGRATE", default_value = "10", value_parser = parse_deny_log_rate)]
+    pub deny_log_rate: Rate,
+    /// Deny logging: packets logged per pod and direction in a burst before the rate applies.
+    #[arg(long, env = "FELIX_DENYLOGBURST", default_value = "20", value_parser = parse_deny_log_burst)]
+    pub deny_log_burst: u32,
 }
 
 impl RuleOptions {
@@ -560,6 +637,26 @@ impl RuleOptions {
                 InsertMode::Append => ChainInsertMode::Append,
             },
             bridge: self.bridge(),
+            deny_log: self.deny_log()?,
+        })
+    }
+
+    /// The deny-log rule settings, `None` when deny logging is off.
+    pub fn deny_log(&self) -> Result<Option<DenyLogConfig>, ConfigError> {
+        if !self.deny_log_enabled {
+            return Ok(None);
+        }
+        DenyLogConfig::new(
+            self.deny_log_nflog_group,
+            self.deny_log_rate,
+            self.deny_log_burst,
+            DEFAULT_SNAP_LEN,
+        )
+        .map(Some)
+        .map_err(|e| {
+            ConfigError(format!(
+                "FELIX_DENYLOGRATE (--deny-log-rate) with FELIX_DENYLOGBURST (--deny-log-burst): {e}"
+            ))
         })
     }
 
@@ -758,6 +855,38 @@ mod tests {
         assert!(parse_datastore("etcdv3")
             .unwrap_err()
             .contains("kubernetes"));
+    }
+
+    #[test]
+    fn deny_log_rates_and_bursts() {
+        assert_eq!(parse_deny_log_rate("10"), Ok(Rate::per_second(10)));
+        assert_eq!(
+            parse_deny_log_rate("3/MIN"),
+            Ok(Rate {
+                count: 3,
+                unit: RateUnit::Minute
+            })
+        );
+        assert_eq!(
+            parse_deny_log_rate(" 2 / hour "),
+            Ok(Rate {
+                count: 2,
+                unit: RateUnit::Hour
+            })
+        );
+        assert!(parse_deny_log_rate("0")
+            .unwrap_err()
+            .contains("logs nothing"));
+        assert!(parse_deny_log_rate("10001").is_err());
+        assert!(parse_deny_log_rate("5/fortnight")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_deny_log_rate("x/sec").is_err());
+        assert_eq!(parse_deny_log_burst("20"), Ok(20));
+        assert!(parse_deny_log_burst("0").is_err());
+        assert!(parse_deny_log_burst("10001").is_err());
+        assert_eq!(parse_nflog_group("65535"), Ok(65535));
+        assert!(parse_nflog_group("65536").is_err());
     }
 
     #[test]

@@ -15,8 +15,10 @@
 //! `FELIX_*` variables).
 //!
 //! Beside the data path: `verdict` (pure: why a flow is allowed or denied from the objects,
-//! and an interpreter of our rules over what a kernel holds) and `inspect` (the `explain` and
-//! `audit` commands around it). `tests/house.rs` keeps these import directions honest.
+//! and an interpreter of our rules over what a kernel holds), `inspect` (the `explain` and
+//! `audit` commands around it) and `traffic` (what the kernel saw of the path: deny logs, rule
+//! counters, attributed with what the agent publishes of the graph). `tests/house.rs` keeps
+//! these import directions honest.
 
 pub mod agent;
 pub mod backoff;
@@ -31,4 +33,5 @@ pub mod ipsets;
 pub mod model;
 pub mod rules;
 pub mod telemetry;
+pub mod traffic;
 pub mod verdict;

@@ -35,6 +35,7 @@ use netpol_agent::datastore::dir::DirSource;
 use netpol_agent::datastore::manifests;
 use netpol_agent::host::exec::Exec;
 use netpol_agent::host::preflight::{self, PreflightConfig};
+use netpol_agent::host::rule_counters::Xtables;
 use netpol_agent::inspect;
 use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
 use netpol_agent::ipsets;
@@ -43,6 +44,10 @@ use netpol_agent::rules::RuleConfig;
 use netpol_agent::rules::{chains::kernel_chain_rules, render, token};
 use netpol_agent::telemetry::health::Health;
 use netpol_agent::telemetry::http;
+use netpol_agent::traffic::counters::CounterSettings;
+use netpol_agent::traffic::cutter::CutterSettings;
+use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
+use netpol_agent::traffic::{Traffic, TrafficConfig};
 
 /// Exit status of `run` when the preflight checks refuse the node.
 const EXIT_REFUSED: u8 = 3;
@@ -67,7 +72,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Enforce NetworkPolicy on this node until stopped (SIGTERM leaves the rules in place).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Remove every chain, kernel-chain rule and IP set netpol-agent owns, and nothing else.
     Cleanup(CleanupArgs),
     /// Print the ipset and iptables-restore input a node needs for a set of manifests.
@@ -146,7 +151,7 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     init_logging(&cli.log);
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Cleanup(args) => cleanup(args),
         Command::Compile(args) => compile(args),
         Command::Explain(args) => return inspect::explain::run(&args),
@@ -169,7 +174,11 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(opts: &LogOptions) {
-    let filter = tracing_subscriber::EnvFilter::new(opts.log_severity_screen.filter());
+    // Deny lines are the deny-log feature's output, written whatever the severity.
+    let filter = tracing_subscriber::EnvFilter::new(format!(
+        "{},{DENY_LOG_TARGET}=info",
+        opts.log_severity_screen.filter()
+    ));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
@@ -274,8 +283,33 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         exec,
     };
 
+    let traffic = Traffic::start(
+        TrafficConfig {
+            deny_log: args.rules.deny_log()?.map(|d| DenyLogSettings {
+                node: node.clone(),
+                group: d.group(),
+                snap_len: d.snap_len(),
+                dedup_window: opts.deny_log_dedup_window,
+            }),
+            counters: Some(CounterSettings {
+                xtables: match dataplane_cfg.backend {
+                    Backend::Legacy => Xtables::Legacy,
+                    Backend::Nft => Xtables::Nft,
+                },
+                families: dataplane_cfg.families.clone(),
+                interval: opts.policy_counters_interval,
+            }),
+            policy_counters: opts.policy_counters_enabled,
+            conntrack: opts.conntrack_reevaluate.then(|| CutterSettings {
+                node: node.clone(),
+                rules: dataplane_cfg.rules.clone(),
+                interval: opts.conntrack_reevaluate_interval,
+            }),
+        },
+        stop.clone(),
+    )?;
     info!(node, datastore, "netpol-agent running");
-    agent::run(graph, dataplane_cfg, timers, rx, stop, health)?;
+    agent::run(graph, dataplane_cfg, timers, rx, stop, health, traffic)?;
     info!("stopping; the rules stay in place");
     Ok(ExitCode::SUCCESS)
 }

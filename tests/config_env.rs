@@ -110,6 +110,45 @@ fn filter_deny_action_reject_replaces_drop() {
 }
 
 #[test]
+fn deny_log_variables_put_a_log_rule_before_every_policy_drop() {
+    let (off, _) = compile_with(&[], &[]);
+    assert!(!off.contains("NFLOG"), "off means no log rule: {off}");
+    let vars = [
+        ("FELIX_DENYLOGENABLED", "yes"),
+        ("FELIX_DENYLOGNFLOGGROUP", "33"),
+        ("FELIX_DENYLOGRATE", "120/minute"),
+        ("FELIX_DENYLOGBURST", "7"),
+        // Run-only settings are accepted and change nothing compile renders.
+        ("FELIX_DENYLOGDEDUPWINDOW", "2"),
+    ];
+    let (on, _) = compile_with(&vars, &[]);
+    let lines: Vec<&str> = on.lines().collect();
+    let mut logged = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let drop = line.contains("Drop if no policies passed packet")
+            || line.contains("Unknown interface");
+        if !drop || line.contains("NFLOG") {
+            continue;
+        }
+        let log = lines[i - 1];
+        assert!(
+            log.contains("-m limit --limit 2/sec --limit-burst 7 -j NFLOG --nflog-prefix npa-")
+                && log.ends_with("--nflog-group 33 --nflog-size 128"),
+            "{log}\n{line}"
+        );
+        logged += 1;
+    }
+    assert!(logged >= 4, "{on}");
+    // Everything else is what it was with logging off, hashes included.
+    let without: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| !l.contains("NFLOG"))
+        .collect();
+    assert_eq!(without, off.lines().collect::<Vec<_>>());
+}
+
+#[test]
 fn filter_allow_action_return() {
     let (accept, _) = compile_with(&[], &[]);
     let explicit = lines_matching(&accept, "Policy explicitly accepted packet.");
@@ -477,6 +516,66 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             "--cri-refresh-interval",
             "seconds ≥ 0",
         ),
+        (
+            "FELIX_DENYLOGENABLED",
+            "on",
+            "--deny-log-enabled",
+            "true or false",
+        ),
+        (
+            "FELIX_DENYLOGNFLOGGROUP",
+            "70000",
+            "--deny-log-nflog-group",
+            "0 to 65535",
+        ),
+        (
+            "FELIX_DENYLOGRATE",
+            "5/fortnight",
+            "--deny-log-rate",
+            "N/sec, N/min",
+        ),
+        (
+            "FELIX_DENYLOGRATE",
+            "20000",
+            "--deny-log-rate",
+            "at most 10000/sec",
+        ),
+        (
+            "FELIX_DENYLOGBURST",
+            "0",
+            "--deny-log-burst",
+            "from 1 to 10000",
+        ),
+        (
+            "FELIX_DENYLOGDEDUPWINDOW",
+            "0",
+            "--deny-log-dedup-window",
+            "seconds > 0",
+        ),
+        (
+            "FELIX_POLICYCOUNTERSENABLED",
+            "maybe",
+            "--policy-counters-enabled",
+            "true or false",
+        ),
+        (
+            "FELIX_POLICYCOUNTERSINTERVAL",
+            "-1",
+            "--policy-counters-interval",
+            "seconds > 0",
+        ),
+        (
+            "FELIX_CONNTRACKREEVALUATE",
+            "sometimes",
+            "--conntrack-reevaluate",
+            "true or false",
+        ),
+        (
+            "FELIX_CONNTRACKREEVALUATEINTERVAL",
+            "0",
+            "--conntrack-reevaluate-interval",
+            "seconds > 0",
+        ),
     ];
     for (var, value, flag, accepted) in cases {
         rejects(var, value, flag, accepted, &[]);
@@ -488,6 +587,17 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
         "--interface-map-file",
         "FELIX_INTERFACEMAPFILE",
         &[],
+    );
+    // A rate and burst whose token bucket overflows the kernel's 32 bits.
+    rejects(
+        "FELIX_DENYLOGBURST",
+        "3",
+        "--deny-log-rate",
+        "overflows the kernel's token bucket",
+        &[
+            ("FELIX_DENYLOGENABLED", "true"),
+            ("FELIX_DENYLOGRATE", "1/day"),
+        ],
     );
     rejects(
         "FELIX_BRIDGEINTERFACE",
@@ -563,6 +673,15 @@ fn help_documents_every_variable_and_default() {
         "FELIX_HEALTHENABLED",
         "FELIX_HEALTHHOST",
         "FELIX_HEALTHPORT",
+        "FELIX_DENYLOGENABLED",
+        "FELIX_DENYLOGNFLOGGROUP",
+        "FELIX_DENYLOGRATE",
+        "FELIX_DENYLOGBURST",
+        "FELIX_DENYLOGDEDUPWINDOW",
+        "FELIX_POLICYCOUNTERSENABLED",
+        "FELIX_POLICYCOUNTERSINTERVAL",
+        "FELIX_CONNTRACKREEVALUATE",
+        "FELIX_CONNTRACKREEVALUATEINTERVAL",
     ] {
         assert!(
             help.contains(&format!("[env: {var}=]")),

@@ -54,6 +54,9 @@ pub struct ClusterConfig {
     pub cni: Cni,
     pub backend: Backend,
     pub converge_timeout: Duration,
+    /// Deny logging on in every node (`--check-deny-logs`): `run` and `compile` render the
+    /// NFLOG rules, the agents log JSON.
+    pub deny_logs: bool,
     /// The families of pods, ClusterIPs and the underlay.
     pub family: FamilyMode,
     /// Who DNATs ClusterIPs: kube-proxy's iptables or nftables mode.
@@ -738,6 +741,34 @@ impl Cluster {
         Ok(state)
     }
 
+    /// How far each node's agent log is written now (see `deny_lines_since`).
+    pub fn log_marks(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|n| std::fs::metadata(&n.log).map(|m| m.len()).unwrap_or(0))
+            .collect()
+    }
+
+    /// The deny lines (JSON, target `deny_log`) each node's agent wrote since `marks`, with
+    /// the name of the node whose log held them.
+    pub fn deny_lines_since(&self, marks: &[u64]) -> Vec<(String, serde_json::Value)> {
+        let mut out = Vec::new();
+        for (node, mark) in self.nodes.iter().zip(marks) {
+            let Ok(text) = std::fs::read(&node.log) else {
+                continue;
+            };
+            let start = (*mark as usize).min(text.len());
+            for line in String::from_utf8_lossy(&text[start..]).lines() {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+                    if v["target"] == "deny_log" {
+                        out.push((node.name.clone(), v));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     pub fn agent_logs(&self) -> String {
         let mut s = String::new();
         for node in &self.nodes {
@@ -757,6 +788,9 @@ fn agent_env(cfg: &ClusterConfig, node: &Node) -> Vec<(&'static str, String)> {
         Cni::Bridge => "bridge",
     };
     env.push(("FELIX_INTERFACENAMESCHEME", scheme.into()));
+    if cfg.deny_logs {
+        env.push(("FELIX_LOGFORMAT", "json".into()));
+    }
     if let Some(runtime) = &node.runtime {
         env.push(("FELIX_CRIENDPOINT", runtime.socket().display().to_string()));
     }
@@ -788,6 +822,13 @@ fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
     ];
     if cfg.cni.wiring() == Wiring::Bridged {
         env.push(("FELIX_BRIDGEINTERFACE", BRIDGE.into()));
+    }
+    if cfg.deny_logs {
+        // Every denied probe must be logged: a step's probes come in a burst, so the
+        // kernel's limit must not bite (the most -m limit allows).
+        env.push(("FELIX_DENYLOGENABLED", "true".into()));
+        env.push(("FELIX_DENYLOGRATE", "10000".into()));
+        env.push(("FELIX_DENYLOGBURST", "10000".into()));
     }
     env
 }

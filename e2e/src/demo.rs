@@ -184,7 +184,7 @@ fn reach(cluster: &Cluster) -> Reach {
             }
         }
     }
-    let observed = probe::run(jobs, 32, Duration::from_millis(800), &cluster.sctp);
+    let (observed, _) = probe::run(jobs, 32, Duration::from_millis(800), &cluster.sctp);
     let mut out = Reach::new();
     for ((_, key), results) in observed {
         for ((from, to), outcome) in results {

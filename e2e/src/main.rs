@@ -6,6 +6,7 @@ mod cluster;
 mod cni;
 mod cri_server;
 mod demo;
+mod deny_check;
 mod expect;
 mod explain_check;
 mod family;
@@ -93,6 +94,11 @@ struct RunArgs {
     /// Print every step's truth tables, not only failing ones.
     #[arg(long, short)]
     verbose: bool,
+    /// Turn deny logging on in every node and check it: each probe the expectation denies
+    /// must be logged exactly once, by the node that dropped it, naming both pods, the
+    /// direction and the policies isolating the pod there; no allowed probe may be.
+    #[arg(long)]
+    check_deny_logs: bool,
     /// Also hold `netpol-agent explain`'s verdict for every probe (computed from the step's
     /// objects) against the expectation and the packets; a disagreement fails the step.
     #[arg(long)]
@@ -209,6 +215,7 @@ fn run(args: RunArgs) -> ExitCode {
             cni: args.cni,
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(args.converge_timeout_secs),
+            deny_logs: args.check_deny_logs,
             family: args.ip_family,
             proxy: args.service_proxy,
         },
@@ -217,19 +224,27 @@ fn run(args: RunArgs) -> ExitCode {
         probe_timeout: Duration::from_millis(args.probe_timeout_ms),
         retry_wait: Duration::from_secs(1),
         verbose: args.verbose,
+        check_deny_logs: args.check_deny_logs,
         check_explain: args.check_explain,
     };
     let total = scenarios.len();
+    let checks: Vec<&str> = [
+        (cfg.check_explain, "every probe checked against explain"),
+        (args.check_deny_logs, "checking deny logs"),
+    ]
+    .into_iter()
+    .filter_map(|(on, what)| on.then_some(what))
+    .collect();
     println!(
         "running {total} scenarios, cni {}, ip family {}, service proxy {}, {} at a time{}",
         args.cni.name(),
         args.ip_family.name(),
         args.service_proxy.name(),
         cfg.jobs,
-        if cfg.check_explain {
-            ", every probe checked against explain"
+        if checks.is_empty() {
+            String::new()
         } else {
-            ""
+            format!(", {}", checks.join(", "))
         }
     );
     let start = Instant::now();
@@ -275,6 +290,7 @@ fn demo(args: DemoArgs) -> ExitCode {
             cni: Cni::Calico,
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(20),
+            deny_logs: false,
             family: FamilyMode::Ipv4,
             proxy: ServiceProxy::Iptables,
         },

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,11 +45,21 @@ fn nonce() -> u32 {
     }
 }
 
+/// The source port each probe left from, per family, port key and (from, to): with the
+/// addresses, what names the probe's flow in a deny log.
+pub type SourcePorts = BTreeMap<(IpFamily, PortKey), BTreeMap<(String, String), u16>>;
+
 /// Runs every job on `workers` threads and returns what each pair saw per family and port
-/// key.
-pub fn run(jobs: Vec<Job>, workers: usize, timeout: Duration, sctp: &SctpLog) -> Results {
+/// key, and the source port of each probe.
+pub fn run(
+    jobs: Vec<Job>,
+    workers: usize,
+    timeout: Duration,
+    sctp: &SctpLog,
+) -> (Results, SourcePorts) {
     let queue = Mutex::new(jobs);
     let results: Mutex<Results> = Mutex::new(BTreeMap::new());
+    let ports: Mutex<SourcePorts> = Mutex::new(BTreeMap::new());
     std::thread::scope(|scope| {
         for _ in 0..workers.max(1) {
             scope.spawn(|| {
@@ -61,12 +71,23 @@ pub fn run(jobs: Vec<Job>, workers: usize, timeout: Duration, sctp: &SctpLog) ->
                     let entered = inside
                         .as_ref()
                         .is_some_and(|f| Arc::ptr_eq(f, &job.from_netns));
-                    let outcome = if entered || enter(&job.from_netns).is_ok() {
+                    let (outcome, src_port) = if entered || enter(&job.from_netns).is_ok() {
                         inside = Some(job.from_netns.clone());
                         probe(&job, timeout, sctp)
                     } else {
-                        Outcome::WrongPeer("cannot enter the source namespace".into())
+                        (
+                            Outcome::WrongPeer("cannot enter the source namespace".into()),
+                            None,
+                        )
                     };
+                    if let Some(port) = src_port {
+                        ports
+                            .lock()
+                            .expect("not poisoned")
+                            .entry((IpFamily::of(&job.addr), job.key))
+                            .or_default()
+                            .insert((job.from.clone(), job.to.clone()), port);
+                    }
                     results
                         .lock()
                         .expect("not poisoned")
@@ -77,10 +98,14 @@ pub fn run(jobs: Vec<Job>, workers: usize, timeout: Duration, sctp: &SctpLog) ->
             });
         }
     });
-    results.into_inner().expect("not poisoned")
+    (
+        results.into_inner().expect("not poisoned"),
+        ports.into_inner().expect("not poisoned"),
+    )
 }
 
-fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> Outcome {
+/// The outcome, and the source port the probe left from (when it left).
+fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> (Outcome, Option<u16>) {
     let addr = SocketAddr::new(job.addr, job.key.port);
     match job.key.protocol {
         Protocol::Tcp => tcp(addr, &job.to, timeout),
@@ -89,17 +114,33 @@ fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> Outcome {
     }
 }
 
-fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
+fn local_port(socket: &Socket) -> Option<u16> {
+    socket.local_addr().ok()?.as_socket().map(|a| a.port())
+}
+
+fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) {
     let start = Instant::now();
     let Ok(socket) = Socket::new(
         Domain::for_address(addr),
         Type::STREAM,
         Some(SockProtocol::TCP),
     ) else {
-        return Outcome::WrongPeer("cannot open a TCP socket".into());
+        return (Outcome::WrongPeer("cannot open a TCP socket".into()), None);
     };
+    // Bound first, so the source port is known even when the connection never completes.
+    let any = SocketAddr::new(
+        match addr {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        },
+        0,
+    );
+    if socket.bind(&any.into()).is_err() {
+        return (Outcome::WrongPeer("cannot bind a TCP socket".into()), None);
+    }
+    let port = local_port(&socket);
     if socket.connect_timeout(&addr.into(), timeout).is_err() {
-        return Outcome::Blocked;
+        return (Outcome::Blocked, port);
     }
     let mut stream: std::net::TcpStream = socket.into();
     let left = timeout
@@ -107,22 +148,33 @@ fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
         .max(Duration::from_millis(200));
     let _ = stream.set_read_timeout(Some(left));
     let mut answer = String::new();
-    match stream.read_to_string(&mut answer) {
+    let outcome = match stream.read_to_string(&mut answer) {
         Ok(_) if answer.trim() == to => Outcome::Connected,
         Ok(_) => Outcome::WrongPeer(answer.trim().to_string()),
         Err(e) => Outcome::WrongPeer(format!("connected, then no identity: {e}")),
-    }
+    };
+    (outcome, port)
 }
 
-fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
+fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) {
     let local = if addr.is_ipv6() {
         "[::]:0"
     } else {
         "0.0.0.0:0"
     };
     let Ok(socket) = std::net::UdpSocket::bind(local) else {
-        return Outcome::WrongPeer("cannot open a UDP socket".into());
+        return (Outcome::WrongPeer("cannot open a UDP socket".into()), None);
     };
+    let port = socket.local_addr().ok().map(|a| a.port());
+    (udp_probe(&socket, addr, to, timeout), port)
+}
+
+fn udp_probe(
+    socket: &std::net::UdpSocket,
+    addr: SocketAddr,
+    to: &str,
+    timeout: Duration,
+) -> Outcome {
     let n = nonce();
     if socket.connect(addr).is_err() || socket.send(n.to_string().as_bytes()).is_err() {
         return Outcome::Blocked;
@@ -154,7 +206,7 @@ fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> Outcome {
     }
 }
 
-fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> Outcome {
+fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> (Outcome, Option<u16>) {
     // A raw socket of the target's family: the kernel writes the IP header (IPv4 and IPv6
     // alike) and our CRC32c needs no pseudo-header.
     let dest = SocketAddr::new(job.addr, 0);
@@ -163,17 +215,21 @@ fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> Outcome {
         Type::RAW,
         Some(SockProtocol::from(SCTP_PROTOCOL)),
     ) else {
-        return Outcome::WrongPeer("cannot open a raw SCTP socket".into());
+        return (
+            Outcome::WrongPeer("cannot open a raw SCTP socket".into()),
+            None,
+        );
     };
     let tag = nonce();
     let src_port = 20_000 + (tag % 40_000) as u16;
     let packet = crate::sctp::init_packet(src_port, job.key.port, tag);
     if socket.send_to(&packet, &dest.into()).is_err() {
-        return Outcome::Blocked;
+        return (Outcome::Blocked, None);
     }
-    if log.wait_for((job.to_uid, job.key.port, tag), timeout) {
+    let outcome = if log.wait_for((job.to_uid, job.key.port, tag), timeout) {
         Outcome::Connected
     } else {
         Outcome::Blocked
-    }
+    };
+    (outcome, Some(src_port))
 }

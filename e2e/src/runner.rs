@@ -27,6 +27,8 @@ pub struct RunConfig {
     pub retry_wait: Duration,
     /// Print every step's tables, not only failing ones.
     pub verbose: bool,
+    /// Check the agents' deny logs after each step (`cluster.deny_logs` turns them on).
+    pub check_deny_logs: bool,
     /// Hold explain's verdict for every probe against the expectation and the packets.
     pub check_explain: bool,
 }
@@ -113,14 +115,16 @@ fn run_steps(
         cluster.sync(&step.world)?;
         let converged = cluster.wait_converged();
         let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
-        let first = probe_step(&cluster, scenario.target, step, cfg);
+        let mut marks = cluster.log_marks();
+        let (first, mut ports) = probe_step(&cluster, scenario.target, step, cfg);
         let families = cfg.cluster.family.families();
         let mut failing = failing_keys(step, families, &first);
         let mut last = first;
         let mut retried = false;
         if !failing.is_empty() {
             std::thread::sleep(cfg.retry_wait);
-            last = probe_step(&cluster, scenario.target, step, cfg);
+            marks = cluster.log_marks();
+            (last, ports) = probe_step(&cluster, scenario.target, step, cfg);
             failing = failing_keys(step, families, &last);
             retried = true;
         }
@@ -136,10 +140,43 @@ fn run_steps(
         } else {
             Vec::new()
         };
+        let mut deny_text = String::new();
+        if cfg.check_deny_logs && failing.is_empty() && converged.is_ok() && explain.is_empty() {
+            let checked = crate::deny_check::check(
+                &cluster,
+                &step.world,
+                &step.expect,
+                families,
+                &ports,
+                &marks,
+            );
+            if !checked.problems.is_empty() {
+                let _ = writeln!(
+                    report,
+                    "  FAIL {label}: {conv_text}; deny logs: {} problems",
+                    checked.problems.len()
+                );
+                for p in checked.problems.iter().take(20) {
+                    let _ = writeln!(report, "    {p}");
+                }
+                report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
+                return Ok(false);
+            }
+            deny_text = format!(
+                "; deny logs: {} denied probes logged, {} allowed not{}",
+                checked.denied,
+                checked.allowed,
+                if checked.unchecked > 0 {
+                    format!(", {} to unserved ports not checked", checked.unchecked)
+                } else {
+                    String::new()
+                }
+            );
+        }
         if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
-                "  ok   {label}: {conv_text}{}",
+                "  ok   {label}: {conv_text}{}{deny_text}",
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {
@@ -221,7 +258,12 @@ fn failing_keys(
 }
 
 /// Every ordered pair × probed key × family of the cluster, in one pool.
-fn probe_step(cluster: &Cluster, target: Target, step: &Step, cfg: &RunConfig) -> Results {
+fn probe_step(
+    cluster: &Cluster,
+    target: Target,
+    step: &Step,
+    cfg: &RunConfig,
+) -> (Results, probe::SourcePorts) {
     let mut jobs = Vec::new();
     for &family in cfg.cluster.family.families() {
         for key in step.expect.keys() {

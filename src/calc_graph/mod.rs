@@ -69,6 +69,17 @@ enum Owner {
     Endpoint(ObjectKey),
 }
 
+/// A local endpoint with chains: see [`CalcGraph::programmed_endpoints`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointView<'a> {
+    pub key: &'a ObjectKey,
+    pub iface: &'a str,
+    /// Policies isolating it for ingress (its `cali-tw-` chain jumps to them), in key order.
+    pub ingress: Vec<ObjectKey>,
+    /// Policies isolating it for egress (`cali-fw-`).
+    pub egress: Vec<ObjectKey>,
+}
+
 struct Endpoint {
     iface: String,
     /// Active policies selecting this pod (any direction).
@@ -798,7 +809,7 @@ impl CalcGraph {
         if winner != Some(key) {
             return Vec::new();
         }
-        let (ingress, egress) = self.endpoint_policies(key);
+        let (ingress, egress) = self.isolating(ep);
         endpoint_chains(
             &self.cfg.rules,
             family,
@@ -808,6 +819,65 @@ impl CalcGraph {
             &egress,
         )
         .into()
+    }
+
+    /// The active policies selecting `ep`, per direction they govern (in key order): the
+    /// policies its `cali-tw-`/`cali-fw-` chains jump to, so the ones isolating it there.
+    fn isolating(&self, ep: &Endpoint) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
+        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
+        for policy in &ep.policies {
+            if let Some(p) = self.policies.get(policy) {
+                if p.plan.ingress.is_some() {
+                    ingress.push(policy.clone());
+                }
+                if p.plan.egress.is_some() {
+                    egress.push(policy.clone());
+                }
+            }
+        }
+        (ingress, egress)
+    }
+
+    // ---- read-only views, for what the agent tells about traffic (deny logs, counters) ----
+
+    /// A pod as the graph knows it (local or not), by key.
+    pub fn pod(&self, key: &ObjectKey) -> Option<&PodInfo> {
+        self.sets.pod(key)
+    }
+
+    /// The local endpoints that have chains (a named interface they own), each with the
+    /// policies isolating it per direction, as the graph renders them now (flush first for
+    /// the latest events).
+    pub fn programmed_endpoints(&self) -> impl Iterator<Item = EndpointView<'_>> {
+        self.endpoints.iter().filter_map(|(key, ep)| {
+            let owns = self
+                .iface_claims
+                .get(&ep.iface)
+                .and_then(|claims| claims.first())
+                == Some(key);
+            owns.then(|| {
+                let (ingress, egress) = self.isolating(ep);
+                EndpointView {
+                    key,
+                    iface: &ep.iface,
+                    ingress,
+                    egress,
+                }
+            })
+        })
+    }
+
+    /// Every chain as of the last flush, with its family.
+    pub fn emitted_chains(&self) -> impl Iterator<Item = (IpFamily, &Chain)> {
+        self.emitted_chains.iter().map(|((f, _), c)| (*f, c))
+    }
+
+    /// The policies selecting at least one local endpoint (the ones with chains).
+    pub fn active_policies(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.policies
+            .iter()
+            .filter(|(_, p)| !p.selects.is_empty())
+            .map(|(k, _)| k)
     }
 
     /// The complete state as of the last flush (call `flush` first to include recent events).

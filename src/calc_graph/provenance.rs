@@ -101,20 +101,9 @@ impl CalcGraph {
 
     /// The active policies selecting a local endpoint, by direction, in chain order.
     pub(super) fn endpoint_policies(&self, key: &ObjectKey) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
-        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
-        let Some(ep) = self.endpoints.get(key) else {
-            return (ingress, egress);
-        };
-        for policy in &ep.policies {
-            if let Some(p) = self.policies.get(policy) {
-                if p.plan.ingress.is_some() {
-                    ingress.push(policy.clone());
-                }
-                if p.plan.egress.is_some() {
-                    egress.push(policy.clone());
-                }
-            }
-        }
-        (ingress, egress)
+        self.endpoints
+            .get(key)
+            .map(|ep| self.isolating(ep))
+            .unwrap_or_default()
     }
 }

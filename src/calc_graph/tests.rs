@@ -533,6 +533,79 @@ fn isolation_follows_policy_types_per_direction() {
 }
 
 #[test]
+fn programmed_endpoints_name_the_policies_their_chains_jump_to() {
+    let mut g = graph();
+    g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("pod", "a")]));
+    g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("pod", "b")]));
+    let mut remote = local_pod("y", "r", "10.0.9.9", &[]);
+    remote.node = Some("node-2".into());
+    g.upsert_pod_info(remote);
+    g.upsert_policy_info(allow_from("x", "in-a", &[("pod", "a")], vec![]));
+    g.upsert_policy_info(PolicyInfo {
+        key: ObjectKey::new("x", "eg-all"),
+        pod_selector: LabelSel::everything(),
+        ingress: None,
+        egress: Some(vec![]),
+    });
+    // Selects no local pod: inactive, isolates nothing.
+    g.upsert_policy_info(allow_from("x", "none", &[("pod", "zz")], vec![]));
+    g.flush();
+    let views: Vec<_> = g.programmed_endpoints().collect();
+    assert_eq!(views.len(), 2, "only local pods with chains");
+    let a = views.iter().find(|v| v.key.name == "a").unwrap();
+    assert_eq!(a.ingress, vec![ObjectKey::new("x", "in-a")]);
+    assert_eq!(a.egress, vec![ObjectKey::new("x", "eg-all")]);
+    let b = views.iter().find(|v| v.key.name == "b").unwrap();
+    assert!(b.ingress.is_empty());
+    assert_eq!(b.egress, vec![ObjectKey::new("x", "eg-all")]);
+    // The views agree with the chains: each listed policy is jumped to from the pod's chain.
+    let state = g.snapshot();
+    let chains = &state.families[&IpFamily::V4].chains;
+    for v in &views {
+        for (prefix, list, dir, jump) in [
+            (
+                "cali-tw-",
+                &v.ingress,
+                crate::rules::Direction::Ingress,
+                " -j cali-pi-",
+            ),
+            (
+                "cali-fw-",
+                &v.egress,
+                crate::rules::Direction::Egress,
+                " -j cali-po-",
+            ),
+        ] {
+            let chain = &chains[&format!("{prefix}{}", v.iface)];
+            let jumps = chain.rules.iter().filter(|r| r.body.contains(jump)).count();
+            assert_eq!(jumps, list.len(), "{}", chain.name);
+            for p in list.iter() {
+                let target = crate::rules::policy_chain(dir, &p.namespace, &p.name);
+                assert!(chain
+                    .rules
+                    .iter()
+                    .any(|r| r.body.ends_with(&format!("-j {target}"))));
+            }
+        }
+    }
+    let mut active: Vec<_> = g.active_policies().cloned().collect();
+    active.sort();
+    assert_eq!(
+        active,
+        vec![ObjectKey::new("x", "eg-all"), ObjectKey::new("x", "in-a")]
+    );
+    assert_eq!(
+        g.pod(&ObjectKey::new("y", "r")).unwrap().ips[0].to_string(),
+        "10.0.9.9"
+    );
+    assert!(g.pod(&ObjectKey::new("y", "gone")).is_none());
+    assert_eq!(
+        g.emitted_chains().count(),
+        chains.len() + state.families[&IpFamily::V6].chains.len()
+    );
+}
+
+#[test]
 fn inactive_policies_cost_no_chains_or_sets() {
     let mut g = graph();
     let mut remote = local_pod("x", "a", "10.0.0.1", &[("pod", "a")]);

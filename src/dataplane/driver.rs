@@ -50,7 +50,13 @@ pub struct Batch {
     pub update: Update,
     /// When the events behind each changed local endpoint entered the calc graph.
     pub programming_starts: Vec<Instant>,
+    /// Called once the kernel holds this batch (after the apply that carries it, or at once
+    /// when it changed nothing there): what must not run before the rules are in.
+    pub on_applied: Vec<OnApplied>,
 }
+
+/// See [`Batch::on_applied`].
+pub type OnApplied = Box<dyn FnOnce() + Send>;
 
 /// Runs the dataplane thread until `stop` is set or the sender goes away.
 pub fn run(
@@ -87,10 +93,9 @@ pub fn run(
     let mut next_ipsets_refresh = Instant::now() + ipsets_refresh.unwrap_or(far);
     let mut next_kernel_check: Option<Instant> = None;
     let mut next_kernel_verify: Option<Instant> = None;
-    // Whether the next apply starts from a full read of that part (the fingerprints are then
-    // taken in full); the first one does.
+    // Whether the next apply starts from a full read of the rules (the fingerprint is then
+    // taken just before it); the first one does.
     let mut tables_read = true;
-    let mut sets_read = true;
     let mut next_check: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::apply_retry();
@@ -98,6 +103,7 @@ pub fn run(
     let mut applied_once = false;
     // Programming-latency starts of the updates absorbed since the last successful apply.
     let mut pending_starts: Vec<Instant> = Vec::new();
+    let mut pending_applied: Vec<OnApplied> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Dataplane);
         let mut deadline = next_refresh
@@ -114,9 +120,11 @@ pub fn run(
                 received_any = true;
                 dp.absorb(&b.update);
                 pending_starts.extend(b.programming_starts);
+                pending_applied.extend(b.on_applied);
                 while let Ok(b) = updates.try_recv() {
                     dp.absorb(&b.update);
                     pending_starts.extend(b.programming_starts);
+                    pending_applied.extend(b.on_applied);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -144,7 +152,7 @@ pub fn run(
         if now >= next_ipsets_refresh || verdict.ipsets.is_some() {
             next_ipsets_refresh = now + ipsets_refresh.unwrap_or(far);
             m.dataplane_resyncs.inc();
-            sets_read = true;
+            sentinel.before_sets_read();
             if let Err(e) = dp.resync_ipsets() {
                 warn!("IP set refresh failed: {e:#}");
             }
@@ -161,22 +169,27 @@ pub fn run(
             tables_read = true;
             dp.invalidate_iptables();
         }
-        if retry_at.is_some_and(|t| now < t) || !dp.is_dirty() {
+        if !dp.is_dirty() {
+            // The kernel already holds everything absorbed.
+            pending_applied.drain(..).for_each(|f| f());
             continue;
+        }
+        if retry_at.is_some_and(|t| now < t) {
+            continue;
+        }
+        if tables_read {
+            sentinel.before_tables_read();
         }
         match dp.apply() {
             Ok(report) => {
                 retry_at = None;
                 backoff.reset();
                 sentinel.after_apply(
-                    tables_read,
                     report.iptables_lines > 0,
-                    sets_read,
                     report.ipset_lines > 0,
                     dp.take_restore_pids(),
                 );
                 tables_read = false;
-                sets_read = false;
                 // The change checks start once the kernel holds what we want.
                 let now = Instant::now();
                 if next_kernel_check.is_none() {
@@ -190,6 +203,7 @@ pub fn run(
                     m.programming_latency_seconds
                         .observe(start.elapsed().as_secs_f64());
                 }
+                pending_applied.drain(..).for_each(|f| f());
                 m.dataplane_in_sync.set(1);
                 if !applied_once {
                     applied_once = true;
@@ -211,7 +225,6 @@ pub fn run(
                 error!("apply failed, keeping the rules in place and retrying in {wait:?}: {e:#}");
                 retry_at = Some(Instant::now() + wait);
                 tables_read = true;
-                sets_read = true;
                 dp.invalidate_iptables();
             }
         }

@@ -5,9 +5,11 @@
 //! Per backend (the costs are measured by `cargo bench --bench change_detect`):
 //! - legacy iptables: every check is one `IPT_SO_GET_INFO` per family (table size, entry count,
 //!   hook offsets). When it moved, the rule blob is read and digested per chain to tell whether
-//!   a chain of ours or a kernel chain we hook into changed, or only someone else's; those
-//!   reads are spaced out (at least 1 s, and 20 times their own cost) so another program
-//!   rewriting the table often cannot make us busy. A rule replaced in place by one of the
+//!   a chain of ours or a kernel chain we hook into changed, or only someone else's. After a
+//!   read that found only someone else's change, the next one waits (at least 1 s, and 20
+//!   times the read's own cost), so another program rewriting the table often cannot make us
+//!   busy; after a read that found a change of ours (a repair follows, costing far more) the
+//!   next check reads at once, so a tamper is never left waiting on the guard against churn. A rule replaced in place by one of the
 //!   same size leaves the info alone: the exact verify (the digest) catches it.
 //! - nft: the nf_tables change events, grouped per commit and classified by table and chain,
 //!   are polled at every check; commits of our own restores (by process id) are ignored. The
@@ -42,6 +44,23 @@ const LEGACY_READ_COST_FACTOR: u32 = 20;
 /// Our restores' process ids remembered to recognise our own nf_tables commits.
 const OWN_PIDS: usize = 256;
 
+/// A read of a legacy table's rules that the info check caused.
+#[derive(Clone, Copy, Debug)]
+struct LegacyRead {
+    at: Instant,
+    cost: Duration,
+    foreign_only: bool,
+}
+
+impl LegacyRead {
+    /// Whether another read may follow now: at once after a read that found a change of ours
+    /// (or could not tell), spaced out after one that found only someone else's.
+    fn next_due(&self) -> bool {
+        !self.foreign_only
+            || self.at.elapsed() >= LEGACY_READ_SPACING.max(self.cost * LEGACY_READ_COST_FACTOR)
+    }
+}
+
 /// Why the kernel must be read again, per part; `None`: nothing to do.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -70,8 +89,9 @@ impl Verdict {
 enum Tables {
     Legacy {
         watches: BTreeMap<IpFamily, LegacyWatch>,
-        /// When the rules were last read because the info moved, and what that cost.
-        last_read: Option<(Instant, Duration)>,
+        /// When the rules were last read because the info moved, what that cost, and whether
+        /// it found only someone else's change (only then are reads spaced out).
+        last_read: Option<LegacyRead>,
     },
     Nft {
         monitor: Box<NftMonitor>,
@@ -169,16 +189,16 @@ impl Sentinel {
                     match w.info_moved() {
                         Ok(false) => {}
                         Ok(true) => {
-                            let due = last_read.is_none_or(|(at, cost)| {
-                                at.elapsed()
-                                    >= LEGACY_READ_SPACING.max(cost * LEGACY_READ_COST_FACTOR)
-                            });
-                            if !due {
+                            if !last_read.is_none_or(|read| read.next_due()) {
                                 continue;
                             }
                             let started = Instant::now();
                             let finding = w.check();
-                            *last_read = Some((started, started.elapsed()));
+                            *last_read = Some(LegacyRead {
+                                at: started,
+                                cost: started.elapsed(),
+                                foreign_only: matches!(finding, Ok(Finding::Foreign)),
+                            });
                             match finding {
                                 Ok(f) => Verdict::note(&mut v.iptables, &what, f),
                                 Err(e) => Verdict::failed(&mut v.iptables, &what, e),
@@ -241,14 +261,35 @@ impl Sentinel {
         v
     }
 
-    /// After a successful apply: our own writes are not changes. `tables_read`/`sets_read`:
-    /// the apply started from a full read of that part (the fingerprint is taken in full);
-    /// otherwise a part we wrote to gets the cheap new reference.
+    /// Just before the rules are read in full: the fingerprint is taken now, not after the
+    /// read, so a change made while the read runs (a read of 27k rules takes a second) is
+    /// seen by the next check instead of being taken for the reference.
+    pub fn before_tables_read(&mut self) {
+        if let Some(Tables::Legacy { watches, .. }) = &mut self.tables {
+            for w in watches.values_mut() {
+                if let Err(e) = w.baseline() {
+                    debug!("legacy iptables fingerprint: {e}");
+                }
+            }
+        }
+    }
+
+    /// Just before the IP sets are read in full; see [`Sentinel::before_tables_read`].
+    pub fn before_sets_read(&mut self) {
+        if let Some(w) = &mut self.sets {
+            if let Err(e) = w.baseline() {
+                debug!("IP set fingerprint: {e}");
+            }
+        }
+    }
+
+    /// After a successful apply: our own writes are not changes. A part we wrote to gets the
+    /// cheap new reference (legacy iptables is then read again by the driver's post-write
+    /// check, which takes the full fingerprint before it reads); a part we only read keeps
+    /// the fingerprint taken before the read.
     pub fn after_apply(
         &mut self,
-        tables_read: bool,
         tables_written: bool,
-        sets_read: bool,
         sets_written: bool,
         restore_pids: Vec<u32>,
     ) {
@@ -259,34 +300,21 @@ impl Sentinel {
             self.own_pids.push_back(pid);
         }
         match &mut self.tables {
-            Some(Tables::Legacy { watches, .. }) => {
+            Some(Tables::Legacy { watches, .. }) if tables_written => {
                 for w in watches.values_mut() {
-                    let done = if tables_read {
-                        w.baseline()
-                    } else if tables_written {
-                        w.rebase_info()
-                    } else {
-                        Ok(())
-                    };
-                    if let Err(e) = done {
+                    if let Err(e) = w.rebase_info() {
                         debug!("legacy iptables fingerprint: {e}");
                     }
                 }
             }
             // Our own commits are told apart by their process ids at the next check.
-            Some(Tables::Nft { .. }) => {}
-            None => {}
+            _ => {}
         }
         if let Some(w) = &mut self.sets {
-            let done = if sets_read {
-                w.baseline()
-            } else if sets_written {
-                w.rebase_headers()
-            } else {
-                Ok(())
-            };
-            if let Err(e) = done {
-                debug!("IP set fingerprint: {e}");
+            if sets_written {
+                if let Err(e) = w.rebase_headers() {
+                    debug!("IP set fingerprint: {e}");
+                }
             }
         }
     }
@@ -300,4 +328,36 @@ fn record(v: &Verdict) {
         "unchanged"
     };
     m.dataplane_kernel_checks.with_label_values(&[result]).inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(ago: Duration, cost: Duration, foreign_only: bool) -> LegacyRead {
+        LegacyRead {
+            at: Instant::now()
+                .checked_sub(ago)
+                .expect("uptime beyond a minute"),
+            cost,
+            foreign_only,
+        }
+    }
+
+    #[test]
+    fn reads_after_someone_elses_change_are_spaced_by_their_cost() {
+        let cost = Duration::from_millis(100);
+        assert!(!read(Duration::ZERO, cost, true).next_due());
+        assert!(!read(Duration::from_millis(1500), cost, true).next_due());
+        assert!(read(Duration::from_millis(2100), cost, true).next_due());
+        let cheap = Duration::from_millis(1);
+        assert!(!read(Duration::from_millis(500), cheap, true).next_due());
+        assert!(read(Duration::from_millis(1100), cheap, true).next_due());
+    }
+
+    #[test]
+    fn a_read_that_found_ours_leaves_the_next_check_free_to_read() {
+        let expensive = Duration::from_secs(3);
+        assert!(read(Duration::ZERO, expensive, false).next_due());
+    }
 }

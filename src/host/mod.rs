@@ -8,3 +8,4 @@ pub mod netlink;
 pub mod nflog;
 pub mod nfnetlink;
 pub mod preflight;
+pub mod rule_counters;

@@ -153,6 +153,45 @@ impl NfnlSocket {
         }
     }
 
+    /// A dump whose replies are handed over undecoded: `each(message type, payload)` for every
+    /// reply message (the payload starts at the `nfgenmsg` header). For large dumps read on a
+    /// timer (the rule counters), where decoding every attribute of every message into the
+    /// crate's owned types would cost more than the read itself.
+    pub fn dump_raw(
+        &mut self,
+        message: NetfilterMessage,
+        mut each: impl FnMut(u16, &[u8]),
+    ) -> io::Result<()> {
+        let seq = self.send(message, NLM_F_REQUEST | NLM_F_DUMP)?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let data = self.recv_for_request(deadline)?;
+            let mut offset = 0;
+            while offset + NLMSG_HDRLEN <= data.len() {
+                let message = netlink_packet_core::NetlinkBuffer::new_checked(&data[offset..])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = message.length() as usize;
+                if message.sequence_number() == seq {
+                    match message.message_type() {
+                        netlink_packet_core::NLMSG_DONE => return Ok(()),
+                        netlink_packet_core::NLMSG_ERROR => {
+                            let payload = message.payload();
+                            let code = payload
+                                .get(..4)
+                                .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                                .unwrap_or(0);
+                            if code != 0 {
+                                return Err(io::Error::from_raw_os_error(-code));
+                            }
+                        }
+                        kind => each(kind, message.payload()),
+                    }
+                }
+                offset += (len + 3) & !3;
+            }
+        }
+    }
+
     fn send(&mut self, message: NetfilterMessage, flags: u16) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1).max(1);
         let mut header = NetlinkHeader::default();

@@ -76,7 +76,8 @@ use ipnet::IpNet;
 
 use crate::model::IpFamily;
 
-use super::chains::deny;
+use super::deny;
+use super::deny_log;
 use super::provenance::{ChainRole, Rendered, RuleList, RuleRole};
 use super::{to_workload_chain, Action, Chain, Rule, RuleConfig, TO_WL_ADDR_DISPATCH};
 
@@ -176,8 +177,15 @@ pub(crate) fn render_addr_dispatch(
             },
         );
     }
-    rules.push(
+    // Traffic routed to an address no programmed pod has: a pod not programmed yet, as the
+    // dispatch trees' "Unknown interface".
+    deny_log::push_logged_drop(
+        &mut rules,
+        cfg.deny_log.as_ref(),
         Rule::new(deny(cfg)).comment("Unknown workload address"),
+        deny_log::DropKind::UnknownInterface,
+        super::Direction::Ingress,
+        TO_WL_ADDR_DISPATCH,
         || RuleRole::UnknownAddress,
     );
     rules.finish(TO_WL_ADDR_DISPATCH, family, || {

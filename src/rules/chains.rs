@@ -4,24 +4,18 @@
 
 use crate::model::{IpFamily, ObjectKey};
 
+use super::deny_log::{self, DropKind};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
-    bridge, from_workload_chain, policy_chain, profile_chain, render_rules, to_workload_chain,
-    Action, AllowAction, Chain, ChainInsertMode, DenyAction, Direction, EndpointToHostAction,
-    RenderedRule, Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH, INPUT_CHAIN, OUTPUT_CHAIN,
-    TO_WL_DISPATCH, WL_TO_HOST_CHAIN,
+    bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
+    to_workload_chain, Action, AllowAction, Chain, ChainInsertMode, Direction,
+    EndpointToHostAction, RenderedRule, Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH,
+    INPUT_CHAIN, OUTPUT_CHAIN, TO_WL_DISPATCH, WL_TO_HOST_CHAIN,
 };
 
 /// ICMPv6 types a pod must be able to send to its host before any policy: MLD (130-132),
 /// router solicitation (133), neighbour solicitation/advertisement (135, 136).
 const ICMPV6_TO_HOST_TYPES: [u8; 6] = [130, 131, 132, 133, 135, 136];
-
-pub(crate) fn deny(cfg: &RuleConfig) -> Action {
-    match cfg.deny_action {
-        DenyAction::Drop => Action::Drop,
-        DenyAction::Reject => Action::Reject,
-    }
-}
 
 pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
     render_static(cfg, family, false)
@@ -228,13 +222,15 @@ fn render_endpoint(
     traced: bool,
 ) -> [Rendered; 2] {
     let chain = |direction: Direction, name: String, policies: &[ObjectKey]| {
-        endpoint_rules(cfg, direction, namespace, policies, traced).finish(name, family, || {
-            ChainRole::Workload {
+        endpoint_rules(cfg, &name, direction, namespace, policies, traced).finish(
+            name.clone(),
+            family,
+            || ChainRole::Workload {
                 pod: pod.cloned(),
                 iface: iface.to_string(),
                 direction,
-            }
-        })
+            },
+        )
     };
     [
         chain(Direction::Ingress, to_workload_chain(iface), ingress),
@@ -244,6 +240,7 @@ fn render_endpoint(
 
 fn endpoint_rules(
     cfg: &RuleConfig,
+    chain: &str,
     direction: Direction,
     namespace: &str,
     policies: &[ObjectKey],
@@ -303,10 +300,15 @@ fn endpoint_rules(
                 || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
             );
         }
-        rules.push(
+        deny_log::push_logged_drop(
+            &mut rules,
+            cfg.deny_log.as_ref(),
             Rule::new(deny(cfg))
                 .comment("Drop if no policies passed packet")
                 .mark_match(0, m.pass),
+            DropKind::Policy,
+            direction,
+            chain,
             || RuleRole::DropIfNoPolicyPassed,
         );
     }
@@ -471,7 +473,7 @@ mod tests {
     #[test]
     fn reject_and_return_actions_follow_config() {
         let cfg = RuleConfig {
-            deny_action: DenyAction::Reject,
+            deny_action: crate::rules::DenyAction::Reject,
             allow_action: AllowAction::Return,
             ..RuleConfig::default()
         };

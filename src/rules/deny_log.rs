@@ -29,7 +29,8 @@
 
 use std::fmt;
 
-use crate::rules::Direction;
+use crate::rules::provenance::{RuleList, RuleRole};
+use crate::rules::{Action, Direction, Rule};
 
 /// Longest prefix both backends store and print identically.
 pub const MAX_PREFIX_LEN: usize = 63;
@@ -354,6 +355,127 @@ impl DenyLogRule {
     }
 }
 
+/// Deny logging as the renderer needs it (`RuleConfig::deny_log`; `None` there renders no log
+/// rule at all). Built through [`DenyLogConfig::new`], which checks everything that could make
+/// a log rule unrenderable, so rendering never fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenyLogConfig {
+    group: u16,
+    rate: Rate,
+    burst: u32,
+    snap_len: u32,
+    /// `-m limit ...`, rendered once.
+    limit: String,
+}
+
+impl DenyLogConfig {
+    pub fn new(group: u16, rate: Rate, burst: u32, snap_len: u32) -> Result<Self, RuleTextError> {
+        let limit = limit_match(rate, burst)?;
+        if snap_len == 0 {
+            return Err(RuleTextError::ZeroSnapLength);
+        }
+        Ok(DenyLogConfig {
+            group,
+            rate,
+            burst,
+            snap_len,
+            limit,
+        })
+    }
+
+    pub fn group(&self) -> u16 {
+        self.group
+    }
+
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    pub fn snap_len(&self) -> u32 {
+        self.snap_len
+    }
+}
+
+/// A validated `-j NFLOG --nflog-prefix <P> [--nflog-group <G>] --nflog-size <S>` target, as
+/// iptables-save prints it ([`Action::Nflog`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NflogTarget {
+    text: String,
+}
+
+impl NflogTarget {
+    pub fn new(group: u16, prefix: &str, snap_len: u32) -> Result<NflogTarget, RuleTextError> {
+        Ok(NflogTarget {
+            text: nflog_target(group, prefix, snap_len)?,
+        })
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+/// The reusable step every deny goes through: `drop`, preceded by its rate-limited NFLOG rule
+/// when deny logging is configured, else `drop` alone (so with logging off the chain is exactly
+/// what it was). The log rule matches what the drop matches (addresses, interfaces, protocol,
+/// comments, matches), then `-m limit`, and logs with the prefix naming `chain`, `kind` and
+/// `direction`; the drop itself is unchanged.
+///
+/// A chain name too long for the prefix cannot occur (chains are at most 28 characters, the
+/// prefix allows 52); should one reach here, the drop is rendered without its log rule rather
+/// than not at all.
+pub fn logged_drop(
+    cfg: Option<&DenyLogConfig>,
+    drop: Rule,
+    kind: DropKind,
+    direction: Direction,
+    chain: &str,
+) -> Vec<Rule> {
+    let Some(cfg) = cfg else {
+        return vec![drop];
+    };
+    let prefix = LogPrefix {
+        kind,
+        direction,
+        chain: chain.to_string(),
+    };
+    let Ok(target) = prefix
+        .render()
+        .and_then(|p| NflogTarget::new(cfg.group, &p, cfg.snap_len))
+    else {
+        return vec![drop];
+    };
+    let log = Rule {
+        action: Some(Action::Nflog(target)),
+        ..drop.clone()
+    }
+    .matching(cfg.limit.clone());
+    vec![log, drop]
+}
+
+/// [`logged_drop`] into a traced rule list: the log rule is a [`RuleRole::DenyLog`], the drop
+/// keeps `role`.
+pub(crate) fn push_logged_drop(
+    rules: &mut RuleList,
+    cfg: Option<&DenyLogConfig>,
+    drop: Rule,
+    kind: DropKind,
+    direction: Direction,
+    chain: &str,
+    role: impl FnOnce() -> RuleRole,
+) {
+    let mut logged = logged_drop(cfg, drop, kind, direction, chain);
+    let drop = logged.pop().expect("logged_drop returns the drop last");
+    for log in logged {
+        rules.push(log, || RuleRole::DenyLog);
+    }
+    rules.push(drop, role);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,5 +689,137 @@ mod tests {
             "-m limit --limit 10/sec --limit-burst 20 -j NFLOG --nflog-prefix \
              npa-pol-in-cali-tw-cali1234567890a --nflog-group 1 --nflog-size 128"
         );
+    }
+
+    fn logging() -> DenyLogConfig {
+        DenyLogConfig::new(7, Rate::per_second(10), 20, DEFAULT_SNAP_LEN).unwrap()
+    }
+
+    fn bodies(chain: &crate::rules::Chain) -> Vec<String> {
+        chain
+            .rules
+            .iter()
+            .map(|r| {
+                r.body
+                    .replace(&format!("-m comment --comment \"cali:{}\" ", r.hash), "")
+                    .replace(&format!("-m comment --comment \"cali:{}\"", r.hash), "")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn config_is_checked_once() {
+        assert!(DenyLogConfig::new(1, Rate::per_second(0), 5, 128).is_err());
+        assert!(DenyLogConfig::new(1, Rate::per_second(10), 0, 128).is_err());
+        assert!(DenyLogConfig::new(1, Rate::per_second(10), 5, 0).is_err());
+        let c = logging();
+        assert_eq!((c.group(), c.burst(), c.snap_len()), (7, 20, 128));
+    }
+
+    #[test]
+    fn logged_drop_is_the_drop_alone_when_off() {
+        let drop = Rule::new(Action::Drop).comment("x").mark_match(0, 0x20000);
+        assert_eq!(
+            logged_drop(
+                None,
+                drop.clone(),
+                DropKind::Policy,
+                Direction::Ingress,
+                "c"
+            ),
+            vec![drop]
+        );
+    }
+
+    #[test]
+    fn logged_drop_copies_the_drops_matches_and_adds_limit_and_target() {
+        let drop = Rule {
+            in_iface: Some("cali+".into()),
+            ..Rule::new(Action::Reject)
+                .comment("Drop if no policies passed packet")
+                .mark_match(0, 0x20000)
+        };
+        let rules = logged_drop(
+            Some(&logging()),
+            drop.clone(),
+            DropKind::Policy,
+            Direction::Egress,
+            "cali-fw-cali1",
+        );
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[1], drop, "the drop itself is unchanged");
+        let chain = crate::rules::Chain::new("cali-fw-cali1", crate::model::IpFamily::V4, rules);
+        assert_eq!(
+            bodies(&chain)[0],
+            "-i cali+ -m comment --comment \"Drop if no policies passed packet\" \
+             -m mark --mark 0x0/0x20000 -m limit --limit 10/sec --limit-burst 20 -j NFLOG \
+             --nflog-prefix npa-pol-eg-cali-fw-cali1 --nflog-group 7 --nflog-size 128"
+        );
+    }
+
+    #[test]
+    fn every_policy_drop_and_unknown_interface_drop_is_logged_when_on() {
+        use crate::model::{IpFamily, ObjectKey};
+        use crate::rules::chains::endpoint_chains;
+        use crate::rules::dispatch::dispatch_chains;
+        use crate::rules::RuleConfig;
+        let on = RuleConfig {
+            deny_log: Some(logging()),
+            ..RuleConfig::default()
+        };
+        let policies = [ObjectKey::new("ns", "p")];
+        let [tw, fw] = endpoint_chains(&on, IpFamily::V4, "cali1", "ns", &policies, &policies);
+        for (chain, dir) in [(&tw, "in"), (&fw, "eg")] {
+            let b = bodies(chain);
+            let drop = b
+                .iter()
+                .position(|r| {
+                    r.contains("Drop if no policies passed packet") && r.ends_with("-j DROP")
+                })
+                .unwrap();
+            assert!(
+                b[drop - 1].ends_with(&format!(
+                    "-j NFLOG --nflog-prefix npa-pol-{dir}-{} --nflog-group 7 --nflog-size 128",
+                    chain.name
+                )),
+                "{b:#?}"
+            );
+            // Only that drop is logged: INVALID and the profile's drop are not policy's.
+            assert_eq!(b.iter().filter(|r| r.contains("NFLOG")).count(), 1);
+        }
+        // An unisolated pod has no policy drop, so nothing to log.
+        let [tw, _] = endpoint_chains(&on, IpFamily::V4, "cali1", "ns", &[], &[]);
+        assert!(!bodies(&tw).iter().any(|r| r.contains("NFLOG")));
+
+        let ifaces: Vec<String> = ["cali12", "cali13", "cali2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let chains = dispatch_chains(&on, IpFamily::V6, &ifaces);
+        assert_eq!(chains.len(), 4, "two roots, one child each");
+        for chain in &chains {
+            let b = bodies(chain);
+            let n = b.len();
+            assert!(b[n - 1].ends_with("\"Unknown interface\" -j DROP"));
+            let dir = if chain.name.starts_with("cali-from") {
+                "eg"
+            } else {
+                "in"
+            };
+            assert_eq!(
+                b[n - 2],
+                format!(
+                    "-m comment --comment \"Unknown interface\" -m limit --limit 10/sec --limit-burst 20 \
+                     -j NFLOG --nflog-prefix npa-unk-{dir}-{} --nflog-group 7 --nflog-size 128",
+                    chain.name
+                )
+            );
+        }
+        // Off: the same chains as always.
+        let off = dispatch_chains(&RuleConfig::default(), IpFamily::V6, &ifaces);
+        for (a, b) in off.iter().zip(&chains) {
+            assert_eq!(a.rules.len() + 1, b.rules.len());
+            assert!(!bodies(a).iter().any(|r| r.contains("NFLOG")));
+        }
     }
 }

@@ -9,10 +9,11 @@ use std::net::IpAddr;
 
 use crate::model::IpFamily;
 
-use super::chains::deny;
+use super::deny;
+use super::deny_log::{push_logged_drop, DropKind};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
-    bridge, from_workload_chain, to_workload_chain, Action, Chain, Rule, RuleConfig,
+    bridge, from_workload_chain, to_workload_chain, Action, Chain, Direction, Rule, RuleConfig,
     FROM_WL_DISPATCH, TO_WL_DISPATCH,
 };
 
@@ -110,7 +111,21 @@ fn tree(
     side: Side,
     traced: bool,
 ) -> Vec<Rendered> {
-    let unknown = || Rule::new(deny(cfg)).comment("Unknown interface");
+    let direction = match side {
+        Side::From => Direction::Egress,
+        Side::To => Direction::Ingress,
+    };
+    let unknown = |rules: &mut RuleList, chain: &str| {
+        push_logged_drop(
+            rules,
+            cfg.deny_log.as_ref(),
+            Rule::new(deny(cfg)).comment("Unknown interface"),
+            DropKind::UnknownInterface,
+            direction,
+            chain,
+            || RuleRole::UnknownInterface,
+        )
+    };
     let common = common_prefix(names);
     // Bin key: the common prefix plus the next character, or the name itself when it is the
     // common prefix. BTreeMap keeps bins in name order.
@@ -156,10 +171,10 @@ fn tree(
                 },
             );
         }
-        rules.push(unknown(), || RuleRole::UnknownInterface);
+        unknown(&mut rules, &child);
         children.push(rules.finish(child, family, || side.role(Some(key.to_string()))));
     }
-    root_rules.push(unknown(), || RuleRole::UnknownInterface);
+    unknown(&mut root_rules, side.root());
     let mut chains = vec![root_rules.finish(side.root(), family, || side.role(None))];
     chains.extend(children);
     chains

@@ -15,6 +15,7 @@
 
 pub mod bridge;
 pub mod chains;
+pub mod counted;
 pub mod deny_log;
 pub mod dispatch;
 pub mod policy;
@@ -148,6 +149,9 @@ pub struct RuleConfig {
     /// CNI `bridge` plugin). `None` is routed mode: each pod has its own routed host veth.
     /// See [`bridge`] for what changes.
     pub bridge: Option<String>,
+    /// Deny logging: an NFLOG rule before every drop policy makes (see
+    /// [`deny_log::logged_drop`]). `None` renders no log rule anywhere.
+    pub deny_log: Option<deny_log::DenyLogConfig>,
 }
 
 impl Default for RuleConfig {
@@ -160,7 +164,16 @@ impl Default for RuleConfig {
             deny_action: DenyAction::Drop,
             insert_mode: ChainInsertMode::Insert,
             bridge: None,
+            deny_log: None,
         }
+    }
+}
+
+/// What a drop of ours does: felix's deny action (every policy, dispatch and static drop).
+pub(crate) fn deny(cfg: &RuleConfig) -> Action {
+    match cfg.deny_action {
+        DenyAction::Drop => Action::Drop,
+        DenyAction::Reject => Action::Reject,
     }
 }
 
@@ -178,6 +191,9 @@ pub enum Action {
         value: u32,
         mask: u32,
     },
+    /// `-j NFLOG ...`: copy the packet to an NFLOG group (deny logging, see
+    /// [`deny_log::logged_drop`]).
+    Nflog(deny_log::NflogTarget),
     /// A rule with no target (only counts packets); used for comment-only policy chains.
     None,
 }
@@ -331,24 +347,36 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
     for m in &rule.matches {
         arg(m);
     }
-    match &rule.action {
-        None | Some(Action::None) => {}
-        Some(Action::Accept) => arg("-j ACCEPT"),
-        Some(Action::Drop) => arg("-j DROP"),
-        Some(Action::Reject) => arg(match family {
-            IpFamily::V4 => "-j REJECT --reject-with icmp-port-unreachable",
-            IpFamily::V6 => "-j REJECT --reject-with icmp6-port-unreachable",
-        }),
-        Some(Action::Return) => arg("-j RETURN"),
-        Some(Action::Jump(c)) => arg(&format!("-j {}", token::chain_token(c))),
-        Some(Action::Goto(c)) => arg(&format!("-g {}", token::chain_token(c))),
-        Some(Action::SetMark { value, mask }) => {
-            let mut s = String::new();
-            let _ = write!(s, "-j MARK --set-xmark {value:#x}/{mask:#x}");
-            arg(&s)
+    if let Some(action) = &rule.action {
+        let target = action_text(action, family);
+        if !target.is_empty() {
+            arg(&target);
         }
     }
     out
+}
+
+/// A target as iptables-save prints it (`-j DROP`, `-g chain`, ...); empty for
+/// [`Action::None`].
+pub fn action_text(action: &Action, family: IpFamily) -> String {
+    match action {
+        Action::None => String::new(),
+        Action::Accept => "-j ACCEPT".into(),
+        Action::Drop => "-j DROP".into(),
+        Action::Reject => match family {
+            IpFamily::V4 => "-j REJECT --reject-with icmp-port-unreachable".into(),
+            IpFamily::V6 => "-j REJECT --reject-with icmp6-port-unreachable".into(),
+        },
+        Action::Return => "-j RETURN".into(),
+        Action::Jump(c) => format!("-j {}", token::chain_token(c)),
+        Action::Goto(c) => format!("-g {}", token::chain_token(c)),
+        Action::Nflog(target) => target.text().to_string(),
+        Action::SetMark { value, mask } => {
+            let mut s = String::new();
+            let _ = write!(s, "-j MARK --set-xmark {value:#x}/{mask:#x}");
+            s
+        }
+    }
 }
 
 /// felix's `GetLengthLimitedID`: `prefix + suffix` when it fits in `max` characters, else

@@ -162,6 +162,8 @@ pub enum RuleRole {
     ToEndpointByAddress { addr: IpAddr, iface: String },
     /// Bridge mode: drops traffic routed into the bridge to no local pod's address.
     UnknownAddress,
+    /// Deny logging: the rate-limited NFLOG copy of the drop right after it.
+    DenyLog,
     // Workload chains.
     /// Accepts packets of established connections (conntrack).
     AcceptEstablished,
@@ -385,6 +387,7 @@ pub fn describe_rule<'a>(
             format!("traffic routed to {addr}: ingress of {}", iface_pod(iface))
         }
         RuleRole::UnknownAddress => "drop: routed to no local pod's address".into(),
+        RuleRole::DenyLog => "deny log: NFLOG the packet the next rule drops (rate-limited)".into(),
         RuleRole::AcceptEstablished => "accept established and related connections".into(),
         RuleRole::MarkEstablished => "mark established and related connections accepted".into(),
         RuleRole::ReturnEstablished => "return established and related connections".into(),

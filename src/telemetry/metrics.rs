@@ -51,6 +51,28 @@ pub struct Metrics {
     pub datastore_dir_rescans: IntCounter,
     pub rejections: IntCounterVec,
     pub rejected_objects: IntGaugeVec,
+    // deny logging (FELIX_DENYLOGENABLED) and the kernel's rule counters
+    pub deny_log_messages: IntCounter,
+    pub deny_log_lost: IntCounter,
+    pub deny_log_overruns: IntCounter,
+    pub deny_log_undecodable: IntCounter,
+    pub deny_log_lines: IntCounter,
+    pub deny_log_suppressed: IntCounter,
+    /// Labels: namespace, pod, direction (local pods only; series of pods gone are removed).
+    pub denied_packets: IntCounterVec,
+    /// Labels: direction.
+    pub denied_unknown_interface_packets: IntCounterVec,
+    /// Labels: namespace, policy, direction (active policies only).
+    pub policy_packets: IntCounterVec,
+    pub policy_bytes: IntCounterVec,
+    pub rule_counter_read_seconds: Histogram,
+    pub rule_counter_read_errors: IntCounter,
+    // conntrack re-evaluation (FELIX_CONNTRACKREEVALUATE)
+    pub conntrack_reevaluations: IntCounter,
+    pub conntrack_entries_evaluated: IntCounter,
+    /// Labels: direction (the side whose policy denies the flow now).
+    pub conntrack_cuts: IntCounterVec,
+    pub conntrack_errors: IntCounter,
 }
 
 /// The names of every metric, for documentation checks and tests.
@@ -81,6 +103,31 @@ pub const NAMES: &[&str] = &[
     "netpol_datastore_dir_rescans_total",
     "netpol_rejections_total",
     "netpol_rejected_objects",
+];
+
+/// The metrics of deny logging and the rule counters: exported when those are on, the
+/// labelled ones once something was counted for a pod or policy.
+pub const TRAFFIC_NAMES: &[&str] = &[
+    "netpol_deny_log_messages_total",
+    "netpol_deny_log_lost_total",
+    "netpol_deny_log_overruns_total",
+    "netpol_deny_log_undecodable_total",
+    "netpol_deny_log_lines_total",
+    "netpol_deny_log_suppressed_total",
+    "netpol_denied_packets_total",
+    "netpol_denied_unknown_interface_packets_total",
+    "netpol_policy_packets_total",
+    "netpol_policy_bytes_total",
+    "netpol_rule_counters_read_seconds",
+    "netpol_rule_counters_read_errors_total",
+];
+
+/// The metrics of conntrack re-evaluation: exported when it is on.
+pub const CONNTRACK_NAMES: &[&str] = &[
+    "netpol_conntrack_reevaluations_total",
+    "netpol_conntrack_entries_evaluated_total",
+    "netpol_conntrack_cuts_total",
+    "netpol_conntrack_errors_total",
 ];
 
 fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
@@ -265,6 +312,92 @@ impl Metrics {
                 "objects currently not enforced as written, by kind",
                 &["kind"],
             ),
+            deny_log_messages: counter(
+                &r,
+                "netpol_deny_log_messages_total",
+                "NFLOG messages (logged denied packets) read from the deny-log group",
+            ),
+            deny_log_lost: counter(
+                &r,
+                "netpol_deny_log_lost_total",
+                "NFLOG messages the kernel sent that never arrived (gaps in the group's sequence numbers, as after a receive-buffer overrun)",
+            ),
+            deny_log_overruns: counter(
+                &r,
+                "netpol_deny_log_overruns_total",
+                "receive-buffer overruns (ENOBUFS) on the deny-log socket",
+            ),
+            deny_log_undecodable: counter(
+                &r,
+                "netpol_deny_log_undecodable_total",
+                "NFLOG messages or logged packets that did not decode",
+            ),
+            deny_log_lines: counter(
+                &r,
+                "netpol_deny_log_lines_total",
+                "deny log lines written (one per denied flow and deduplication window)",
+            ),
+            deny_log_suppressed: counter(
+                &r,
+                "netpol_deny_log_suppressed_total",
+                "logged denied packets not written because their flow already had a line in its window",
+            ),
+            denied_packets: counter_vec(
+                &r,
+                "netpol_denied_packets_total",
+                "packets a local pod's policy dropped (its \"Drop if no policies passed packet\" rule), from the kernel's rule counters",
+                &["namespace", "pod", "direction"],
+            ),
+            denied_unknown_interface_packets: counter_vec(
+                &r,
+                "netpol_denied_unknown_interface_packets_total",
+                "packets of pods not programmed yet dropped by the dispatch chains, from the kernel's rule counters",
+                &["direction"],
+            ),
+            policy_packets: counter_vec(
+                &r,
+                "netpol_policy_packets_total",
+                "packets a policy's allow rules matched (new connections: established traffic is accepted before policy), from the kernel's rule counters",
+                &["namespace", "policy", "direction"],
+            ),
+            policy_bytes: counter_vec(
+                &r,
+                "netpol_policy_bytes_total",
+                "bytes of the packets counted in netpol_policy_packets_total",
+                &["namespace", "policy", "direction"],
+            ),
+            rule_counter_read_seconds: histogram(
+                &r,
+                "netpol_rule_counters_read_seconds",
+                "time of one read of the kernel's rule counters (every family)",
+                doubling(0.0001, 16),
+            ),
+            rule_counter_read_errors: counter(
+                &r,
+                "netpol_rule_counters_read_errors_total",
+                "reads of the kernel's rule counters that failed",
+            ),
+            conntrack_reevaluations: counter(
+                &r,
+                "netpol_conntrack_reevaluations_total",
+                "re-evaluations of local pods' tracked connections after policy took something away (at most one per FELIX_CONNTRACKREEVALUATEINTERVAL)",
+            ),
+            conntrack_entries_evaluated: counter(
+                &r,
+                "netpol_conntrack_entries_evaluated_total",
+                "conntrack entries of re-evaluated pods held against the new policy state",
+            ),
+            conntrack_cuts: counter_vec(
+                &r,
+                "netpol_conntrack_cuts_total",
+                "tracked connections deleted because policy now denies them, by the direction that denies them",
+                &["direction"],
+            ),
+            conntrack_errors: counter(
+                &r,
+                "netpol_conntrack_errors_total",
+                "conntrack listings or deletions that failed",
+            ),
             registry: r,
         };
         // Series that exist from the start, so a scrape shows them at zero.
@@ -339,8 +472,14 @@ mod tests {
         m.ipsets.with_label_values(&["4"]);
         m.ipset_members.with_label_values(&["4"]);
         m.rejections.with_label_values(&["Pod", "invalid"]);
+        m.denied_packets.with_label_values(&["x", "a", "ingress"]);
+        m.denied_unknown_interface_packets
+            .with_label_values(&["ingress"]);
+        m.policy_packets.with_label_values(&["x", "p", "ingress"]);
+        m.policy_bytes.with_label_values(&["x", "p", "ingress"]);
+        m.conntrack_cuts.with_label_values(&["ingress"]);
         let text = m.encode();
-        for name in NAMES {
+        for name in NAMES.iter().chain(TRAFFIC_NAMES).chain(CONNTRACK_NAMES) {
             assert!(
                 text.contains(&format!("# TYPE {name} ")),
                 "{name} missing from\n{text}"

@@ -943,6 +943,14 @@ pub fn trace(
             index += 1;
             continue;
         }
+        // A log rule decides nothing, so a match this reader cannot evaluate there (the deny
+        // log's `-m limit`) leaves the verdict alone: the walk goes on either way.
+        if unknown.is_some() && matches!(rule.parsed.target, Target::Log) {
+            step.result = StepResult::NoMatch;
+            steps.push(step);
+            index += 1;
+            continue;
+        }
         if let Some(why) = unknown {
             step.result = StepResult::CannotEvaluate(why.clone());
             steps.push(step);
@@ -1230,6 +1238,42 @@ mod tests {
         assert_eq!(run("10.9.3.3", 8080), KernelVerdict::Accept);
         assert_eq!(run("10.0.0.1", 8081), KernelVerdict::Drop);
         assert_eq!(run("192.168.0.1", 1), KernelVerdict::Accept);
+    }
+
+    #[test]
+    fn a_rate_limited_log_rule_decides_nothing() {
+        // The deny log's NFLOG rule before a drop: its `-m limit` is not evaluated, and the
+        // packet goes on to the drop (or past it) as if the log rule were not there.
+        let rs = Ruleset::parse(
+            "-A FORWARD -s 10.0.0.1 -m limit --limit 10/sec --limit-burst 20 -j NFLOG --nflog-prefix npa-pol-in-x --nflog-group 20 --nflog-size 128\n\
+             -A FORWARD -s 10.0.0.1 -j DROP\n",
+        );
+        let run = |src: &str| {
+            trace(
+                &rs,
+                &KernelSets::default(),
+                &view(),
+                "FORWARD",
+                &packet(src, "10.0.0.2", 80, Iface::NonPod, Iface::NonPod),
+            )
+        };
+        let t = run("10.0.0.1");
+        assert_eq!(t.verdict, KernelVerdict::Drop, "{t:?}");
+        assert_eq!(t.steps[0].result, StepResult::NoMatch);
+        assert_eq!(run("10.0.0.9").verdict, KernelVerdict::Accept);
+        // Any other target with a match the reader does not know still stops the walk.
+        let rs = Ruleset::parse("-A FORWARD -m limit --limit 10/sec -j DROP\n");
+        let t = trace(
+            &rs,
+            &KernelSets::default(),
+            &view(),
+            "FORWARD",
+            &packet("10.0.0.1", "10.0.0.2", 80, Iface::NonPod, Iface::NonPod),
+        );
+        assert!(
+            matches!(t.verdict, KernelVerdict::CannotEvaluate(_)),
+            "{t:?}"
+        );
     }
 
     #[test]

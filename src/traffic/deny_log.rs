@@ -1,0 +1,396 @@
+//! The deny-log reader: one thread at the edge that reads the NFLOG group the deny-log rules
+//! (`rules::deny_log`) send to, decodes each packet into its flow, keeps one line per flow per
+//! window, names both ends and the isolating policies with the calculation graph's knowledge
+//! ([`super::attribution`]), and writes one structured log line per denied flow.
+//!
+//! A line (target `deny_log`, message `denied`) carries: `node`; `direction` (`ingress`: the
+//! destination pod's policy dropped it, `egress`: the source pod's); `src` and `dst` (a pod as
+//! `namespace/name`, else the address), `src_ip`, `src_port`, `dst_ip`, `dst_port` (or
+//! `icmp_type`/`icmp_code`), `protocol`; `policies`: the policies isolating the pod in that
+//! direction (`namespace/name`, comma-separated), or `not programmed yet` for a pod whose
+//! chains do not exist yet (the dispatch's unknown-interface drop); `chain` (the chain that
+//! dropped it); `packet_time` (when the kernel saw the packet); and `suppressed` when packets of
+//! the same flow were counted but not logged in its previous window. With `FELIX_LOGFORMAT=json`
+//! every field is a top-level JSON field. Deny lines are written whatever the log severity.
+//!
+//! Cost model: the kernel's `-m limit` bounds what reaches us per pod and direction, so a flood
+//! costs the kernel a token-bucket check per packet and the agent at most the configured rate;
+//! deduplication bounds the lines further and its table is bounded (`DEDUP_CAPACITY`).
+//!
+//! Guarantees: nothing is opened unless [`DenyLog::start`] is called (deny logging on); binding
+//! the group fails loudly (another process holds it) before the agent programs anything.
+//! Messages read, lost (sequence gaps), overruns, undecodable ones, lines and suppressed packets
+//! are all counted in the metrics.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::host::nflog::dedup::{Dedup, Verdict};
+use crate::host::nflog::{self, Config, Flow, LogPacket, Reader, L4};
+use crate::model::ObjectKey;
+use crate::rules::deny_log::{DropKind, LogPrefix};
+use crate::rules::Direction;
+use crate::telemetry::metrics;
+
+use super::attribution::{Attribution, LocalChains};
+
+/// The most flows remembered for deduplication at once. The kernel's rate limit bounds what
+/// arrives (rate x window per pod and direction), so this is only reached by thousands of
+/// pods denied at once; past it, lines are written without being deduplicated.
+pub const DEDUP_CAPACITY: usize = 65_536;
+
+/// The `tracing` target of deny lines.
+pub const TARGET: &str = "deny_log";
+
+#[derive(Clone, Debug)]
+pub struct DenyLogSettings {
+    pub node: String,
+    pub group: u16,
+    pub snap_len: u32,
+    pub dedup_window: Duration,
+}
+
+/// One end of a denied flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Pod(ObjectKey),
+    Address(IpAddr),
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Pod(k) => write!(f, "{}/{}", k.namespace, k.name),
+            Peer::Address(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+/// Why the packet was dropped, as far as the graph knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// These policies isolate the pod in this direction and none allowed the packet.
+    Isolated(Vec<ObjectKey>),
+    /// The dispatch's unknown-interface drop: the pod has no chains yet.
+    NotProgrammed,
+    /// A pod chain the graph no longer has (removed since the packet was dropped).
+    ChainGone,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Isolated(policies) => {
+                let names: Vec<String> = policies
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .collect();
+                write!(f, "{}", names.join(","))
+            }
+            Reason::NotProgrammed => write!(f, "not programmed yet"),
+            Reason::ChainGone => write!(f, "unknown (the pod's chain is gone)"),
+        }
+    }
+}
+
+/// A denied flow, attributed: what one line says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeniedFlow {
+    pub at: SystemTime,
+    pub direction: Direction,
+    pub src: Peer,
+    pub dst: Peer,
+    pub flow: Flow,
+    pub reason: Reason,
+    pub chain: String,
+}
+
+/// Names a logged packet. The local end of a policy drop is the chain's pod; every other end
+/// is looked up by address (`pod_of`), else shown as the address.
+pub fn attribute(
+    prefix: &LogPrefix,
+    flow: Flow,
+    at: SystemTime,
+    chains: &LocalChains,
+    pod_of: impl Fn(&IpAddr) -> Option<ObjectKey>,
+) -> DeniedFlow {
+    let peer = |ip: &IpAddr| match pod_of(ip) {
+        Some(k) => Peer::Pod(k),
+        None => Peer::Address(*ip),
+    };
+    let mut src = peer(&flow.src);
+    let mut dst = peer(&flow.dst);
+    let reason = match prefix.kind {
+        DropKind::UnknownInterface => Reason::NotProgrammed,
+        DropKind::Policy => match chains.owner(&prefix.chain) {
+            Some(owner) => {
+                match prefix.direction {
+                    Direction::Ingress => dst = Peer::Pod(owner.pod.clone()),
+                    Direction::Egress => src = Peer::Pod(owner.pod.clone()),
+                }
+                Reason::Isolated(owner.policies.clone())
+            }
+            None => Reason::ChainGone,
+        },
+    };
+    DeniedFlow {
+        at,
+        direction: prefix.direction,
+        src,
+        dst,
+        flow,
+        reason,
+        chain: prefix.chain.clone(),
+    }
+}
+
+/// Writes the line for `d` (see the module comment for its fields).
+pub fn emit(node: &str, d: &DeniedFlow, suppressed_before: u64) {
+    let (icmp_type, icmp_code) = match d.flow.l4 {
+        L4::Icmp { kind, code } => (Some(kind), Some(code)),
+        _ => (None, None),
+    };
+    let at = jiff::Timestamp::try_from(d.at)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    tracing::info!(
+        target: TARGET,
+        node = %node,
+        direction = %d.direction.as_str(),
+        src = %d.src,
+        src_ip = %d.flow.src,
+        src_port = d.flow.src_port(),
+        dst = %d.dst,
+        dst_ip = %d.flow.dst,
+        dst_port = d.flow.dst_port(),
+        protocol = %d.flow.protocol_name(),
+        icmp_type,
+        icmp_code,
+        policies = %d.reason,
+        chain = %d.chain,
+        packet_time = %at,
+        suppressed = (suppressed_before > 0).then_some(suppressed_before),
+        "denied"
+    );
+}
+
+/// What the sink keeps between packets (on the reader thread).
+struct Sink {
+    node: String,
+    attribution: Arc<Attribution>,
+    dedup: Dedup<(DropKind, Direction, String, Flow)>,
+    foreign: Arc<AtomicU64>,
+    undecodable: Arc<AtomicU64>,
+}
+
+impl Sink {
+    fn packet(&mut self, packet: LogPacket) {
+        let m = metrics::global();
+        let Ok(prefix) = LogPrefix::parse(&packet.prefix) else {
+            // Another rule logging to our group; not ours to describe.
+            self.foreign.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let flow = match packet.flow() {
+            Ok(flow) => flow,
+            Err(e) => {
+                self.undecodable.fetch_add(1, Ordering::Relaxed);
+                m.deny_log_undecodable.inc();
+                tracing::debug!(error = %e, prefix = %packet.prefix, "a denied packet that does not decode");
+                return;
+            }
+        };
+        let key = (prefix.kind, prefix.direction, prefix.chain.clone(), flow);
+        let suppressed_before = match self.dedup.observe(&key, Instant::now()) {
+            Verdict::Suppress => {
+                m.deny_log_suppressed.inc();
+                return;
+            }
+            Verdict::Report { suppressed_before } => suppressed_before,
+        };
+        let chains = self.attribution.chains();
+        let at = packet.timestamp.unwrap_or_else(SystemTime::now);
+        let denied = attribute(&prefix, flow, at, &chains, |ip| self.attribution.pod_of(ip));
+        emit(&self.node, &denied, suppressed_before);
+        m.deny_log_lines.inc();
+    }
+}
+
+/// The running reader. Dropping it stops the thread and unbinds the group.
+pub struct DenyLog {
+    reader: Reader,
+    exported: nflog::CountersSnapshot,
+    failure_logged: bool,
+}
+
+impl DenyLog {
+    /// Binds the group (in the calling thread's network namespace) and starts reading.
+    pub fn start(
+        settings: &DenyLogSettings,
+        attribution: Arc<Attribution>,
+    ) -> Result<DenyLog, nflog::Error> {
+        let mut sink = Sink {
+            node: settings.node.clone(),
+            attribution,
+            dedup: Dedup::new(settings.dedup_window, DEDUP_CAPACITY),
+            foreign: Arc::new(AtomicU64::new(0)),
+            undecodable: Arc::new(AtomicU64::new(0)),
+        };
+        let reader = Reader::spawn(
+            Config {
+                group: settings.group,
+                snap_len: settings.snap_len,
+                ..Config::default()
+            },
+            move |packet| sink.packet(packet),
+        )?;
+        Ok(DenyLog {
+            reader,
+            exported: nflog::CountersSnapshot::default(),
+            failure_logged: false,
+        })
+    }
+
+    /// Copies the reader's counters into the metrics and reports, once, a reader that
+    /// stopped on an error. Cheap (a few atomic loads); called on the calculation loop's turns.
+    pub fn sync(&mut self) {
+        let m = metrics::global();
+        let now = self.reader.counters().snapshot();
+        let before = self.exported;
+        m.deny_log_messages
+            .inc_by(now.received.saturating_sub(before.received));
+        m.deny_log_lost.inc_by(now.lost.saturating_sub(before.lost));
+        m.deny_log_overruns
+            .inc_by(now.overruns.saturating_sub(before.overruns));
+        m.deny_log_undecodable
+            .inc_by(now.undecodable.saturating_sub(before.undecodable));
+        self.exported = now;
+        if !self.failure_logged {
+            if let Some(why) = self.reader.failure() {
+                tracing::error!("the deny-log reader stopped: {why}; denied packets are no longer logged (restart the agent)");
+                self.failure_logged = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calc_graph::EndpointView;
+
+    fn key(s: &str) -> ObjectKey {
+        let (ns, name) = s.split_once('/').unwrap();
+        ObjectKey::new(ns, name)
+    }
+
+    fn tcp(src: &str, dst: &str) -> Flow {
+        Flow {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            protocol: 6,
+            l4: L4::Ports {
+                src: 40000,
+                dst: 80,
+            },
+        }
+    }
+
+    fn chains() -> LocalChains {
+        let server = key("x/server");
+        LocalChains::from_views(vec![EndpointView {
+            key: &server,
+            iface: "cali1",
+            ingress: vec![key("x/allow-web"), key("x/deny-all")],
+            egress: vec![],
+        }])
+    }
+
+    fn lookup(ip: &IpAddr) -> Option<ObjectKey> {
+        match ip.to_string().as_str() {
+            "10.0.0.2" => Some(key("y/client")),
+            "10.0.0.1" => Some(key("x/server")),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_policy_drop_names_the_chains_pod_the_peer_and_the_isolating_policies() {
+        let prefix = LogPrefix::parse("npa-pol-in-cali-tw-cali1").unwrap();
+        let d = attribute(
+            &prefix,
+            tcp("10.0.0.2", "10.0.0.1"),
+            SystemTime::UNIX_EPOCH,
+            &chains(),
+            lookup,
+        );
+        assert_eq!(d.direction, Direction::Ingress);
+        assert_eq!(d.src, Peer::Pod(key("y/client")));
+        assert_eq!(d.dst, Peer::Pod(key("x/server")));
+        assert_eq!(d.reason.to_string(), "x/allow-web,x/deny-all");
+        assert_eq!(d.chain, "cali-tw-cali1");
+        // An address no pod holds is shown as the address.
+        let d = attribute(
+            &prefix,
+            tcp("192.0.2.9", "10.0.0.1"),
+            SystemTime::UNIX_EPOCH,
+            &chains(),
+            lookup,
+        );
+        assert_eq!(d.src.to_string(), "192.0.2.9");
+    }
+
+    #[test]
+    fn the_local_end_comes_from_the_chain_not_the_address() {
+        // The address map lags behind (or another pod reuses the address): the chain decides.
+        let prefix = LogPrefix::parse("npa-pol-in-cali-tw-cali1").unwrap();
+        let d = attribute(
+            &prefix,
+            tcp("10.0.0.2", "10.9.9.9"),
+            SystemTime::UNIX_EPOCH,
+            &chains(),
+            lookup,
+        );
+        assert_eq!(d.dst, Peer::Pod(key("x/server")));
+        // Egress: the source is the chain's pod.
+        let prefix = LogPrefix::parse("npa-pol-eg-cali-fw-cali1").unwrap();
+        let d = attribute(
+            &prefix,
+            tcp("10.9.9.9", "10.0.0.2"),
+            SystemTime::UNIX_EPOCH,
+            &chains(),
+            lookup,
+        );
+        assert_eq!(
+            (d.src.clone(), d.dst.clone()),
+            (Peer::Pod(key("x/server")), Peer::Pod(key("y/client")))
+        );
+        assert_eq!(d.reason, Reason::Isolated(vec![]));
+    }
+
+    #[test]
+    fn unknown_interface_drops_say_not_programmed_and_gone_chains_say_so() {
+        let prefix = LogPrefix::parse("npa-unk-in-cali-to-wl-dispatch").unwrap();
+        let d = attribute(
+            &prefix,
+            tcp("10.0.0.2", "10.0.0.1"),
+            SystemTime::UNIX_EPOCH,
+            &chains(),
+            lookup,
+        );
+        assert_eq!(d.reason.to_string(), "not programmed yet");
+        assert_eq!(d.dst, Peer::Pod(key("x/server")), "named by address");
+        let prefix = LogPrefix::parse("npa-pol-in-cali-tw-gone").unwrap();
+        let d = attribute(
+            &prefix,
+            tcp("10.0.0.2", "10.0.0.1"),
+            SystemTime::UNIX_EPOCH,
+            &chains(),
+            lookup,
+        );
+        assert_eq!(d.reason, Reason::ChainGone);
+    }
+}

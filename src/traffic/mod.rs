@@ -1,0 +1,251 @@
+//! What the kernel tells about the traffic policy decided, at the edge: deny logs (the NFLOG
+//! group the deny-log rules feed, read on a thread of its own) and the kernel's rule counters
+//! (per-policy allows, per-pod denies) read on a timer; and conntrack re-evaluation
+//! ([`reevaluate`], [`cutter`]), which cuts tracked connections a policy change now denies. The
+//! calculation loop publishes what the graph knows ([`attribution`], [`counters::CounterPlan`])
+//! and hands over each batch's changes once the dataplane applied it; these threads never touch
+//! the graph.
+
+pub mod attribution;
+pub mod counters;
+pub mod cutter;
+pub mod deny_log;
+pub mod reevaluate;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::calc_graph::update::Update;
+use crate::calc_graph::CalcGraph;
+use crate::model::validate::namespaced_key;
+use crate::model::{DatastoreEvent, K8sObject, ObjectKey, ObjectKind};
+
+use crate::dataplane::driver::OnApplied;
+
+use attribution::{Attribution, LocalChains};
+use counters::{CounterPlan, CounterSettings, PlanSlot};
+use cutter::{Cutter, CutterSettings, Job};
+use deny_log::{DenyLog, DenyLogSettings};
+use reevaluate::Change;
+
+/// What to start: deny logging, rule counters, both or neither.
+#[derive(Clone, Debug, Default)]
+pub struct TrafficConfig {
+    pub deny_log: Option<DenyLogSettings>,
+    /// The counter reader; it runs when deny logging is on (denied packets per pod) or
+    /// `policy_counters` is.
+    pub counters: Option<CounterSettings>,
+    pub policy_counters: bool,
+    /// Conntrack re-evaluation (`FELIX_CONNTRACKREEVALUATE`).
+    pub conntrack: Option<CutterSettings>,
+}
+
+/// The calculation loop's side of deny logging and the rule counters: it tells this what
+/// happened (events, flushes, idle turns) and this publishes what the threads need. With
+/// everything off it holds nothing and does nothing.
+#[derive(Default)]
+pub struct Traffic {
+    deny: Option<DenyState>,
+    counters: Option<CounterState>,
+    cut: Option<CutState>,
+}
+
+struct CutState {
+    cutter: Cutter,
+    /// This batch's changes.
+    pending: Vec<Change>,
+    /// Whether a batch was flushed before this one (the first flush only sets the baseline).
+    flushed_before: bool,
+    /// The finished batch's hand-over, for the agent to run once the dataplane applied it.
+    ready: Option<OnApplied>,
+}
+
+struct DenyState {
+    attribution: Arc<Attribution>,
+    reader: DenyLog,
+    /// Pods events of this batch were about, with their addresses before the batch (their
+    /// addresses after it are looked up in the graph then).
+    touched: HashMap<ObjectKey, Vec<std::net::IpAddr>>,
+    chains_published: bool,
+}
+
+struct CounterState {
+    slot: Arc<PlanSlot>,
+    policies: bool,
+    denies: bool,
+    interval: Duration,
+    dirty: bool,
+    built: Option<Instant>,
+    _thread: JoinHandle<()>,
+}
+
+impl Traffic {
+    /// Nothing on: no socket, no thread.
+    pub fn off() -> Traffic {
+        Traffic::default()
+    }
+
+    /// Binds the deny-log group and starts the threads that are on, in the calling thread's
+    /// network namespace. Fails (before anything is programmed) when the group is taken.
+    pub fn start(cfg: TrafficConfig, stop: Arc<AtomicBool>) -> anyhow::Result<Traffic> {
+        let mut traffic = Traffic::off();
+        if let Some(settings) = &cfg.deny_log {
+            let attribution = Arc::new(Attribution::default());
+            let reader = DenyLog::start(settings, attribution.clone()).with_context(|| {
+                format!(
+                    "deny logging (FELIX_DENYLOGENABLED): binding NFLOG group {} (FELIX_DENYLOGNFLOGGROUP)",
+                    settings.group
+                )
+            })?;
+            traffic.deny = Some(DenyState {
+                attribution,
+                reader,
+                touched: HashMap::new(),
+                chains_published: false,
+            });
+        }
+        let denies = cfg.deny_log.is_some();
+        if let Some(settings) = cfg.counters.filter(|_| cfg.policy_counters || denies) {
+            let slot: Arc<PlanSlot> = Arc::default();
+            let interval = settings.interval;
+            let thread = counters::spawn(settings, slot.clone(), stop.clone())
+                .context("starting the rule-counter thread")?;
+            traffic.counters = Some(CounterState {
+                slot,
+                policies: cfg.policy_counters,
+                denies,
+                interval,
+                dirty: true,
+                built: None,
+                _thread: thread,
+            });
+        }
+        if let Some(settings) = cfg.conntrack {
+            traffic.cut = Some(CutState {
+                cutter: Cutter::spawn(settings, stop)?,
+                pending: Vec::new(),
+                flushed_before: false,
+                ready: None,
+            });
+        }
+        Ok(traffic)
+    }
+
+    /// The shared attribution, when deny logging is on (for tests and tools).
+    pub fn attribution(&self) -> Option<Arc<Attribution>> {
+        self.deny.as_ref().map(|d| d.attribution.clone())
+    }
+
+    /// A datastore event is about to enter the graph: remembers a pod's addresses before it.
+    pub fn before(&mut self, graph: &CalcGraph, event: &DatastoreEvent) {
+        if let Some(cut) = self.cut.as_mut() {
+            cut.pending.extend(Change::of_event(event));
+        }
+        let Some(deny) = self.deny.as_mut() else {
+            return;
+        };
+        let key = match event {
+            DatastoreEvent::Upsert(o) => match o.as_ref() {
+                K8sObject::Pod(p) => namespaced_key(&p.metadata),
+                _ => return,
+            },
+            DatastoreEvent::Delete(r) if r.kind == ObjectKind::Pod => match r.key.split_once('/') {
+                Some((ns, name)) => ObjectKey::new(ns, name),
+                None => return,
+            },
+            _ => return,
+        };
+        let old = graph.pod(&key).map(|p| p.ips.as_slice()).unwrap_or(&[]);
+        let seen = deny.touched.entry(key).or_default();
+        for ip in old {
+            if !seen.contains(ip) {
+                seen.push(*ip);
+            }
+        }
+    }
+
+    /// After a batch of events (and its flush, when there was one).
+    pub fn after_batch(&mut self, graph: &CalcGraph, update: Option<&Update>) {
+        if let Some(cut) = self.cut.as_mut() {
+            if !cut.pending.is_empty() {
+                let job = Job {
+                    changes: std::mem::take(&mut cut.pending),
+                    cut: cut.flushed_before,
+                };
+                let tx = cut.cutter.sender();
+                let previous = cut.ready.take();
+                cut.ready = Some(Box::new(move || {
+                    if let Some(f) = previous {
+                        f();
+                    }
+                    let _ = tx.send(job);
+                }));
+            }
+            cut.flushed_before |= update.is_some();
+        }
+        let chains_changed =
+            update.is_some_and(|u| !u.chains_upserted.is_empty() || !u.chains_removed.is_empty());
+        if let Some(deny) = self.deny.as_mut() {
+            if !deny.touched.is_empty() {
+                let touched = std::mem::take(&mut deny.touched);
+                deny.attribution
+                    .update_addresses(touched.iter().map(|(key, old)| {
+                        let new = graph.pod(key).map(|p| p.ips.as_slice()).unwrap_or(&[]);
+                        (key, old.as_slice(), new)
+                    }));
+            }
+            if chains_changed || (update.is_some() && !deny.chains_published) {
+                deny.attribution
+                    .publish_chains(LocalChains::from_views(graph.programmed_endpoints()));
+                deny.chains_published = true;
+            }
+        }
+        if let Some(c) = self.counters.as_mut() {
+            c.dirty |= chains_changed;
+            if update.is_some() {
+                c.maybe_build(graph);
+            }
+        }
+    }
+
+    /// What must run once the dataplane holds the batch just flushed (conntrack
+    /// re-evaluation of its changes); `None` when nothing waits.
+    pub fn take_on_applied(&mut self) -> Option<OnApplied> {
+        self.cut.as_mut().and_then(|c| c.ready.take())
+    }
+
+    /// The calculation loop's turn (also when idle): metrics of the deny-log reader, and a
+    /// counter plan that waited for its interval.
+    pub fn tick(&mut self, graph: &CalcGraph) {
+        if let Some(deny) = self.deny.as_mut() {
+            deny.reader.sync();
+        }
+        if let Some(c) = self.counters.as_mut() {
+            if c.built.is_some() {
+                c.maybe_build(graph);
+            }
+        }
+    }
+}
+
+impl CounterState {
+    /// Rebuilds and publishes the plan when chains changed, at most once per interval: the
+    /// reader only looks at it once per interval, and packets a rule counts before the plan
+    /// knows it are not lost (a rule's first reading counts whole).
+    fn maybe_build(&mut self, graph: &CalcGraph) {
+        if !self.dirty || self.built.is_some_and(|t| t.elapsed() < self.interval) {
+            return;
+        }
+        let plan = CounterPlan::build(graph, self.policies, self.denies);
+        if let Ok(mut slot) = self.slot.write() {
+            *slot = Some(Arc::new(plan));
+        }
+        self.built = Some(Instant::now());
+        self.dirty = false;
+    }
+}

@@ -1,0 +1,385 @@
+//! One node with pods, for tests and benchmarks that need real pod traffic through the
+//! agent's rules: a node namespace running `netpol-agent run --datastore dir:…`, and a
+//! namespace per pod joined to it by a veth the Calico way (`/32` and `/128` host routes,
+//! proxy ARP, `169.254.1.1` and `fe80::1` as the pods' gateways), dual-stack. Interfaces are
+//! named by a static map (`FELIX_INTERFACENAMESCHEME=static`); a pod left out of the map has
+//! no interface name, so no chains (its traffic meets "Unknown interface").
+//!
+//! Everything comes from `common` (`NetNs`, `TempDir`): namespaces are `npa-test-<pid>-…`,
+//! deleted on drop, panics included; the agent is killed on drop.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use netpol_agent::dataplane::owned::OwnedState;
+use netpol_agent::model::IpFamily;
+
+use crate::common::{NetNs, TempDir};
+
+pub const NODE: &str = "node-1";
+const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
+
+pub struct PodSpec {
+    pub namespace: &'static str,
+    pub name: &'static str,
+    pub labels: &'static [(&'static str, &'static str)],
+    /// The last octet / hextet of its addresses: 10.77.0.<n> and fd77::<n>.
+    pub n: u8,
+    /// Its host veth; `None` leaves it out of the interface map (not programmed).
+    pub iface: Option<&'static str>,
+}
+
+pub struct Pod {
+    pub spec: PodSpec,
+    pub ns: NetNs,
+    pub v4: std::net::Ipv4Addr,
+    pub v6: std::net::Ipv6Addr,
+}
+
+pub struct PodNode {
+    pub node: NetNs,
+    pub pods: BTreeMap<String, Pod>,
+    pub dir: TempDir,
+    pub logs: TempDir,
+    pub agent: Option<Child>,
+    env: Vec<(String, String)>,
+    backend: &'static str,
+}
+
+pub fn v4(n: u8) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(10, 77, 0, n)
+}
+
+pub fn v6(n: u8) -> std::net::Ipv6Addr {
+    format!("fd77::{n:x}").parse().unwrap()
+}
+
+impl PodNode {
+    /// The node, its pods and their manifests (no policies yet, no agent yet).
+    pub fn new(tag: &str, backend: &'static str, specs: Vec<PodSpec>) -> PodNode {
+        let node = NetNs::new(&format!("{tag}-node"));
+        node.sh_ok(
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
+             net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 && \
+             ip link add dummy0 type bridge && ip link set dummy0 up && \
+             ip route add default dev dummy0",
+        );
+        // Proxy ARP answers for the pods' gateway (169.254.1.1) only when the node routes
+        // it elsewhere, as a real node's default route does: a port-less bridge stands in.
+        let dir = TempDir::new("podnode");
+        let logs = TempDir::new("podnode-logs");
+        let mut manifests = String::new();
+        let mut namespaces: Vec<&str> = specs.iter().map(|s| s.namespace).collect();
+        namespaces.sort();
+        namespaces.dedup();
+        for ns in namespaces {
+            let _ = write!(
+                manifests,
+                "---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"
+            );
+        }
+        let mut map = String::new();
+        let mut pods = BTreeMap::new();
+        for spec in specs {
+            let ns = NetNs::new(&format!("{tag}-{}", spec.name));
+            let (a4, a6) = (v4(spec.n), v6(spec.n));
+            let host = spec
+                .iface
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("calix{}", spec.n));
+            node.sh_ok(&format!(
+                "ip link add {host} type veth peer name eth0 netns {pod} && \
+                 ip link set {host} up && \
+                 ip addr add fe80::1/64 dev {host} nodad && \
+                 ip route add {a4}/32 dev {host} && ip -6 route add {a6}/128 dev {host} && \
+                 sysctl -qw net.ipv4.conf.{host}.proxy_arp=1 net.ipv4.neigh.{host}.proxy_delay=0",
+                pod = ns.name
+            ));
+            ns.sh_ok(&format!(
+                "ip addr add {a4}/32 dev eth0 && ip -6 addr add {a6}/128 dev eth0 nodad && \
+                 ip link set eth0 up && \
+                 ip route add 169.254.1.1 dev eth0 scope link && \
+                 ip route add default via 169.254.1.1 dev eth0 && \
+                 ip -6 route add default via fe80::1 dev eth0"
+            ));
+            if let Some(iface) = spec.iface {
+                let _ = writeln!(map, "\"{}/{}\": {iface}", spec.namespace, spec.name);
+            }
+            let labels: Vec<String> = spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let _ = write!(
+                manifests,
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{{labels}}}}}\n\
+                 spec: {{nodeName: {NODE}, containers: [{{name: c, image: i}}]}}\n\
+                 status: {{phase: Running, podIP: \"{a4}\", podIPs: [{{ip: \"{a4}\"}}, {{ip: \"{a6}\"}}]}}\n",
+                name = spec.name,
+                namespace = spec.namespace,
+                labels = labels.join(", ")
+            );
+            pods.insert(
+                format!("{}/{}", spec.namespace, spec.name),
+                Pod {
+                    spec,
+                    ns,
+                    v4: a4,
+                    v6: a6,
+                },
+            );
+        }
+        std::fs::write(dir.path.join("pods.yaml"), manifests).unwrap();
+        std::fs::write(logs.path.join("interfaces.yaml"), map).unwrap();
+        PodNode {
+            node,
+            pods,
+            dir,
+            logs,
+            agent: None,
+            env: Vec::new(),
+            backend,
+        }
+    }
+
+    pub fn pod(&self, key: &str) -> &Pod {
+        &self.pods[key]
+    }
+
+    pub fn write_policies(&self, yaml: &str) {
+        let tmp = self.dir.path.join(".policies.yaml.tmp");
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.dir.path.join("policies.yaml")).unwrap();
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.logs.path.join("agent.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The variables both `run` and `compile` get (plus the caller's).
+    fn vars(&self) -> Vec<(String, String)> {
+        let mut v = vec![
+            (
+                "FELIX_INTERFACENAMESCHEME".to_string(),
+                "static".to_string(),
+            ),
+            (
+                "FELIX_INTERFACEMAPFILE".to_string(),
+                self.logs.path.join("interfaces.yaml").display().to_string(),
+            ),
+            (
+                "FELIX_IPTABLESBACKEND".to_string(),
+                self.backend.to_string(),
+            ),
+        ];
+        v.extend(self.env.iter().cloned());
+        v
+    }
+
+    /// Starts the agent with these extra variables.
+    pub fn start_agent(&mut self, env: &[(&str, &str)]) {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let mut cmd = crate::common::agent_in(&self.node.name);
+        cmd.args(["run", "--node", NODE])
+            .arg("--datastore")
+            .arg(format!("dir:{}", self.dir.path.display()))
+            .envs(self.vars())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.agent = Some(cmd.spawn().expect("start agent"));
+    }
+
+    pub fn agent_pid(&self) -> u32 {
+        self.agent.as_ref().expect("agent started").id()
+    }
+
+    fn expected(&self, ipv6: bool) -> OwnedState {
+        let out = TempDir::new("podnode-want");
+        let mut cmd = Command::new(BIN);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FELIX_") || k == "NODENAME" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.args(["compile", "--node", NODE, "--manifests"])
+            .arg(&self.dir.path)
+            .arg("--ipsets-out")
+            .arg(out.path.join("s"))
+            .arg("--iptables-out")
+            .arg(out.path.join("t"))
+            .envs(self.vars());
+        if ipv6 {
+            cmd.arg("--ipv6");
+        }
+        let status = cmd.stderr(Stdio::null()).status().unwrap();
+        assert!(status.success(), "compile failed");
+        let family = if ipv6 { IpFamily::V6 } else { IpFamily::V4 };
+        let mut t = OwnedState::default();
+        t.add_iptables(
+            &std::fs::read_to_string(out.path.join("t")).unwrap(),
+            &netpol_agent::agent::OWNERSHIP,
+        );
+        t.add_ipsets(
+            &std::fs::read_to_string(out.path.join("s")).unwrap(),
+            family,
+        );
+        t
+    }
+
+    fn observed(&self, ipv6: bool) -> OwnedState {
+        let tool = format!(
+            "{}-{}-save",
+            if ipv6 { "ip6tables" } else { "iptables" },
+            self.backend
+        );
+        let family = if ipv6 { IpFamily::V6 } else { IpFamily::V4 };
+        let mut t = OwnedState::default();
+        t.add_iptables(
+            &self.node.exec_ok(&[&tool, "-t", "filter"]),
+            &netpol_agent::agent::OWNERSHIP,
+        );
+        t.add_ipsets(&self.node.exec_ok(&["ipset", "save"]), family);
+        t
+    }
+
+    /// Waits until the node holds exactly what `compile` renders (both families).
+    pub fn wait_converged(&mut self, limit: Duration) -> Duration {
+        let start = Instant::now();
+        let want = [self.expected(false), self.expected(true)];
+        loop {
+            if let Some(status) = self
+                .agent
+                .as_mut()
+                .and_then(|a| a.try_wait().ok().flatten())
+            {
+                panic!("the agent exited ({status}):\n{}", self.log());
+            }
+            if [self.observed(false), self.observed(true)] == want {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "not converged within {limit:?}; agent log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl PodNode {
+    /// The node's rules with counters, its NFLOG groups and routes: for failure messages.
+    pub fn diagnose(&self) -> String {
+        let save = format!("iptables-{}-save", self.backend);
+        let save6 = format!("ip6tables-{}-save", self.backend);
+        self.node.sh_ok(&format!(
+            "{save} -c -t filter; {save6} -c -t filter | grep -v '^#'; \
+             echo '-- nfnetlink_log:'; cat /proc/net/netfilter/nfnetlink_log; \
+             echo '-- routes:'; ip route; ip -6 route; ip neigh"
+        ))
+    }
+}
+
+impl Drop for PodNode {
+    fn drop(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            let _ = agent.kill();
+            let _ = agent.wait();
+        }
+    }
+}
+
+/// The JSON deny lines in an agent log.
+pub fn deny_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "deny_log")
+        .collect()
+}
+
+pub fn dir_of(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A TCP SYN header (checksummed for `src` → `dst`) for raw sockets.
+pub fn tcp_syn(
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    seq: u32,
+) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0..2].copy_from_slice(&sport.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[4..8].copy_from_slice(&seq.to_be_bytes());
+    h[12] = 5 << 4;
+    h[13] = 0x02; // SYN
+    h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    let mut sum: u32 = 0;
+    for chunk in src.octets().chunks(2).chain(dst.octets().chunks(2)) {
+        sum += u32::from(u16::from_be_bytes([chunk[0], chunk[1]]));
+    }
+    sum += 6 + 20;
+    for chunk in h.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([chunk[0], chunk[1]]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    h
+}
+
+/// Sends `pps` SYNs per second for `duration` from pod `from` to `to:port`, each from a new
+/// source port (each its own flow); returns how many were sent.
+pub fn syn_flood(
+    node: &PodNode,
+    from: &str,
+    to: std::net::Ipv4Addr,
+    port: u16,
+    pps: u64,
+    duration: Duration,
+) -> u64 {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let pod = node.pod(from);
+    let src = pod.v4;
+    let socket = crate::common::in_netns(&pod.ns.name, || {
+        let s = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::TCP)).unwrap();
+        s.bind(&SockAddr::from(std::net::SocketAddr::new(src.into(), 0)))
+            .unwrap();
+        s
+    });
+    let target = SockAddr::from(std::net::SocketAddr::new(to.into(), 0));
+    let start = Instant::now();
+    let total = (pps as f64 * duration.as_secs_f64()) as u64;
+    let mut sent = 0u64;
+    while sent < total {
+        let due = ((start.elapsed().as_secs_f64() * pps as f64) as u64).min(total);
+        while sent < due {
+            let sport = 1024 + (sent % 64000) as u16;
+            let syn = tcp_syn(src, to, sport, port, sent as u32);
+            if socket.send_to(&syn, &target).is_ok() {
+                sent += 1;
+            } else {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sent
+}
