@@ -34,7 +34,7 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 export CARGO_TARGET_DIR="$PWD/fuzz/target"
 # An explicit --target keeps the flags off build scripts and proc macros (they run on the host).
 triple=$(rustc -vV | sed -n "s/^host: //p")
-(cd fuzz && cargo build --release --locked --bins --target "$triple" -q)
+(cd fuzz && cargo build --release --bins --target "$triple" -q)
 bin="$CARGO_TARGET_DIR/$triple/release"
 
 failed=0
