@@ -23,14 +23,16 @@ echo "cargo tests: $unit_passed passed, $unit_failed failed"
 # on IPv4 with kube-proxy's iptables mode, IPv6 and dual-stack on the Calico-style and
 # bridge topologies, the routes resolver on dual-stack, and kube-proxy's nftables mode twice.
 # A cell may name extra checks after a fourth colon (comma-separated): `explain` holds
-# `netpol-agent explain`'s verdict against every probe (--check-explain).
+# `netpol-agent explain`'s verdict against every probe (--check-explain), `deny-logs` turns
+# deny logging on in every node and checks that exactly the denied probes are logged, by the
+# node that dropped them (--check-deny-logs).
 # The whole 24-cell matrix is `bash scripts/e2e-matrix.sh`.
 cargo build --release --locked --bins
 e2e_passed=0
 e2e_failed=0
 e2e_status=0
-default_cells="calico:ipv4:iptables:explain sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
-calico:ipv6:iptables calico:dual:nftables bridge:ipv6:nftables bridge:dual:iptables hybridnet:dual:iptables"
+default_cells="calico:ipv4:iptables:explain,deny-logs sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
+calico:ipv6:iptables calico:dual:nftables bridge:ipv6:nftables bridge:dual:iptables:deny-logs hybridnet:dual:iptables"
 for cell in ${NETPOL_E2E_CELLS:-$default_cells}; do
   IFS=: read -r cni family proxy checks <<< "$cell"
   extra=()

@@ -2,7 +2,8 @@
 //! kubeconfig pointing at a local API server speaking list/watch, inside a network
 //! namespace, converges to what `compile` renders for the same objects as manifests,
 //! follows changes made through the API, and a watch that is cut and expired (410) relists
-//! without the kernel changing at all.
+//! without the kernel changing at all; with streaming lists (the fake server's default, as a
+//! current API server) and with paginated lists after the server refused streaming ones.
 
 mod common;
 mod kube_api;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use common::converge::{observed, wait_converged};
 use common::{NetNs, TempDir};
-use kube_api::{FakeApi, Gone, Res};
+use kube_api::{FakeApi, Gone, Res, Streaming};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 
@@ -63,8 +64,37 @@ fn demo_objects() -> String {
 
 #[test]
 fn the_agent_on_the_api_converges_follows_changes_and_survives_a_410_relist() {
+    converges_follows_and_relists(Streaming::Served);
+}
+
+#[test]
+fn the_agent_falls_back_to_paginated_lists_when_streaming_lists_are_refused() {
+    converges_follows_and_relists(Streaming::Refused);
+}
+
+/// Complete listings of policies so far: fresh paginated lists and streaming lists.
+fn policy_listings(api: &FakeApi) -> (usize, usize) {
+    let requests = api.requests();
+    let policies = requests.iter().filter(|r| r.res == Res::Policies);
+    let pages = policies
+        .clone()
+        .filter(|r| !r.watch && !r.query.contains_key("continue"))
+        .count();
+    let streams = policies
+        .filter(|r| {
+            r.watch
+                && r.query
+                    .get("sendInitialEvents")
+                    .is_some_and(|v| v == "true")
+        })
+        .count();
+    (pages, streams)
+}
+
+fn converges_follows_and_relists(streaming: Streaming) {
     let ns = NetNs::new("kube");
     let api = api_in(&ns);
+    api.set_streaming(streaming);
     let work = TempDir::new("kube");
     let manifests = TempDir::new("kube-manifests");
     let objects = demo_objects();
@@ -122,14 +152,24 @@ fn the_agent_on_the_api_converges_follows_changes_and_survives_a_410_relist() {
         );
         std::thread::sleep(Duration::from_millis(25));
     }
-    let relists = api
-        .requests()
-        .iter()
-        .filter(|r| !r.watch && r.res == Res::Policies)
-        .count();
-    assert!(
-        relists >= 2,
-        "the agent relisted after the 410 ({relists} lists)"
+    let (pages, streams) = policy_listings(&api);
+    match streaming {
+        // Every listing streamed; none paginated.
+        Streaming::Served => assert!(
+            pages == 0 && streams >= 2,
+            "the agent relisted by streaming after the 410 ({pages} lists, {streams} streams)"
+        ),
+        // One refused stream, then pages only.
+        _ => assert!(
+            streams == 1 && pages >= 2,
+            "the agent fell back to pages and relisted ({pages} lists, {streams} streams)"
+        ),
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        log.contains("refused a streaming list"),
+        streaming == Streaming::Refused,
+        "the fallback is logged (only when it happens)"
     );
     drop(agent);
 }

@@ -2,7 +2,9 @@
 //! list/watch protocol, through the public API (`datastore::kube::spawn_with`) and the real
 //! `kube::Client`: the graph it feeds equals `compile` of the same manifests, relists never
 //! remove anything on the way, `InSync` comes once after all three listings, non-workload pods
-//! get no endpoints, and what is delivered is trimmed yet validates as the original.
+//! get no endpoints, and what is delivered is trimmed yet validates as the original. Most
+//! tests list in pages; the streaming-list tests use streaming lists where the server serves
+//! them and check the fallback to pages where it refuses or ignores them.
 
 mod kube_api;
 
@@ -16,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, ALL};
+use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, Streaming, ALL};
 use netpol_agent::agent::Calculation;
 use netpol_agent::backoff::Policy;
 use netpol_agent::calc_graph::update::DesiredState;
 use netpol_agent::calc_graph::GraphConfig;
-use netpol_agent::datastore::kube::{spawn_with, KubeConnect, KubeOptions};
+use netpol_agent::datastore::kube::{spawn_with, InitialList, KubeConnect, KubeOptions};
 use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
 use netpol_agent::ipsets::{self, Member};
@@ -167,6 +169,7 @@ fn cluster() -> String {
 
 fn options() -> KubeOptions {
     KubeOptions {
+        initial_list: InitialList::Paginated,
         page_size: Some(PAGE),
         watch_timeout: None,
         backoff: Policy {
@@ -187,15 +190,14 @@ struct Source {
 
 impl Source {
     fn start(api: &FakeApi) -> Source {
+        Source::start_with(api, options())
+    }
+
+    fn start_with(api: &FakeApi, options: KubeOptions) -> Source {
         let (tx, rx) = channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let handle = spawn_with(
-            KubeConnect::Url(api.url.clone()),
-            options(),
-            tx,
-            stop.clone(),
-        )
-        .expect("the datastore starts");
+        let handle = spawn_with(KubeConnect::Url(api.url.clone()), options, tx, stop.clone())
+            .expect("the datastore starts");
         Source {
             rx,
             stop,
@@ -1006,5 +1008,243 @@ spec:
             if n.metadata.labels.as_ref().unwrap()["team"] == "checkout")),
         "{:?}",
         next[1]
+    );
+}
+
+// ---- streaming lists ----
+
+fn auto() -> KubeOptions {
+    KubeOptions {
+        initial_list: InitialList::Auto,
+        ..options()
+    }
+}
+
+fn is_streaming_list(r: &kube_api::Req) -> bool {
+    r.watch
+        && r.query
+            .get("sendInitialEvents")
+            .is_some_and(|v| v == "true")
+}
+
+/// Complete listings of `res` since request `since`: fresh paginated lists and streaming
+/// lists.
+fn listings(api: &FakeApi, res: Res, since: usize) -> (usize, usize) {
+    let requests = api.requests();
+    let after = &requests[since..];
+    let pages = after
+        .iter()
+        .filter(|r| r.res == res && !r.watch && !r.query.contains_key("continue"))
+        .count();
+    let streams = after
+        .iter()
+        .filter(|r| r.res == res && is_streaming_list(r))
+        .count();
+    (pages, streams)
+}
+
+#[test]
+fn streaming_lists_feed_the_same_graph_and_relist_without_losses() {
+    let api = FakeApi::start();
+    api.apply_yaml(&cluster());
+    let source = Source::start_with(&api, auto());
+    let mut t = Tracker::new();
+    let first = source.until_in_sync();
+    assert_eq!(
+        first
+            .iter()
+            .filter(|e| matches!(e, DatastoreEvent::InSync))
+            .count(),
+        1
+    );
+    for event in &first {
+        t.apply(event);
+    }
+    assert_same_graph(&t.graph, &compiled(&cluster()));
+    for res in ALL {
+        assert_eq!(
+            listings(&api, res, 0),
+            (0, 1),
+            "{res:?}: one streaming list, no pages"
+        );
+        api.wait_watching(res, 0);
+    }
+    // The request as KEP-3157 wants it: bookmarks, NotOlderThan.
+    for r in api.requests().iter().filter(|r| is_streaming_list(r)) {
+        assert_eq!(r.query["resourceVersionMatch"], "NotOlderThan", "{r:?}");
+        assert_eq!(r.query["allowWatchBookmarks"], "true", "{r:?}");
+    }
+
+    // The stream goes on with live events after the end bookmark.
+    let mut db = api.object(Res::Pods, "data/db");
+    db["metadata"]["labels"]["backup"] = json!("daily");
+    api.apply(db);
+    let event = source.recv();
+    assert!(
+        matches!(&event, DatastoreEvent::Upsert(o) if o.object_ref().key == "data/db"),
+        "{event:?}"
+    );
+    t.apply_without_loss(&event);
+
+    // 410 for every kind: each lists again by streaming, and an unchanged cluster delivers
+    // nothing.
+    let mark = api.requests().len();
+    for res in ALL {
+        api.expire_watches(res);
+    }
+    for res in ALL {
+        api.wait_for(&format!("a new streaming list of {res:?}"), |api| {
+            listings(api, res, mark).1 >= 1 && api.open_watches(res) > 0
+        });
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        source.pending().is_empty(),
+        "an unchanged relist delivers nothing"
+    );
+
+    // Changes missed while the watch was down: only they are delivered, deletions last, and
+    // nothing is lost on the way.
+    api.hold_watches(Res::Pods, true);
+    let mark = api.requests().len();
+    api.close_watches(Res::Pods, true);
+    api.wait_for("the held resume", |api| {
+        api.requests()[mark..]
+            .iter()
+            .any(|r| r.res == Res::Pods && r.watch)
+    });
+    api.delete(Res::Pods, "shop/api-2");
+    let mut web = api.object(Res::Pods, "shop/web");
+    web["metadata"]["labels"]["version"] = json!("2");
+    api.apply(web);
+    api.compact(Res::Pods);
+    api.set_gone(Res::Pods, Gone::Event);
+    api.hold_watches(Res::Pods, false);
+    api.wait_for("a streaming relist of pods", |api| {
+        listings(api, Res::Pods, mark).1 >= 1 && api.open_watches(Res::Pods) > 0
+    });
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        events.push(source.recv());
+    }
+    assert!(
+        matches!(&events[0], DatastoreEvent::Upsert(o) if o.object_ref().key == "shop/web"),
+        "{events:?}"
+    );
+    assert!(
+        matches!(&events[1], DatastoreEvent::Delete(r) if r.key == "shop/api-2"),
+        "{events:?}"
+    );
+    t.apply_without_loss(&events[0]);
+    let lost = t.apply(&events[1]);
+    assert!(
+        lost.iter()
+            .all(|l| l.contains("10.244.2.11") || l.contains("fd00:244:2::11")),
+        "{lost:#?}"
+    );
+    assert_eq!(listings(&api, Res::Pods, 0).0, 0, "never a paginated list");
+    assert_same_graph(&t.graph, &compiled_objects(&server_objects(&api)));
+}
+
+#[test]
+fn refused_streaming_lists_fall_back_to_pages_for_good() {
+    let api = FakeApi::start();
+    api.set_streaming(Streaming::Refused);
+    api.apply_yaml(&cluster());
+    let source = Source::start_with(&api, auto());
+    let mut g = graph();
+    let events = source.until_in_sync();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, DatastoreEvent::InSync))
+            .count(),
+        1
+    );
+    for event in &events {
+        g.apply(event);
+    }
+    g.flush();
+    assert_same_graph(&g, &compiled(&cluster()));
+    for res in ALL {
+        let (pages, streams) = listings(&api, res, 0);
+        assert_eq!(
+            (pages, streams),
+            (1, 1),
+            "{res:?}: one refused stream, then pages"
+        );
+        api.wait_watching(res, 0);
+    }
+    // A relist after the fallback lists in pages straight away.
+    let mark = api.requests().len();
+    for res in ALL {
+        api.expire_watches(res);
+    }
+    for res in ALL {
+        wait_relisted(&api, res, mark);
+        assert_eq!(
+            listings(&api, res, mark).1,
+            0,
+            "{res:?} did not try streaming again"
+        );
+    }
+    assert!(source.pending().is_empty());
+}
+
+#[test]
+fn ignored_streaming_lists_fall_back_to_pages() {
+    // A server from before 1.27 that does not say so in /version: the "streaming list" is a
+    // plain watch that never ends its listing. With a 1 s watch timeout the watcher starts
+    // it again after a second; that second start is the sign.
+    let api = FakeApi::start();
+    api.set_streaming(Streaming::Ignored);
+    api.apply_yaml(&cluster());
+    let source = Source::start_with(
+        &api,
+        KubeOptions {
+            watch_timeout: Some(1),
+            ..auto()
+        },
+    );
+    let started = Instant::now();
+    let mut g = graph();
+    let events = loop {
+        match source.rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(DatastoreEvent::InSync) => break g,
+            Ok(event) => g.apply(&event),
+            Err(e) => panic!("no InSync: {e}"),
+        }
+    };
+    let mut g = events;
+    g.flush();
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_same_graph(&g, &compiled(&cluster()));
+    for res in ALL {
+        let (pages, streams) = listings(&api, res, 0);
+        assert!(
+            pages >= 1 && streams >= 1,
+            "{res:?}: {pages} pages, {streams} streams"
+        );
+    }
+}
+
+#[test]
+fn servers_older_than_1_27_get_pages_from_the_start() {
+    let api = FakeApi::start();
+    api.set_version("v1.26.15-eks-1234");
+    api.apply_yaml(&cluster());
+    let source = Source::start_with(&api, auto());
+    let events = source.until_in_sync();
+    let mut g = graph();
+    for event in &events {
+        g.apply(event);
+    }
+    g.flush();
+    assert_same_graph(&g, &compiled(&cluster()));
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.query.contains_key("sendInitialEvents")),
+        "no streaming list was tried"
     );
 }

@@ -208,9 +208,13 @@ pub fn run(
                 if !applied_once {
                     applied_once = true;
                     health.set_applied();
+                    // The start's transient peak (listing, first flush, restore scripts) is
+                    // over: give its freed pages back.
+                    crate::host::memory::release_free_memory();
                     info!(
                         ms = report.duration.as_millis() as u64,
                         lines = report.iptables_lines,
+                        rss_kib = crate::host::memory::resident_kib(),
                         "first full apply done"
                     );
                 }

@@ -29,11 +29,33 @@
 //! 30 s, back to 0.8 s after two quiet minutes), and nothing already delivered is withdrawn
 //! because of an error.
 //!
+//! # How it lists
+//!
+//! Each kind is listed with a streaming list (KEP-3157: a watch with `sendInitialEvents=true`
+//! and `resourceVersionMatch=NotOlderThan`, ended by a bookmark annotated
+//! `k8s.io/initial-events-end`) when the server offers it, else with paginated lists
+//! ([`KubeOptions::page_size`] objects a page, a consistent read). A streaming list decodes one
+//! object at a time where a page decodes 500 full objects at once, and the API server serves
+//! it from its watch cache instead of encoding pages. [`InitialList::Auto`] (the default)
+//! decides per kind, and says in the log which it uses and why:
+//! - a server older than 1.27 (`/version`) never understood the parameter: paginated;
+//! - a server that refuses the streaming watch (400 or 422, as one with the `WatchList`
+//!   feature gate off does): paginated from then on;
+//! - a server that ignores the parameter (a plain watch that ends without the end bookmark,
+//!   so kube-runtime's watcher would start the same streaming list again forever): paginated
+//!   from then on.
+//!
+//! kube-runtime 5 itself never falls back: it retries a refused streaming watch with back-off
+//! forever, and restarts an ignored one at every watch timeout; hence the checks here.
+//!
 //! # What it owns, and the guarantees
 //!
-//! One reflector store per kind (`kube::runtime::reflector::store`) holds exactly the trimmed
-//! objects that were last delivered to the receiver, so it is both the cache and the record
-//! of "what the graph has". The receiver gets:
+//! Per kind, a [`Mirror`] records what was last delivered to the receiver: for each object
+//! its key and a fingerprint of its trimmed form (a 64-bit keyed SipHash of its JSON
+//! encoding; keyed with a random seed per process, so nobody can craft a change that keeps
+//! the fingerprint), plus the listing it was last seen in. It holds no objects: about 100
+//! bytes per pod, where kube-runtime's reflector store of trimmed `Pod`s held kilobytes. The
+//! receiver gets:
 //! - `Upsert` only when the trimmed form of an object differs from the one last delivered
 //!   (a kubelet status heartbeat or a new resourceVersion alone is no event), `Delete` only
 //!   for an object that was delivered;
@@ -44,41 +66,47 @@
 //! `continue` token half way through a paginated list, and an HTTP 410 answering a watch
 //! resumed from a compacted resource version (kube-runtime's watcher would retry that dead
 //! version forever, so this module starts a fresh watcher instead). A relist never
-//! removes anything on the way: while it runs (`Init`, `InitApply`…) the listed keys are
-//! collected and only the objects whose trimmed form changed are buffered; at `InitDone`
-//! the changed objects are upserted first, and then the objects that were delivered but are
-//! no longer listed are deleted. A relist that finds the same objects emits nothing, and a
-//! relist that is interrupted (a list page failing half way) is simply started over.
+//! removes anything on the way: while it runs (`Init`, `InitApply`…) each listed object is
+//! stamped as seen, and only the objects whose trimmed form changed are delivered (as they
+//! come: the graph applies nothing before `InSync`, and after it a changed object is news
+//! however it was learnt); at `InitDone` the objects that were delivered but were not seen in
+//! this listing are deleted, after every upsert. A relist that finds the same objects emits
+//! nothing, and a relist that is interrupted (a list page failing half way) is simply started
+//! over: objects it already delivered are then either listed again or deleted at the end.
 //! A watch that merely ends or drops its connection resumes from the last resource version
 //! (bookmarks keep it fresh) without relisting.
 //!
 //! # Memory
 //!
 //! Every object is trimmed as it comes off the watch (the stream's `modify` step, before
-//! comparison and before the store) to what the calc graph reads: see [`trim_pod`],
-//! [`trim_namespace`], [`trim_network_policy`]. The trimmed object validates exactly as the
-//! full one does (same result, same error field). A typical pod of a Deployment (two
-//! containers with env, probes, resources and mounts, managed fields, an owner reference,
-//! conditions and container statuses; 11 KB of JSON) holds about 53 KiB of heap as a
-//! `k8s_openapi` `Pod` and 8 KiB trimmed (`tests/kube_trim_memory.rs` measures it with a
-//! counting allocator). Most of what is left is the inline size of the `k8s_openapi` structs
-//! themselves (a `Pod` is 2.1 KiB, each `Container` 2.1 KiB), so the same pod without named
-//! ports is 3.6 KiB. 150k pods like the typical one take about 1.2 GB trimmed instead of 8 GB;
-//! going further would need a store of our own compact type instead of `Pod`. The `Upsert`
-//! sent to the receiver is one more clone of the trimmed object, dropped once the graph has
-//! read it.
+//! comparison) to what the calc graph reads: see [`trim_pod`], [`trim_namespace`],
+//! [`trim_network_policy`]. The trimmed object validates exactly as the full one does (same
+//! result, same error field). A typical pod of a Deployment (two containers with env,
+//! probes, resources and mounts, managed fields, an owner reference, conditions and
+//! container statuses; 11 KB of JSON) holds about 53 KiB of heap as a `k8s_openapi` `Pod`
+//! and 8 KiB trimmed (`tests/kube_trim_memory.rs` measures it with a counting allocator).
+//! The trimmed object lives only until the graph has validated it into its own compact
+//! `PodInfo` (it travels in the `Upsert`, moved, not cloned); what stays here is the
+//! mirror's key and fingerprint. Transient memory is what one list page (or, streaming, one
+//! event) decodes to.
 //!
 //! Pods are not filtered by node: the graph decides which pods are local from
 //! `spec.nodeName`, and every pod feeds the IP sets.
+//!
+//! # More kinds
+//!
+//! A kind is a [`Kind`] impl (its trimming, its key, its `K8sObject` variant); [`follow`]
+//! lists and watches any of them with the same mirror, list strategy, back-off and 410
+//! handling, so adding one is an impl and a line in [`run`] (and `KINDS`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::kube::runtime::reflector::store::Writer;
-use ::kube::runtime::reflector::{ObjectRef as StoreRef, Store};
 use ::kube::runtime::utils::ResetTimerBackoff;
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::{Api, Client, Resource};
@@ -88,6 +116,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSp
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use super::EventSink;
@@ -114,9 +143,24 @@ pub enum KubeConnect {
     Url(String),
 }
 
+/// How complete listings are read; see the module documentation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InitialList {
+    /// Streaming lists where the server offers them, paginated lists otherwise (decided per
+    /// kind, the fallback logged).
+    #[default]
+    Auto,
+    /// Streaming lists only (no fallback).
+    Streaming,
+    /// Paginated lists only.
+    Paginated,
+}
+
 /// Tuning; [`Default`] is what the daemon uses.
 #[derive(Clone, Debug)]
 pub struct KubeOptions {
+    /// How complete listings are read.
+    pub initial_list: InitialList,
     /// `limit` of each list page (`None`: one unpaginated list).
     pub page_size: Option<u32>,
     /// `timeoutSeconds` of each watch request (`None`: kube's 290 s).
@@ -131,6 +175,7 @@ pub struct KubeOptions {
 impl Default for KubeOptions {
     fn default() -> Self {
         KubeOptions {
+            initial_list: InitialList::Auto,
             page_size: Some(500),
             watch_timeout: None,
             backoff: Policy::KUBE_WATCH,
@@ -198,17 +243,17 @@ async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
     Ok(client)
 }
 
-/// Where the three watchers deliver; counts the kinds that finished their first listing.
-struct Out {
+/// Where the watchers deliver; counts the kinds that finished their first listing.
+pub(super) struct Out {
     tx: Box<dyn EventSink>,
     listed: AtomicUsize,
 }
 
 /// The receiver is gone: the datastore stops.
-struct Closed;
+pub(super) struct Closed;
 
 impl Out {
-    fn send(&self, event: DatastoreEvent) -> Result<(), Closed> {
+    pub(super) fn send(&self, event: DatastoreEvent) -> Result<(), Closed> {
         if self.tx.deliver(event) {
             Ok(())
         } else {
@@ -216,8 +261,8 @@ impl Out {
         }
     }
 
-    /// One kind delivered its first complete listing; the last of the three sends `InSync`.
-    fn kind_listed(&self) -> Result<(), Closed> {
+    /// One kind delivered its first complete listing; the last of them sends `InSync`.
+    pub(super) fn kind_listed(&self) -> Result<(), Closed> {
         if self.listed.fetch_add(1, Ordering::SeqCst) + 1 == KINDS {
             info!("Kubernetes datastore in sync");
             self.send(DatastoreEvent::InSync)?;
@@ -231,14 +276,131 @@ async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc
         tx: Box::new(tx),
         listed: AtomicUsize::new(0),
     };
+    let lists = tokio::select! {
+        lists = Lists::decide(&client, options.initial_list) => lists,
+        () = stopped(&stop) => return,
+    };
     // Each follower ends only when the receiver is gone; then all stop.
     tokio::select! {
-        _ = follow::<Pod>(Api::all(client.clone()), &options, &out) => {}
-        _ = follow::<Namespace>(Api::all(client.clone()), &options, &out) => {}
-        _ = follow::<NetworkPolicy>(Api::all(client), &options, &out) => {}
+        _ = follow::<Pod>(Api::all(client.clone()), &options, lists, &out) => {}
+        _ = follow::<Namespace>(Api::all(client.clone()), &options, lists, &out) => {}
+        _ = follow::<NetworkPolicy>(Api::all(client), &options, lists, &out) => {}
         () = stopped(&stop) => {}
     }
     info!("Kubernetes datastore stopped");
+}
+
+/// How one kind is listed now, and whether it may still fall back to paginated lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Lists {
+    streaming: bool,
+    may_fall_back: bool,
+}
+
+impl Lists {
+    /// The strategy every kind starts with. `Auto` asks the server's version: streaming
+    /// lists came with 1.27, and an older server silently ignores the parameter.
+    pub(super) async fn decide(client: &Client, choice: InitialList) -> Lists {
+        match choice {
+            InitialList::Paginated => Lists {
+                streaming: false,
+                may_fall_back: false,
+            },
+            InitialList::Streaming => Lists {
+                streaming: true,
+                may_fall_back: false,
+            },
+            InitialList::Auto => {
+                let streaming = match client.apiserver_version().await {
+                    Ok(info) => {
+                        let known = version_offers_streaming(&info.major, &info.minor);
+                        if known == Some(false) {
+                            info!(
+                                version = %info.git_version,
+                                "the API server predates streaming lists (1.27): paginated lists"
+                            );
+                        }
+                        known.unwrap_or(true)
+                    }
+                    Err(err) => {
+                        debug!(
+                            "cannot read the API server's version ({err}); trying streaming lists"
+                        );
+                        true
+                    }
+                };
+                Lists {
+                    streaming,
+                    may_fall_back: streaming,
+                }
+            }
+        }
+    }
+
+    /// The watcher configuration for this strategy.
+    pub(super) fn config(&self, options: &KubeOptions) -> watcher::Config {
+        let config = watcher::Config {
+            page_size: options.page_size,
+            timeout: options.watch_timeout,
+            ..watcher::Config::default() // bookmarks on, consistent (most recent) lists
+        };
+        if self.streaming {
+            config.streaming_lists()
+        } else {
+            config
+        }
+    }
+
+    /// The watcher reported `err` while listing: if it is the server refusing the streaming
+    /// watch, switch to paginated lists (logged) and say so.
+    fn refused(&mut self, kind: &str, err: &watcher::Error) -> bool {
+        let refused = matches!(
+            err,
+            watcher::Error::WatchStartFailed(::kube::Error::Api(status))
+                if matches!(status.code, 400 | 422)
+        );
+        if refused && self.streaming && self.may_fall_back {
+            warn!(
+                kind,
+                "the API server refused a streaming list (sendInitialEvents): {err}; \
+                 using paginated lists"
+            );
+            self.fall_back();
+            return true;
+        }
+        false
+    }
+
+    /// A streaming list restarted without ever ending: the server ignored
+    /// `sendInitialEvents` (it sent a plain watch, never the end bookmark).
+    fn ignored(&mut self, kind: &str) -> bool {
+        if self.streaming && self.may_fall_back {
+            warn!(
+                kind,
+                "the API server ignored a streaming list request (no initial-events-end \
+                 bookmark); using paginated lists"
+            );
+            self.fall_back();
+            return true;
+        }
+        false
+    }
+
+    fn fall_back(&mut self) {
+        self.streaming = false;
+        self.may_fall_back = false;
+    }
+}
+
+/// Whether an API server of this `/version` serves streaming lists: `None` when the version
+/// does not parse (providers decorate it, e.g. minor `"33+"`, which parses).
+fn version_offers_streaming(major: &str, minor: &str) -> Option<bool> {
+    let number = |s: &str| -> Option<u32> {
+        let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let (major, minor) = (number(major)?, number(minor)?);
+    Some((major, minor) >= (1, 27))
 }
 
 async fn stopped(stop: &AtomicBool) {
@@ -247,9 +409,17 @@ async fn stopped(stop: &AtomicBool) {
     }
 }
 
-/// The kinds the datastore watches.
-trait Kind:
-    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + PartialEq + Send + Sync + 'static
+/// The kinds the datastore watches. `Serialize` gives the fingerprint of the trimmed form.
+pub(super) trait Kind:
+    Resource<DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + Serialize
+    + Debug
+    + PartialEq
+    + Send
+    + Sync
+    + 'static
 {
     const KIND: ObjectKind;
     fn trim(&mut self);
@@ -300,13 +470,13 @@ impl Kind for NetworkPolicy {
 
 /// Lists and watches one kind forever (errors are retried), delivering changes to `out`.
 /// Returns only when the receiver is gone.
-async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Closed {
+pub(super) async fn follow<K: Kind>(
+    api: Api<K>,
+    options: &KubeOptions,
+    mut lists: Lists,
+    out: &Out,
+) -> Closed {
     let kind = K::KIND.as_str();
-    let config = watcher::Config {
-        page_size: options.page_size,
-        timeout: options.watch_timeout,
-        ..watcher::Config::default() // bookmarks on, consistent (most recent) lists
-    };
     let mut mirror = Mirror::<K>::default();
     // kube-runtime's own back-off types, with our policy's numbers.
     let mut backoff = ResetTimerBackoff::new(
@@ -314,12 +484,28 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
         options.backoff_reset,
     );
     let mut next_delay = move || backoff.next().unwrap_or(options.backoff.first);
+    info!(kind, streaming = lists.streaming, "listing and watching");
     loop {
-        let mut stream = watcher(api.clone(), config.clone()).modify(K::trim).boxed();
+        let mut stream = watcher(api.clone(), lists.config(options))
+            .modify(K::trim)
+            .boxed();
         let mut restart = false;
+        // A streaming list started (`Init`) and not ended, with no error since.
+        let mut streaming_list_open = false;
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
+                    match &event {
+                        watcher::Event::Init if lists.streaming => {
+                            if streaming_list_open && lists.ignored(kind) {
+                                restart = true;
+                                break;
+                            }
+                            streaming_list_open = true;
+                        }
+                        watcher::Event::InitDone => streaming_list_open = false,
+                        _ => {}
+                    }
                     let (events, first_listing) = mirror.apply(event);
                     for event in events {
                         if let Err(closed) = out.send(event) {
@@ -333,6 +519,11 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
                     }
                 }
                 Err(err) => {
+                    streaming_list_open = false;
+                    if lists.refused(kind, &err) {
+                        restart = true;
+                        break;
+                    }
                     // kube-runtime retries a watch that the server refused with HTTP 410 from
                     // the same dead resourceVersion forever: start over with a relist.
                     restart = matches!(
@@ -364,7 +555,7 @@ async fn follow<K: Kind>(api: Api<K>, options: &KubeOptions, out: &Out) -> Close
     }
 }
 
-fn is_expired(err: &watcher::Error) -> bool {
+pub(super) fn is_expired(err: &watcher::Error) -> bool {
     match err {
         watcher::Error::WatchError(status) => status.code == 410,
         watcher::Error::WatchStartFailed(::kube::Error::Api(status))
@@ -373,139 +564,176 @@ fn is_expired(err: &watcher::Error) -> bool {
     }
 }
 
-/// The delivered state of one kind (a reflector store) and the relist in progress.
-struct Mirror<K: Kind> {
-    writer: Writer<K>,
-    store: Store<K>,
-    relist: Option<Relist<K>>,
+/// What was delivered of one kind: per object (by key) the fingerprint of its trimmed form
+/// and the listing it was last seen in; and the listing in progress.
+pub(super) struct Mirror<K: Kind> {
+    delivered: HashMap<Box<str>, Delivered>,
+    /// Bumped when a listing starts; the objects it lists are stamped with it.
+    epoch: u32,
+    /// A listing has started and not ended.
+    relisting: bool,
+    /// The first complete listing has been delivered.
     listed: bool,
+    /// This listing's objects so far, and how many of them were delivered (for the log).
+    seen: usize,
+    changed: usize,
+    seed: RandomState,
+    kind: PhantomData<fn() -> K>,
 }
 
-/// A relist in progress: every key listed so far, and the listed objects that differ from
-/// what was delivered.
-struct Relist<K: Kind> {
-    seen: HashSet<StoreRef<K>>,
-    changed: HashMap<StoreRef<K>, K>,
-}
-
-impl<K: Kind> Default for Relist<K> {
-    fn default() -> Self {
-        Relist {
-            seen: HashSet::new(),
-            changed: HashMap::new(),
-        }
-    }
+#[derive(Clone, Copy, Debug)]
+struct Delivered {
+    fingerprint: u64,
+    epoch: u32,
 }
 
 impl<K: Kind> Default for Mirror<K> {
     fn default() -> Self {
-        let writer = Writer::default();
-        let store = writer.as_reader();
         Mirror {
-            writer,
-            store,
-            relist: None,
+            delivered: HashMap::new(),
+            epoch: 0,
+            relisting: false,
             listed: false,
+            seen: 0,
+            changed: 0,
+            seed: RandomState::new(),
+            kind: PhantomData,
         }
     }
 }
 
+/// Feeds a JSON encoding straight into a hasher (no buffer).
+struct HashWriter<'a, H: Hasher>(&'a mut H);
+
+impl<H: Hasher> std::io::Write for HashWriter<'_, H> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl<K: Kind> Mirror<K> {
+    /// The fingerprint of a trimmed object: its JSON encoding (deterministic: maps are
+    /// sorted), hashed with this mirror's seed.
+    fn fingerprint(&self, obj: &K) -> u64 {
+        let mut hasher = self.seed.build_hasher();
+        if let Err(err) = serde_json::to_writer(HashWriter(&mut hasher), obj) {
+            // Not seen with Kubernetes objects; an object that cannot be encoded counts
+            // as changed every time rather than never.
+            warn!(
+                kind = K::KIND.as_str(),
+                "cannot fingerprint an object: {err}"
+            );
+            hasher.write_u64(self.seed.hash_one(std::time::Instant::now()));
+        }
+        hasher.finish()
+    }
+
+    /// How many objects are recorded as delivered.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.delivered.len()
+    }
+
     /// Applies one (trimmed) watcher event; returns the datastore events to deliver, and
     /// whether this completed the first listing of the kind.
-    fn apply(&mut self, event: watcher::Event<K>) -> (Vec<DatastoreEvent>, bool) {
+    pub(super) fn apply(&mut self, event: watcher::Event<K>) -> (Vec<DatastoreEvent>, bool) {
         match event {
-            watcher::Event::Apply(obj) => {
-                let key = StoreRef::from_obj(&obj);
-                if self.store.get(&key).as_deref() == Some(&obj) {
-                    return (Vec::new(), false);
+            watcher::Event::Apply(obj) => (self.upsert(obj).into_iter().collect(), false),
+            watcher::Event::InitApply(obj) => {
+                if !self.relisting {
+                    self.start_listing();
                 }
-                let event = watcher::Event::Apply(obj);
-                self.writer.apply_watcher_event(&event);
-                let watcher::Event::Apply(obj) = event else {
-                    unreachable!()
-                };
-                (vec![upsert(obj)], false)
+                self.seen += 1;
+                let event = self.upsert(obj);
+                self.changed += usize::from(event.is_some());
+                (event.into_iter().collect(), false)
             }
             watcher::Event::Delete(obj) => {
-                let key = StoreRef::from_obj(&obj);
-                if self.store.get(&key).is_none() {
-                    return (Vec::new(), false);
+                let object = obj.datastore_ref();
+                match self.delivered.remove(object.key.as_str()) {
+                    Some(_) => (vec![DatastoreEvent::Delete(object)], false),
+                    None => (Vec::new(), false),
                 }
-                let event = DatastoreEvent::Delete(obj.datastore_ref());
-                self.writer
-                    .apply_watcher_event(&watcher::Event::Delete(obj));
-                (vec![event], false)
             }
             watcher::Event::Init => {
-                // A relist interrupted half way is started over: what it buffered is stale.
-                self.relist = Some(Relist::default());
-                (Vec::new(), false)
-            }
-            watcher::Event::InitApply(obj) => {
-                let relist = self.relist.get_or_insert_with(Relist::default);
-                let key = StoreRef::from_obj(&obj);
-                if self.store.get(&key).as_deref() == Some(&obj) {
-                    relist.changed.remove(&key);
-                } else {
-                    relist.changed.insert(key.clone(), obj);
-                }
-                relist.seen.insert(key);
+                // A listing interrupted half way is started over: what it stamped is stale.
+                self.start_listing();
                 (Vec::new(), false)
             }
             watcher::Event::InitDone => {
-                let relist = self.relist.take().unwrap_or_default();
-                let first_listing = !self.listed;
-                if first_listing {
-                    // Marks the store ready; it is empty, and the writer's own relist buffer
-                    // is never used (the relist is diffed here instead).
-                    self.writer.apply_watcher_event(&watcher::Event::Init);
-                    self.writer.apply_watcher_event(&watcher::Event::InitDone);
-                    self.listed = true;
+                if !self.relisting {
+                    // An empty listing without its `Init`.
+                    self.start_listing();
                 }
-                let mut changed: Vec<K> = relist.changed.into_values().collect();
-                changed.sort_by(|a, b| {
-                    a.meta()
-                        .namespace
-                        .cmp(&b.meta().namespace)
-                        .then(a.meta().name.cmp(&b.meta().name))
-                });
-                let mut gone: Vec<Arc<K>> = self
-                    .store
-                    .state()
-                    .into_iter()
-                    .filter(|obj| !relist.seen.contains(&StoreRef::from_obj(obj.as_ref())))
+                self.relisting = false;
+                let first_listing = !self.listed;
+                self.listed = true;
+                let epoch = self.epoch;
+                let mut gone: Vec<Box<str>> = self
+                    .delivered
+                    .iter()
+                    .filter(|(_, d)| d.epoch != epoch)
+                    .map(|(key, _)| key.clone())
                     .collect();
-                gone.sort_by(|a, b| {
-                    a.meta()
-                        .namespace
-                        .cmp(&b.meta().namespace)
-                        .then(a.meta().name.cmp(&b.meta().name))
-                });
+                gone.sort();
                 info!(
                     kind = K::KIND.as_str(),
-                    listed = relist.seen.len(),
-                    changed = changed.len(),
+                    listed = self.seen,
+                    changed = self.changed,
                     gone = gone.len(),
                     "listed"
                 );
-                // Upserts first, deletions last: nothing is missing in between, even when an
-                // object was replaced by another one with a new name.
-                let mut events = Vec::with_capacity(changed.len() + gone.len());
-                for obj in changed {
-                    let event = watcher::Event::Apply(obj);
-                    self.writer.apply_watcher_event(&event);
-                    let watcher::Event::Apply(obj) = event else {
-                        unreachable!()
-                    };
-                    events.push(upsert(obj));
-                }
-                for obj in gone {
-                    events.push(DatastoreEvent::Delete(obj.datastore_ref()));
-                    self.writer
-                        .apply_watcher_event(&watcher::Event::Delete(K::clone(&obj)));
+                // Every upsert of this listing is out already: deletions come last, so
+                // nothing is missing in between, even when an object was replaced by another
+                // one with a new name.
+                let events = gone
+                    .into_iter()
+                    .map(|key| {
+                        self.delivered.remove(&key);
+                        DatastoreEvent::Delete(ObjectRef {
+                            kind: K::KIND,
+                            key: key.into(),
+                        })
+                    })
+                    .collect();
+                if self.delivered.capacity() > 2 * self.delivered.len() + 64 {
+                    self.delivered.shrink_to_fit();
                 }
                 (events, first_listing)
+            }
+        }
+    }
+
+    fn start_listing(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.relisting = true;
+        self.seen = 0;
+        self.changed = 0;
+    }
+
+    /// Records `obj` as seen in the current epoch; the upsert to deliver if its trimmed form
+    /// differs from what was delivered.
+    fn upsert(&mut self, obj: K) -> Option<DatastoreEvent> {
+        let fingerprint = self.fingerprint(&obj);
+        let key = obj.datastore_ref().key;
+        let epoch = self.epoch;
+        match self.delivered.get_mut(key.as_str()) {
+            Some(d) if d.fingerprint == fingerprint => {
+                d.epoch = epoch;
+                None
+            }
+            Some(d) => {
+                *d = Delivered { fingerprint, epoch };
+                Some(upsert(obj))
+            }
+            None => {
+                self.delivered
+                    .insert(key.into(), Delivered { fingerprint, epoch });
+                Some(upsert(obj))
             }
         }
     }
@@ -694,7 +922,8 @@ mod tests {
         assert!(out.is_empty(), "{out:?}");
         assert_eq!(firsts, 0);
 
-        // b changed, a vanished, c is new: nothing until InitDone, then upserts, then deletes.
+        // b changed, a vanished, c is new: the changes as they are listed, the deletion only
+        // at InitDone.
         let mut m2 = m;
         let (out, _) = run(
             &mut m2,
@@ -704,10 +933,11 @@ mod tests {
                 InitApply(ns("c", "x", "9")),
             ],
         );
-        assert!(out.is_empty());
-        let (out, _) = run(&mut m2, vec![InitDone]);
-        assert_eq!(out, ["upsert b", "upsert c", "delete a"]);
-        assert_eq!(m2.store.state().len(), 2);
+        assert_eq!(out, ["upsert b", "upsert c"]);
+        let (out, firsts) = run(&mut m2, vec![InitDone]);
+        assert_eq!(out, ["delete a"]);
+        assert_eq!(firsts, 0);
+        assert_eq!(m2.len(), 2);
     }
 
     #[test]
@@ -722,19 +952,37 @@ mod tests {
                 InitDone,
             ],
         );
-        // A first attempt lists a changed `a` and then fails; the second lists the original.
+        // A first attempt lists both unchanged and then fails; the second no longer lists b
+        // (deleted meanwhile): b goes at the second attempt's end, not before.
         let (out, _) = run(
             &mut m,
             vec![
                 Init,
-                InitApply(ns("a", "changed", "2")),
+                InitApply(ns("a", "x", "2")),
+                InitApply(ns("b", "x", "2")),
                 Init,
                 InitApply(ns("a", "x", "3")),
-                InitApply(ns("b", "x", "3")),
-                InitDone,
             ],
         );
         assert!(out.is_empty(), "{out:?}");
+        let (out, _) = run(&mut m, vec![InitDone]);
+        assert_eq!(out, ["delete b"]);
+
+        // An object first seen by an attempt that failed, and gone by the next attempt: it was
+        // delivered, so it is deleted at the end (nothing stays that the server lacks).
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "4")),
+                InitApply(ns("new", "x", "4")),
+                Init,
+                InitApply(ns("a", "x", "5")),
+                InitDone,
+            ],
+        );
+        assert_eq!(out, ["upsert new", "delete new"]);
+        assert_eq!(m.len(), 1);
     }
 
     #[test]
@@ -752,7 +1000,115 @@ mod tests {
             ],
         );
         assert_eq!(out, ["upsert a", "upsert a", "delete a"]);
-        assert!(m.store.state().is_empty());
+        assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn objects_changed_by_watch_events_survive_the_next_relist_unchanged() {
+        let mut m = Mirror::<Namespace>::default();
+        run(&mut m, vec![Init, InitApply(ns("a", "x", "1")), InitDone]);
+        let (out, _) = run(
+            &mut m,
+            vec![Apply(ns("b", "x", "2")), Apply(ns("a", "y", "3"))],
+        );
+        assert_eq!(out, ["upsert b", "upsert a"]);
+        // The relist finds what the watch delivered: nothing to say.
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "y", "4")),
+                InitApply(ns("b", "x", "4")),
+                InitDone,
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        // An empty listing (a resource gone) deletes everything, in key order.
+        let (out, _) = run(&mut m, vec![Init, InitDone]);
+        assert_eq!(out, ["delete a", "delete b"]);
+    }
+
+    #[test]
+    fn fingerprints_see_every_trimmed_field_and_no_trimmed_away_one() {
+        let m = Mirror::<Pod>::default();
+        let pod = |labels: serde_json::Value, ip: &str, restarts: u32| -> Pod {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "n", "labels": labels, "uid": "u1",
+                             "resourceVersion": restarts.to_string()},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i",
+                         "ports": [{"name": "http", "containerPort": 80}]}]},
+                "status": {"phase": "Running", "podIP": ip,
+                           "containerStatuses": [{"name": "c", "image": "i", "imageID": "",
+                               "ready": true, "restartCount": restarts}]}
+            }))
+            .unwrap();
+            pod.trim();
+            pod
+        };
+        let base = m.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 0));
+        assert_eq!(
+            base,
+            m.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 7))
+        );
+        assert_ne!(
+            base,
+            m.fingerprint(&pod(json!({"app": "b"}), "10.0.0.1", 0))
+        );
+        assert_ne!(
+            base,
+            m.fingerprint(&pod(json!({"app": "a"}), "10.0.0.2", 0))
+        );
+        // Another mirror (another process) has another seed.
+        let other = Mirror::<Pod>::default();
+        assert_ne!(
+            base,
+            other.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 0))
+        );
+    }
+
+    #[test]
+    fn server_versions_that_offer_streaming_lists() {
+        assert_eq!(version_offers_streaming("1", "27"), Some(true));
+        assert_eq!(version_offers_streaming("1", "33+"), Some(true));
+        assert_eq!(version_offers_streaming("1", "26"), Some(false));
+        assert_eq!(version_offers_streaming("2", "0"), Some(true));
+        assert_eq!(version_offers_streaming("", "x"), None);
+    }
+
+    #[test]
+    fn list_strategies_fall_back_once_and_only_from_auto() {
+        let status = |code: u16, reason: &str| {
+            watcher::Error::WatchStartFailed(::kube::Error::Api(
+                ::kube::core::Status::failure("refused by the test", reason)
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        let refused = status(422, "Invalid");
+        let unavailable = status(500, "InternalError");
+        let mut auto = Lists {
+            streaming: true,
+            may_fall_back: true,
+        };
+        assert!(!auto.refused("Pod", &unavailable));
+        assert!(auto.streaming);
+        assert!(auto.refused("Pod", &refused));
+        assert!(!auto.streaming);
+        assert!(!auto
+            .config(&KubeOptions::default())
+            .initial_list_strategy
+            .eq(&watcher::InitialListStrategy::StreamingList));
+        assert!(!auto.refused("Pod", &refused), "once");
+        let mut forced = Lists {
+            streaming: true,
+            may_fall_back: false,
+        };
+        assert!(!forced.refused("Pod", &refused));
+        assert!(!forced.ignored("Pod"));
+        assert_eq!(
+            forced.config(&KubeOptions::default()).initial_list_strategy,
+            watcher::InitialListStrategy::StreamingList
+        );
     }
 
     #[test]

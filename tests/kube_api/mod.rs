@@ -8,7 +8,20 @@
 //!   `allowWatchBookmarks=true`, and ends at `timeoutSeconds`;
 //! - an expired resource version (older than the compaction point) is answered with HTTP 410
 //!   or with a watch `ERROR` event carrying a `Status` 410 `Expired` (the test chooses), and an
-//!   expired `continue` token with HTTP 410.
+//!   expired `continue` token with HTTP 410;
+//! - streaming lists (KEP-3157): `?watch=true&sendInitialEvents=true&resourceVersionMatch=
+//!   NotOlderThan` streams an `ADDED` event for every current object, then a `BOOKMARK`
+//!   annotated `k8s.io/initial-events-end` at the resourceVersion they were read at, then live
+//!   events; `resourceVersionMatch` or `sendInitialEvents` used the way the API server refuses
+//!   them are refused with its 422 `Invalid`. The test can make the server behave as one with
+//!   the `WatchList` feature gate off (every `sendInitialEvents` refused with that 422) or as
+//!   one from before 1.27 (the parameters ignored: a plain watch from "any" resourceVersion,
+//!   without the end bookmark), see [`Streaming`];
+//! - `/version` answers the `gitVersion` the test set (`v1.33.0` by default).
+//!
+//! Objects are kept as their JSON text (a list item, without `kind`/`apiVersion`), so the
+//! benchmarks can serve 150k realistic pods from it; response bodies are counted per resource
+//! ([`FakeApi::bytes_sent`]).
 //!
 //! The test drives it synchronously: create/update/delete objects (decorated as the API server
 //! does: uid, resourceVersion, creationTimestamp, managedFields, last-applied annotation),
@@ -17,9 +30,10 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -101,6 +115,19 @@ pub enum Gone {
     Event,
 }
 
+/// How the server answers a streaming list (`sendInitialEvents=true`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Streaming {
+    /// Served (Kubernetes 1.27+ with the `WatchList` feature gate on).
+    #[default]
+    Served,
+    /// Refused with 422 `Invalid`, as the API server with the `WatchList` gate off.
+    Refused,
+    /// Ignored, as a server from before 1.27: a plain watch from "any" resourceVersion, which
+    /// sends the current objects as `ADDED` events but never the end-of-list bookmark.
+    Ignored,
+}
+
 /// One request the server received.
 #[derive(Clone, Debug)]
 pub struct Req {
@@ -120,16 +147,21 @@ struct OpenWatch {
     bookmarks: bool,
 }
 
+/// An object as stored: its JSON text as a list item (no `kind`, no `apiVersion`).
+type Text = Arc<str>;
+
 struct Snapshot {
     rv: u64,
-    items: Vec<Value>,
+    items: Vec<Text>,
 }
 
 #[derive(Default)]
 struct Kind {
-    objects: BTreeMap<String, Value>,
-    /// (resourceVersion, type, object) of every change.
-    history: Vec<(u64, &'static str, Value)>,
+    objects: BTreeMap<String, Text>,
+    /// (resourceVersion, type, object) of every change since the compaction point.
+    history: VecDeque<(u64, &'static str, Text)>,
+    /// When set, history beyond this many changes is compacted away (oldest first).
+    history_limit: Option<usize>,
     /// Watches and continue tokens from before this resourceVersion are expired.
     compacted: u64,
     gone: Gone,
@@ -144,12 +176,16 @@ struct State {
     kinds: [Kind; 3],
     requests: Vec<Req>,
     next_id: u64,
+    streaming: Streaming,
+    git_version: String,
 }
 
 struct Shared {
     state: Mutex<State>,
     hold_lists: [watch::Sender<bool>; 3],
     hold_watches: [watch::Sender<bool>; 3],
+    /// Response body bytes sent, per resource.
+    sent: Arc<[AtomicU64; 3]>,
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -173,9 +209,12 @@ impl FakeApi {
                 kinds: Default::default(),
                 requests: Vec::new(),
                 next_id: 1,
+                streaming: Streaming::default(),
+                git_version: "v1.33.0".into(),
             }),
             hold_lists: std::array::from_fn(|_| watch::channel(false).0),
             hold_watches: std::array::from_fn(|_| watch::channel(false).0),
+            sent: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -221,17 +260,41 @@ impl FakeApi {
         let id = state.next_id;
         let key = key_of(&obj);
         let kind = &mut state.kinds[res.index()];
-        let previous = kind.objects.get(&key).cloned();
+        let previous: Option<Value> = kind.objects.get(&key).map(|t| parse(t));
         let stored = decorate(res, obj, previous.as_ref(), rv, id);
-        kind.objects.insert(key, stored.clone());
-        let event = if previous.is_some() {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        kind.history.push((rv, event, stored.clone()));
-        broadcast(kind, &watch_line(event, &stored));
+        store(kind, res, key, &stored, rv);
         rv
+    }
+
+    /// Creates or updates an object exactly as given (no decoration but its new
+    /// resourceVersion, and a uid when it has none), and tells the open watches. For
+    /// benchmarks that make realistic objects themselves. Returns the new resourceVersion.
+    pub fn put(&self, mut obj: Value) -> u64 {
+        let res = Res::of_kind(obj["kind"].as_str().expect("kind"));
+        let mut state = self.state();
+        state.rv += 1;
+        state.next_id += 1;
+        let (rv, id) = (state.rv, state.next_id);
+        let key = key_of(&obj);
+        stamp(&mut obj, rv, id);
+        store(&mut state.kinds[res.index()], res, key, &obj, rv);
+        rv
+    }
+
+    /// Stores many objects as given (see [`FakeApi::put`]) with one resourceVersion, no
+    /// history and no watch events: a cluster as it is before anyone watches it.
+    pub fn load(&self, res: Res, objects: impl IntoIterator<Item = Value>) {
+        let mut state = self.state();
+        state.rv += 1;
+        let rv = state.rv;
+        let mut id = state.next_id;
+        let kind = &mut state.kinds[res.index()];
+        for mut obj in objects {
+            id += 1;
+            stamp(&mut obj, rv, id);
+            kind.objects.insert(key_of(&obj), item_text(&obj));
+        }
+        state.next_id = id;
     }
 
     /// Applies every document of a YAML text (`kind: List` expanded).
@@ -247,27 +310,57 @@ impl FakeApi {
         state.rv += 1;
         let rv = state.rv;
         let kind = &mut state.kinds[res.index()];
-        let mut obj = kind
+        let text = kind
             .objects
             .remove(key)
             .unwrap_or_else(|| panic!("no {res:?} {key} to delete"));
+        let mut obj = parse(&text);
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        kind.history.push((rv, "DELETED", obj.clone()));
-        broadcast(kind, &watch_line("DELETED", &obj));
+        let text = item_text(&obj);
+        broadcast(kind, &watch_line(res, "DELETED", &text));
+        record(kind, rv, "DELETED", text);
         rv
     }
 
-    /// The stored (decorated) object.
+    /// The stored (decorated) object, with its `kind` and `apiVersion`.
     pub fn object(&self, res: Res, key: &str) -> Value {
-        self.state().kinds[res.index()].objects[key].clone()
+        let text = self.state().kinds[res.index()].objects[key].clone();
+        full_object(res, &text)
     }
 
     pub fn objects(&self, res: Res) -> Vec<Value> {
-        self.state().kinds[res.index()]
+        let texts: Vec<Text> = self.state().kinds[res.index()]
             .objects
             .values()
             .cloned()
-            .collect()
+            .collect();
+        texts.iter().map(|t| full_object(res, t)).collect()
+    }
+
+    /// How many objects of `res` the server holds.
+    pub fn count(&self, res: Res) -> usize {
+        self.state().kinds[res.index()].objects.len()
+    }
+
+    /// Response body bytes sent so far for `res` (lists and watches).
+    pub fn bytes_sent(&self, res: Res) -> u64 {
+        self.shared.sent[res.index()].load(Ordering::Relaxed)
+    }
+
+    /// How the server answers `sendInitialEvents` (all resources).
+    pub fn set_streaming(&self, streaming: Streaming) {
+        self.state().streaming = streaming;
+    }
+
+    /// What `/version` answers as `gitVersion` (`v1.33.0` by default).
+    pub fn set_version(&self, git_version: &str) {
+        self.state().git_version = git_version.to_string();
+    }
+
+    /// Keeps at most `limit` changes of `res` for resuming watches (older ones are compacted
+    /// away as new ones come), as etcd's compaction does for a long-running server.
+    pub fn limit_history(&self, res: Res, limit: usize) {
+        self.state().kinds[res.index()].history_limit = Some(limit);
     }
 
     pub fn resource_version(&self) -> u64 {
@@ -280,12 +373,7 @@ impl FakeApi {
         let mut state = self.state();
         state.rv += 1; // other kinds moved on meanwhile
         let rv = state.rv;
-        let line = format!(
-            "{}\n",
-            json!({"type": "BOOKMARK", "object": {
-                "kind": res.kind(), "apiVersion": res.api_version(),
-                "metadata": {"resourceVersion": rv.to_string()}}})
-        );
+        let line = bookmark_line(res, rv, false);
         let kind = &mut state.kinds[res.index()];
         kind.watches
             .retain(|w| !w.bookmarks || w.tx.send(Msg::Line(line.clone())).is_ok());
@@ -405,6 +493,53 @@ pub fn yaml_objects(text: &str) -> Vec<Value> {
     out
 }
 
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).expect("stored JSON")
+}
+
+/// The stored form: the object as a list item.
+fn item_text(obj: &Value) -> Text {
+    list_item(obj).to_string().into()
+}
+
+/// A stored object with its `kind` and `apiVersion` again.
+fn full_object(res: Res, text: &str) -> Value {
+    let mut obj = parse(text);
+    obj["kind"] = json!(res.kind());
+    obj["apiVersion"] = json!(res.api_version());
+    obj
+}
+
+/// The new resourceVersion, and a uid for an object that has none.
+fn stamp(obj: &mut Value, rv: u64, id: u64) {
+    let meta = obj["metadata"].as_object_mut().expect("metadata");
+    meta.insert("resourceVersion".into(), json!(rv.to_string()));
+    meta.entry("uid")
+        .or_insert_with(|| json!(format!("0000{id:04x}-7b4d-4c5e-8f6a-9b0c1d2e3f4a")));
+}
+
+/// Stores a created or updated object, records it and tells the open watches.
+fn store(kind: &mut Kind, res: Res, key: String, obj: &Value, rv: u64) {
+    let text = item_text(obj);
+    let event = match kind.objects.insert(key, text.clone()) {
+        Some(_) => "MODIFIED",
+        None => "ADDED",
+    };
+    broadcast(kind, &watch_line(res, event, &text));
+    record(kind, rv, event, text);
+}
+
+fn record(kind: &mut Kind, rv: u64, event: &'static str, text: Text) {
+    kind.history.push_back((rv, event, text));
+    if let Some(limit) = kind.history_limit {
+        while kind.history.len() > limit {
+            if let Some((oldest, _, _)) = kind.history.pop_front() {
+                kind.compacted = kind.compacted.max(oldest + 1);
+            }
+        }
+    }
+}
+
 /// What the API server adds to an object it stores.
 fn decorate(res: Res, mut obj: Value, previous: Option<&Value>, rv: u64, id: u64) -> Value {
     let applied = obj.to_string();
@@ -481,8 +616,31 @@ fn expired_status() -> Value {
            "message": "too old resource version", "reason": "Expired", "code": 410})
 }
 
-fn watch_line(event: &str, obj: &Value) -> String {
-    format!("{}\n", json!({"type": event, "object": obj}))
+/// One watch event line for a stored object: `kind` and `apiVersion` go back in front.
+fn watch_line(res: Res, event: &str, item: &str) -> String {
+    let inner = item
+        .strip_prefix('{')
+        .and_then(|s| s.strip_suffix('}'))
+        .expect("a stored object is a JSON object");
+    let sep = if inner.is_empty() { "" } else { "," };
+    format!(
+        "{{\"type\":\"{event}\",\"object\":{{\"kind\":\"{}\",\"apiVersion\":\"{}\"{sep}{inner}}}}}\n",
+        res.kind(),
+        res.api_version()
+    )
+}
+
+/// A BOOKMARK at `rv`; `initial_end`: the one that ends a streaming list.
+fn bookmark_line(res: Res, rv: u64, initial_end: bool) -> String {
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    format!(
+        "{}\n",
+        json!({"type": "BOOKMARK", "object": {
+            "kind": res.kind(), "apiVersion": res.api_version(), "metadata": metadata}})
+    )
 }
 
 fn broadcast(kind: &mut Kind, line: &str) {
@@ -491,11 +649,15 @@ fn broadcast(kind: &mut Kind, line: &str) {
 }
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
+    full_text(status, body.to_string())
+}
+
+fn full_text(status: StatusCode, body: String) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
         .body(
-            Full::new(Bytes::from(body.to_string()))
+            Full::new(Bytes::from(body))
                 .map_err(|never| match never {})
                 .boxed(),
         )
@@ -521,6 +683,24 @@ fn list_item(obj: &Value) -> Value {
 }
 
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
+    if req.uri().path() == "/version" {
+        let git_version = shared.state.lock().unwrap().git_version.clone();
+        let (major, minor) = git_version
+            .trim_start_matches('v')
+            .split_once('.')
+            .map(|(major, rest)| {
+                let minor = rest.split('.').next().unwrap_or_default();
+                (major.to_string(), minor.to_string())
+            })
+            .unwrap_or_default();
+        return full(
+            StatusCode::OK,
+            json!({"major": major, "minor": minor, "gitVersion": git_version,
+                   "gitCommit": "0000000000000000000000000000000000000000",
+                   "gitTreeState": "clean", "buildDate": "2025-05-14T09:12:47Z",
+                   "goVersion": "go1.24.2", "compiler": "gc", "platform": "linux/amd64"}),
+        );
+    }
     let Some(res) = Res::from_path(req.uri().path()) else {
         return status(
             StatusCode::NOT_FOUND,
@@ -545,8 +725,8 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
         watch: watching,
         query: query.clone(),
     });
-    // The datastore selects everything and lists/watches the classic way.
-    for unexpected in ["labelSelector", "fieldSelector", "sendInitialEvents"] {
+    // The datastore selects everything.
+    for unexpected in ["labelSelector", "fieldSelector"] {
         if query.get(unexpected).is_some_and(|v| !v.is_empty()) {
             return status(
                 StatusCode::BAD_REQUEST,
@@ -555,7 +735,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
             );
         }
     }
-    if watching {
+    let response = if watching {
         let mut held = shared.hold_watches[res.index()].subscribe();
         let _ = held.wait_for(|hold| !*hold).await;
         watch_response(res, &query, shared)
@@ -563,7 +743,26 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
         let mut held = shared.hold_lists[res.index()].subscribe();
         let _ = held.wait_for(|hold| !*hold).await;
         list_response(res, &query, shared)
-    }
+    };
+    let counter = shared.sent.clone();
+    response.map(move |body| {
+        body.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                counter[res.index()].fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+            frame
+        })
+        .boxed()
+    })
+}
+
+/// The API server's 422 for list options it does not accept.
+fn invalid(message: &str) -> Response<Body> {
+    status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        &format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+    )
 }
 
 fn list_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -> Response<Body> {
@@ -609,7 +808,7 @@ fn list_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) ->
             }
         }
         None => {
-            let items = kind.objects.values().map(list_item).collect();
+            let items = kind.objects.values().cloned().collect();
             kind.snapshots
                 .insert(next_id, Snapshot { rv: rv_now, items });
             (next_id, 0)
@@ -621,30 +820,81 @@ fn list_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) ->
     let end = limit.map_or(snapshot.items.len(), |l| {
         (offset + l).min(snapshot.items.len())
     });
-    let items: Vec<Value> = snapshot.items[offset..end].to_vec();
+    let items = &snapshot.items[offset..end];
     let mut metadata = json!({"resourceVersion": snapshot.rv.to_string()});
     if end < snapshot.items.len() {
         metadata["continue"] = json!(format!("{id}-{end}"));
         metadata["remainingItemCount"] = json!(snapshot.items.len() - end);
-    } else {
+    }
+    let mut body = String::with_capacity(items.iter().map(|i| i.len() + 1).sum::<usize>() + 200);
+    body.push_str(&format!(
+        "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{metadata},\"items\":[",
+        res.kind(),
+        res.api_version()
+    ));
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(item);
+    }
+    body.push_str("]}");
+    if end >= snapshot.items.len() {
         kind.snapshots.remove(&id);
     }
-    full(
-        StatusCode::OK,
-        json!({"kind": format!("{}List", res.kind()), "apiVersion": res.api_version(),
-               "metadata": metadata, "items": items}),
-    )
+    full_text(StatusCode::OK, body)
 }
 
 fn watch_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -> Response<Body> {
     let mut state = shared.state.lock().unwrap();
+    let streaming = state.streaming;
+    let rv_now = state.rv;
     let kind = &mut state.kinds[res.index()];
     let (tx, rx) = mpsc::unbounded_channel();
+    let is_true = |name: &str| query.get(name).is_some_and(|v| v == "true");
+    let send_initial = query.contains_key("sendInitialEvents") && streaming != Streaming::Ignored;
+    let version_match = query
+        .get("resourceVersionMatch")
+        .filter(|v| !v.is_empty() && streaming != Streaming::Ignored);
+    if send_initial {
+        // The API server's validation of a watch-list request.
+        if streaming == Streaming::Refused {
+            return invalid(
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless \
+                 the WatchList feature gate is enabled",
+            );
+        }
+        if version_match.map(String::as_str) != Some("NotOlderThan") {
+            return invalid(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting \
+                 resourceVersionMatch to NotOlderThan",
+            );
+        }
+        if !is_true("allowWatchBookmarks") {
+            return invalid(
+                "allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks",
+            );
+        }
+    } else if version_match.is_some() {
+        return invalid(
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch \
+             unless sendInitialEvents is provided",
+        );
+    }
+    if send_initial && is_true("sendInitialEvents") {
+        // NotOlderThan any resourceVersion we were given: the current state is always newer,
+        // and is what the watch cache would serve. Then live events.
+        for text in kind.objects.values() {
+            let _ = tx.send(Msg::Line(watch_line(res, "ADDED", text)));
+        }
+        let _ = tx.send(Msg::Line(bookmark_line(res, rv_now, true)));
+        return open_watch(kind, query, tx, rx);
+    }
     match query.get("resourceVersion").map(String::as_str) {
         // "Any"/"most recent": synthetic ADDED events for the current objects, then live.
         None | Some("" | "0") => {
-            for obj in kind.objects.values() {
-                let _ = tx.send(Msg::Line(watch_line("ADDED", obj)));
+            for text in kind.objects.values() {
+                let _ = tx.send(Msg::Line(watch_line(res, "ADDED", text)));
             }
         }
         Some(rv) => {
@@ -667,13 +917,22 @@ fn watch_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -
                     }
                 }
             }
-            for (event_rv, event, obj) in &kind.history {
+            for (event_rv, event, text) in &kind.history {
                 if *event_rv > rv {
-                    let _ = tx.send(Msg::Line(watch_line(event, obj)));
+                    let _ = tx.send(Msg::Line(watch_line(res, event, text)));
                 }
             }
         }
     }
+    open_watch(kind, query, tx, rx)
+}
+
+fn open_watch(
+    kind: &mut Kind,
+    query: &BTreeMap<String, String>,
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+) -> Response<Body> {
     kind.watches.push(OpenWatch {
         tx,
         bookmarks: query
