@@ -32,7 +32,7 @@ use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::{debug, warn};
 
-use super::manifests::{manifest_files, parse_manifests};
+use super::manifests::{manifest_files, parse_manifest_bytes, read_manifest_file};
 use super::EventSink;
 use crate::model::{DatastoreEvent, K8sObject, ObjectRef};
 
@@ -167,9 +167,9 @@ impl DirSource {
         had.extend(previous.kept);
         let problems: Vec<String>;
         let mut objects = Vec::new();
-        match std::fs::read_to_string(&file) {
-            Ok(text) => {
-                let (parsed, errors) = parse_manifests(&text, &file.display().to_string());
+        match read_manifest_file(&file) {
+            Ok(bytes) => {
+                let (parsed, errors) = parse_manifest_bytes(&bytes, &file.display().to_string());
                 objects = parsed.into_iter().map(Arc::new).collect();
                 problems = errors.iter().map(ToString::to_string).collect();
                 if !problems.is_empty() {
