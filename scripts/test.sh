@@ -52,6 +52,21 @@ for cell in ${NETPOL_E2E_CELLS:-$default_cells}; do
 done
 echo "e2e scenarios: $e2e_passed passed, $e2e_failed failed"
 
+# Chaos, short: 10 rounds of a random change and a SIGKILL of the agent (inside its restores
+# too), probing denied pairs while it is down; violations and leaks fail, convergence must
+# be within 3 s of the restart (1 s is the bar of the long run, `netpol-e2e chaos --rounds
+# 100 --faults`, which shared CI machines miss now and then). Fixed seed: a failure repeats.
+set +e
+target/release/netpol-e2e chaos --rounds 10 --seed 1 --converge-limit-ms 3000 2>&1 | tee target/chaos.txt
+chaos_status=${PIPESTATUS[0]}
+set -e
+read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' target/chaos.txt)
+if [ "$chaos_status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+if [ "$chaos_status" -ne 0 ]; then e2e_status=$chaos_status; fi
+echo "chaos rounds: $p passed, $f failed"
+e2e_passed=$((e2e_passed + p))
+e2e_failed=$((e2e_failed + f))
+
 echo "$((unit_passed + e2e_passed)) passed, $((unit_failed + e2e_failed)) failed"
 if [ "$status" -ne 0 ]; then exit "$status"; fi
 exit "$e2e_status"
