@@ -95,13 +95,11 @@ fn foreign_bytes_do_not_stop_the_agent(backend: &str) {
 }
 
 #[test]
-#[ignore = "open: the agent applies and updates (its log shows it), but the converge check reads the foreign `cali:\\xff` rule as ours (OwnedState over lossy text)"]
 fn foreign_bytes_do_not_stop_the_agent_legacy() {
     foreign_bytes_do_not_stop_the_agent("legacy");
 }
 
 #[test]
-#[ignore = "open: the agent applies and updates (its log shows it), but the converge check reads the foreign `cali:\\xff` rule as ours (OwnedState over lossy text)"]
 fn foreign_bytes_do_not_stop_the_agent_nft() {
     foreign_bytes_do_not_stop_the_agent("nft");
 }
