@@ -9,5 +9,6 @@ pub mod memory;
 pub mod netlink;
 pub mod nflog;
 pub mod nfnetlink;
+pub mod poll;
 pub mod preflight;
 pub mod rule_counters;

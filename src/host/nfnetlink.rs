@@ -261,19 +261,7 @@ impl NfnlSocket {
     }
 
     fn poll_socket(&self, timeout: Duration) -> io::Result<bool> {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-        let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
-        loop {
-            match poll(
-                &mut fds,
-                PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX),
-            ) {
-                Ok(n) => return Ok(n > 0),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        super::poll::readable(self.socket.as_fd(), timeout)
     }
 
     pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {

@@ -283,19 +283,7 @@ impl NfnlSocket {
 }
 
 fn wait_readable(socket: &Socket, timeout: Duration) -> io::Result<bool> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
-    loop {
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX),
-        ) {
-            Ok(n) => return Ok(n > 0),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::host::poll::readable(socket.as_fd(), timeout)
 }
 
 /// `NLMSG_ERROR`: errno 0 is an acknowledgement.
