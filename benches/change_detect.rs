@@ -226,7 +226,8 @@ fn save_and_parse(tool: &str) {
         .expect("run save");
     assert!(out.status.success(), "{tool} failed");
     let text = String::from_utf8(out.stdout).expect("utf-8");
-    let state = parse_save(&text, "filter", netpol_agent::agent::OWNERSHIP).expect("parse");
+    let state =
+        parse_save(text.as_bytes(), "filter", netpol_agent::agent::OWNERSHIP).expect("parse");
     assert!(!state.chains.is_empty());
 }
 

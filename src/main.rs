@@ -41,7 +41,7 @@ use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
 use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
-use netpol_agent::rules::{chains::kernel_chain_rules, render};
+use netpol_agent::rules::{chains::kernel_chain_rules, render, token};
 use netpol_agent::telemetry::health::Health;
 use netpol_agent::telemetry::http;
 use netpol_agent::traffic::counters::CounterSettings;
@@ -429,6 +429,13 @@ fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
         &kernel_chain_rules(&rule_cfg, family),
         rule_cfg.insert_mode,
     );
+    // Every line was rendered from checked text; a line that still is not safe is a bug, and
+    // printing it could hand iptables-restore a command nobody wrote.
+    let unsafe_line = token::script_problem(&ipset_script, token::ipset_line_problem)
+        .or_else(|| token::script_problem(&iptables_script, token::restore_line_problem));
+    if let Some(problem) = unsafe_line {
+        anyhow::bail!("refusing to print an unsafe restore script: {problem}");
+    }
     let mut stdout = String::new();
     match &args.ipsets_out {
         Some(path) => std::fs::write(path, &ipset_script)

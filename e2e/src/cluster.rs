@@ -349,6 +349,99 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts `netpol-agent run` on node `i` alone, with `extra` environment, in a process
+    /// group of its own (so `kill_agent` takes the tools it runs with it, as a container's
+    /// end does), its log appended to what earlier runs on that node wrote (chaos harness).
+    pub fn start_agent(&mut self, i: usize, extra: &[(String, String)]) -> anyhow::Result<()> {
+        use std::os::unix::process::CommandExt;
+        let node = &mut self.nodes[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)?;
+        let mut cmd = node.netns.command(&self.cfg.agent.to_string_lossy());
+        cmd.args(["run", "--datastore"])
+            .arg(format!("dir:{}", self.manifests.display()))
+            .args(["--node", &node.name])
+            .envs(agent_env(&self.cfg, node))
+            .envs(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        node.agent = Some(cmd.spawn().context("starting netpol-agent")?);
+        Ok(())
+    }
+
+    /// SIGKILL to node `i`'s agent and every process of its group (started by
+    /// `start_agent`), reaped.
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut agent) = self.nodes[i].agent.take() {
+            let group = nix::unistd::Pid::from_raw(agent.id() as i32);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = agent.wait();
+        }
+    }
+
+    /// The process id of node `i`'s agent, while it runs.
+    pub fn agent_pid(&mut self, i: usize) -> Option<u32> {
+        let agent = self.nodes[i].agent.as_mut()?;
+        match agent.try_wait() {
+            Ok(None) => Some(agent.id()),
+            _ => None,
+        }
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn node_netns(&self, i: usize) -> &Netns {
+        &self.nodes[i].netns
+    }
+
+    /// The cluster's scratch directory (removed with the cluster).
+    pub fn work_dir(&self) -> &Path {
+        &self.work
+    }
+
+    pub fn manifests_dir(&self) -> &Path {
+        &self.manifests
+    }
+
+    /// Writes every manifest of `target` again, as if none had been written (after the
+    /// directory was removed).
+    pub fn rewrite_all(&mut self, target: &World) -> anyhow::Result<()> {
+        self.written = World::default();
+        self.sync(target)
+    }
+
+    /// What `compile` says node `i` must hold, per family the agents program.
+    pub fn want(&self, i: usize) -> anyhow::Result<Vec<OwnedState>> {
+        let node = &self.nodes[i];
+        self.cfg
+            .family
+            .agent_families()
+            .iter()
+            .map(|&f| self.compiled(node, f))
+            .collect()
+    }
+
+    /// What node `i`'s kernel holds of ours, per family the agents program.
+    pub fn have(&self, i: usize) -> anyhow::Result<Vec<OwnedState>> {
+        let node = &self.nodes[i];
+        self.cfg
+            .family
+            .agent_families()
+            .iter()
+            .map(|&f| observed(&self.cfg, &node.netns, f))
+            .collect()
+    }
+
+    pub fn agent_log_tail(&self, i: usize, lines: usize) -> String {
+        log_tail(&self.nodes[i].log, lines)
+    }
+
     /// Brings pods, manifests and DNAT to `target`.
     pub fn sync(&mut self, target: &World) -> anyhow::Result<()> {
         let ns_dir = self.manifests.join("namespaces");
@@ -861,7 +954,7 @@ fn observed(cfg: &ClusterConfig, netns: &Netns, family: IpFamily) -> anyhow::Res
     Ok(state)
 }
 
-fn diff(want: &OwnedState, have: &OwnedState) -> String {
+pub fn diff(want: &OwnedState, have: &OwnedState) -> String {
     let mut s = String::new();
     for (name, rules) in &want.chains {
         match have.chains.get(name) {

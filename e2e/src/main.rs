@@ -2,6 +2,7 @@
 //! wired like an L3 CNI, the real netpol-agent enforces inside each node, and real packets
 //! decide every cell of the upstream truth tables.
 
+mod chaos;
 mod cluster;
 mod cluster_policy;
 mod cni;
@@ -52,6 +53,10 @@ enum Command {
     /// The example cluster in namespaces: reachability before and after the example
     /// policies, then everything removed.
     Demo(DemoArgs),
+    /// Kill the agent at random moments (inside its restores too), make its tools fail and
+    /// hang, hold the xtables lock, remove its directory; count violations, convergence
+    /// times and leaks.
+    Chaos(chaos::ChaosArgs),
     /// Parse and validate scenarios without running them.
     Check {
         /// Scenario files or directories.
@@ -136,6 +141,13 @@ fn main() -> ExitCode {
         },
         Command::Run(args) => run(args),
         Command::Demo(args) => demo(args),
+        Command::Chaos(args) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                let _ = signal_hook::flag::register(signal, stop.clone());
+            }
+            chaos::main(args, default_agent(), stop)
+        }
     }
 }
 

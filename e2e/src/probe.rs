@@ -19,6 +19,7 @@ use crate::netns::enter;
 use crate::scenario::{PortKey, Protocol};
 use crate::servers::{SctpLog, SCTP_PROTOCOL};
 
+#[derive(Clone)]
 pub struct Job {
     pub key: PortKey,
     pub from: String,

@@ -223,12 +223,14 @@ impl CalcGraph {
     }
 
     fn reject(&mut self, kind: ObjectKind, key: String, why: RejectKind, message: String) {
+        // The key of a rejected object may hold anything (a newline, megabytes).
+        let object = validate::shown_name(&key);
         match why {
             RejectKind::Invalid => {
-                error!(kind = kind.as_str(), object = %key, "rejected: {message}")
+                error!(kind = kind.as_str(), object = %object, "rejected: {message}")
             }
             RejectKind::Interface => {
-                warn!(kind = kind.as_str(), object = %key, "no interface: {message}")
+                warn!(kind = kind.as_str(), object = %object, "no interface: {message}")
             }
         }
         *self

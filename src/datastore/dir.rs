@@ -13,6 +13,12 @@
 //! A file that cannot be read or holds a broken document keeps the objects it had before:
 //! half-written files must not delete policies. Its problems are logged (and counted) once
 //! per version of the file, not at every rescan.
+//!
+//! The directory itself removed (`rm -rf`, a volume unmounted) is an outage of the datastore,
+//! not a deletion of everything: a rescan that would delete objects while the directory is
+//! going away is dropped, every object is kept, and the directory is watched for again; once
+//! it is back and holds a manifest, and the writes refilling it pause, it is read whole (found
+//! by `netpol-e2e chaos --faults`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -23,15 +29,18 @@ use std::time::Duration;
 
 use anyhow::Context;
 use notify::event::{AccessKind, AccessMode, EventKind};
-use notify::{RecursiveMode, Watcher};
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::{debug, warn};
 
-use super::manifests::{manifest_files, parse_manifests};
+use super::manifests::{manifest_files, parse_manifest_bytes, read_manifest_file};
 use super::EventSink;
 use crate::model::{DatastoreEvent, K8sObject, ObjectRef};
 
 /// How long file events must pause before the directory is rescanned.
 const SETTLE: Duration = Duration::from_millis(30);
+/// How long a rescan that deletes objects waits to see whether the directory itself is
+/// being removed (`rm -rf` empties it first), and how often a removed one is looked for.
+const ROOT_CHECK: Duration = Duration::from_millis(250);
 
 /// What identifies one version of a file without reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,9 +167,9 @@ impl DirSource {
         had.extend(previous.kept);
         let problems: Vec<String>;
         let mut objects = Vec::new();
-        match std::fs::read_to_string(&file) {
-            Ok(text) => {
-                let (parsed, errors) = parse_manifests(&text, &file.display().to_string());
+        match read_manifest_file(&file) {
+            Ok(bytes) => {
+                let (parsed, errors) = parse_manifest_bytes(&bytes, &file.display().to_string());
                 objects = parsed.into_iter().map(Arc::new).collect();
                 problems = errors.iter().map(ToString::to_string).collect();
                 if !problems.is_empty() {
@@ -224,7 +233,7 @@ impl DirSource {
         let handle = std::thread::Builder::new()
             .name("dir-datastore".into())
             .spawn(move || {
-                let _watcher = watcher;
+                let mut watcher = watcher;
                 for e in initial {
                     if !tx.deliver(e) {
                         return;
@@ -233,7 +242,7 @@ impl DirSource {
                 if !tx.deliver(DatastoreEvent::InSync) {
                     return;
                 }
-                self.follow(&fs_rx, &tx);
+                self.follow(&mut watcher, &fs_rx, &tx);
             })?;
         Ok(handle)
     }
@@ -260,10 +269,16 @@ impl DirSource {
         }
     }
 
-    fn follow(&mut self, fs_rx: &Receiver<notify::Result<notify::Event>>, tx: &impl EventSink) {
+    fn follow(
+        &mut self,
+        watcher: &mut RecommendedWatcher,
+        fs_rx: &Receiver<notify::Result<notify::Event>>,
+        tx: &impl EventSink,
+    ) {
+        let mut rescan_now = false;
         loop {
             // Wait for a real change; our own reads of the files also raise events.
-            loop {
+            while !std::mem::take(&mut rescan_now) {
                 match fs_rx.recv() {
                     Ok(event) => {
                         if self.note(event) {
@@ -283,7 +298,26 @@ impl DirSource {
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
-            match self.rescan() {
+            let before = self.known.clone();
+            let rescanned = self.rescan();
+            let deletes = rescanned.as_ref().is_ok_and(|events| {
+                events
+                    .iter()
+                    .any(|e| matches!(e, DatastoreEvent::Delete(_)))
+            });
+            if (rescanned.is_err() || deletes) && self.root_gone() {
+                warn!(
+                    dir = %self.root.display(),
+                    "the directory is gone: keeping every object, waiting for it to come back"
+                );
+                self.known = before;
+                if !self.await_root(watcher, fs_rx) {
+                    return;
+                }
+                rescan_now = true;
+                continue;
+            }
+            match rescanned {
                 Ok(events) => {
                     debug!(events = events.len(), "directory changed");
                     for e in events {
@@ -295,6 +329,56 @@ impl DirSource {
                 Err(e) => {
                     warn!(dir = %self.root.display(), "rescan failed, keeping what was read: {e:#}")
                 }
+            }
+        }
+    }
+
+    /// Whether the root directory is gone or going: missing now, or after a short wait
+    /// (a recursive removal deletes the files first).
+    fn root_gone(&self) -> bool {
+        if !self.root.is_dir() {
+            return true;
+        }
+        std::thread::sleep(ROOT_CHECK);
+        !self.root.is_dir()
+    }
+
+    /// Waits until the root directory exists again and watches it; `false` when the watcher
+    /// went away. Everything is read again at the next rescan.
+    fn await_root(
+        &mut self,
+        watcher: &mut RecommendedWatcher,
+        fs_rx: &Receiver<notify::Result<notify::Event>>,
+    ) -> bool {
+        loop {
+            match fs_rx.recv_timeout(ROOT_CHECK) {
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return false,
+            }
+            // Back once it holds a manifest again: a directory just made is still being filled.
+            let filled = self.root.is_dir()
+                && manifest_files(std::slice::from_ref(&self.root)).is_ok_and(|f| !f.is_empty());
+            if !filled {
+                continue;
+            }
+            // The old watch died with the old directory; a failed unwatch says only that.
+            let _ = watcher.unwatch(&self.root);
+            match watcher.watch(&self.root, RecursiveMode::Recursive) {
+                Ok(()) => {
+                    // Until the writes that refill it pause.
+                    loop {
+                        match fs_rx.recv_timeout(ROOT_CHECK) {
+                            Ok(_) => {}
+                            Err(RecvTimeoutError::Timeout) => break,
+                            Err(RecvTimeoutError::Disconnected) => return false,
+                        }
+                    }
+                    self.stale.insert(self.root.clone());
+                    self.files.clear();
+                    debug!(dir = %self.root.display(), "the directory is back");
+                    return true;
+                }
+                Err(e) => debug!(dir = %self.root.display(), "cannot watch yet: {e}"),
             }
         }
     }
@@ -347,6 +431,50 @@ mod tests {
         std::fs::remove_file(dir.join("c.yaml")).unwrap();
         let events = src.rescan().unwrap();
         assert!(matches!(events.as_slice(), [DatastoreEvent::Delete(r)] if r.key == "x/p"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_removed_directory_deletes_nothing_and_is_followed_once_back() {
+        let dir = std::env::temp_dir().join(format!("npa-dir-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        write(&dir, "a.yaml", POLICY);
+        write(&dir.join("sub"), "b.yaml", NS);
+        let (tx, rx) = channel::<DatastoreEvent>();
+        let _thread = DirSource::new(&dir).spawn(tx).unwrap();
+        let mut initial = 0;
+        while !matches!(rx.recv().unwrap(), DatastoreEvent::InSync) {
+            initial += 1;
+        }
+        assert_eq!(initial, 2);
+
+        std::fs::remove_dir_all(&dir).unwrap();
+        let during: Vec<_> = rx
+            .recv_timeout(Duration::from_secs(1))
+            .into_iter()
+            .collect();
+        assert!(
+            during.is_empty(),
+            "nothing changes while it is gone: {during:?}"
+        );
+
+        // Back, with the policy changed and the namespace as it was.
+        std::fs::create_dir_all(&dir).unwrap();
+        let changed = POLICY.replace("podSelector: {}", "podSelector: {matchLabels: {a: b}}");
+        write(&dir, "a.yaml", &changed);
+        write(&dir, "b.yaml", NS);
+        let event = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the directory is followed again");
+        assert!(
+            matches!(&event, DatastoreEvent::Upsert(o) if matches!(o.as_ref(), K8sObject::NetworkPolicy(_))),
+            "{event:?}"
+        );
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the namespace was never deleted, so it is no change"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

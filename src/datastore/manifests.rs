@@ -1,7 +1,10 @@
 //! Manifest loading: reads YAML or JSON manifests (multi-document, `kind: List` and typed
 //! lists expanded) from text, files and directories, and keeps the objects the agent works
 //! on: Pods, Namespaces, NetworkPolicies and ClusterNetworkPolicies. A broken document is reported as a
-//! [`ManifestError`] and never hides the other documents.
+//! [`ManifestError`] and never hides the other documents; a file that is not UTF-8 or is too
+//! large is reported and skipped, and nesting too deep is refused before parsing
+//! (`super::limits` has the bounds and why). Each broken piece is parsed once: error
+//! positions are moved to the file's lines, not found by parsing again.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -11,17 +14,28 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde::Deserialize;
 
+use super::limits::{self, MAX_MANIFEST_BYTES};
+use crate::model::validate::shown_name;
 pub use crate::model::K8sObject;
 use serde_yaml_ng::{Mapping, Value};
 
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{source_name}: document {document}: {message}")]
 pub struct ManifestError {
     /// File path, or whatever name the caller gave the text.
     pub source_name: String,
-    /// 1-based position of the document in its source.
+    /// 1-based position of the document in its source; 0 when the whole file is at fault
+    /// (not UTF-8, too large).
     pub document: usize,
     pub message: String,
+}
+
+impl std::fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.document {
+            0 => write!(f, "{}: {}", self.source_name, self.message),
+            n => write!(f, "{}: document {n}: {}", self.source_name, self.message),
+        }
+    }
 }
 
 const CORE_V1: &str = "v1";
@@ -42,17 +56,37 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
         source_name,
         objects: Vec::new(),
         errors: Vec::new(),
+        unreported: 0,
     };
+    let text = limits::strip_bom(text);
+    if text.len() > MAX_MANIFEST_BYTES {
+        parsed.error(0, too_large(text.len()));
+        return (parsed.objects, parsed.errors);
+    }
     let mut document = 0;
     for chunk in split_documents(text) {
+        let line_offset = chunk.first_line - 1;
+        if let Some(problem) = limits::nesting_problem(chunk.text) {
+            document += 1;
+            parsed.error(
+                document,
+                limits::shift_lines(&problem, line_offset).into_owned(),
+            );
+            continue;
+        }
         let documents = serde_yaml_ng::Deserializer::from_str(chunk.text);
-        for (position_in_chunk, deserializer) in documents.enumerate() {
+        for deserializer in documents {
             document += 1;
             match Value::deserialize(deserializer) {
                 Ok(value) => parsed.document(document, value),
+                Err(_) if parsed.errors.len() >= limits::MAX_REPORTED_PER_FILE => {
+                    // Past the bound only counted: no message is formatted.
+                    parsed.unreported += 1;
+                    break;
+                }
                 Err(err) => {
-                    let message = syntax_error_at_source_lines(&chunk, position_in_chunk)
-                        .unwrap_or_else(|| err.to_string());
+                    let message = err.to_string();
+                    let message = limits::shift_lines(&message, line_offset);
                     parsed.error(document, format!("invalid YAML: {message}"));
                     // After a syntax error the YAML parser only repeats it; the next chunk
                     // starts fresh.
@@ -61,20 +95,80 @@ pub fn parse_manifests(text: &str, source_name: &str) -> (Vec<K8sObject>, Vec<Ma
             }
         }
     }
+    if parsed.unreported > 0 {
+        parsed.errors.push(ManifestError {
+            source_name: source_name.to_string(),
+            document: 0,
+            message: format!(
+                "{} more broken documents or objects, not reported one by one (at most {} per file)",
+                parsed.unreported,
+                limits::MAX_REPORTED_PER_FILE
+            ),
+        });
+    }
     (parsed.objects, parsed.errors)
+}
+
+/// Parses a manifest file's bytes: a byte-order mark is read past; bytes that are not UTF-8,
+/// or more than `MAX_MANIFEST_BYTES` of them, are one error for the whole file (document 0)
+/// and nothing of it is used.
+pub fn parse_manifest_bytes(
+    bytes: &[u8],
+    source_name: &str,
+) -> (Vec<K8sObject>, Vec<ManifestError>) {
+    let whole_file = |message| {
+        let error = ManifestError {
+            source_name: source_name.to_string(),
+            document: 0,
+            message,
+        };
+        (Vec::new(), vec![error])
+    };
+    if bytes.len() > MAX_MANIFEST_BYTES {
+        return whole_file(too_large(bytes.len()));
+    }
+    match limits::decode(bytes) {
+        Ok(text) => parse_manifests(text, source_name),
+        Err(problem) => whole_file(problem),
+    }
+}
+
+/// Reads at most one byte more than a manifest may have, so a huge file is refused without
+/// reading it all.
+pub fn read_manifest_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    fs::File::open(path)?
+        .take(MAX_MANIFEST_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn too_large(len: usize) -> String {
+    let more = if len > MAX_MANIFEST_BYTES {
+        "more than"
+    } else {
+        "at most"
+    };
+    format!(
+        "the file holds {more} {} MiB; a manifest file may hold at most {} MiB (each object \
+         at most the API server's 3 MiB); skipped",
+        MAX_MANIFEST_BYTES >> 20,
+        MAX_MANIFEST_BYTES >> 20
+    )
 }
 
 /// Loads every manifest under `paths`. A path is a file (read whatever its name) or a
 /// directory, searched recursively for `.yaml`, `.yml` and `.json` files, which are read in
-/// path order. A path that cannot be read is an error; a bad document in a readable file is
-/// only reported.
+/// path order. A path that cannot be read is an error; a bad document in a readable file, or
+/// a readable file that is not UTF-8 text, is only reported.
 pub fn load_paths(paths: &[PathBuf]) -> anyhow::Result<(Vec<K8sObject>, Vec<ManifestError>)> {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
     for file in manifest_files(paths)? {
-        let text =
-            fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
-        let (file_objects, file_errors) = parse_manifests(&text, &file.display().to_string());
+        let bytes =
+            read_manifest_file(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let (file_objects, file_errors) = parse_manifest_bytes(&bytes, &file.display().to_string());
         objects.extend(file_objects);
         errors.extend(file_errors);
     }
@@ -179,17 +273,6 @@ fn split_documents(text: &str) -> Vec<Chunk<'_>> {
     chunks
 }
 
-/// The parser numbers lines from the start of the chunk it reads. For an error message that
-/// points into the source, re-read the chunk behind as many blank lines as precede it (only
-/// on this error path, so a large stream is not copied).
-fn syntax_error_at_source_lines(chunk: &Chunk<'_>, position_in_chunk: usize) -> Option<String> {
-    let padded = "\n".repeat(chunk.first_line.saturating_sub(1)) + chunk.text;
-    let deserializer = serde_yaml_ng::Deserializer::from_str(&padded).nth(position_in_chunk)?;
-    Value::deserialize(deserializer)
-        .err()
-        .map(|err| err.to_string())
-}
-
 fn is_document_marker(line: &str) -> bool {
     line.strip_prefix("---")
         .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']))
@@ -215,14 +298,20 @@ struct Parsed<'a> {
     source_name: &'a str,
     objects: Vec<K8sObject>,
     errors: Vec<ManifestError>,
+    /// Problems past `limits::MAX_REPORTED_PER_FILE`, counted in one closing error.
+    unreported: usize,
 }
 
 impl Parsed<'_> {
     fn error(&mut self, document: usize, message: String) {
+        if self.errors.len() >= limits::MAX_REPORTED_PER_FILE {
+            self.unreported += 1;
+            return;
+        }
         self.errors.push(ManifestError {
             source_name: self.source_name.to_string(),
             document,
-            message,
+            message: limits::brief(message),
         });
     }
 
@@ -325,7 +414,7 @@ impl Parsed<'_> {
                 tracing::debug!(
                     source = self.source_name,
                     document,
-                    kind,
+                    kind = %shown_name(&kind),
                     "skipping an object of a kind the agent does not use"
                 );
                 return;
@@ -335,7 +424,7 @@ impl Parsed<'_> {
         let api_version = string_field(&mapping, "apiVersion");
         if api_version != Some(expected_api_version) {
             let found = match api_version {
-                Some(api_version) => format!("apiVersion {api_version:?}"),
+                Some(api_version) => format!("apiVersion {}", shown_name(api_version)),
                 None => "no apiVersion".to_string(),
             };
             self.error(
@@ -381,8 +470,10 @@ fn describe(kind: &str, mapping: &Mapping) -> String {
             .filter(|text| !text.is_empty())
     };
     match (field("namespace"), field("name")) {
-        (Some(namespace), Some(name)) => format!("{kind} {namespace}/{name}"),
-        (None, Some(name)) => format!("{kind} {name}"),
+        (Some(namespace), Some(name)) => {
+            format!("{kind} {}", shown_name(&format!("{namespace}/{name}")))
+        }
+        (None, Some(name)) => format!("{kind} {}", shown_name(name)),
         (_, None) => format!("{kind} (unnamed)"),
     }
 }

@@ -6,6 +6,7 @@
 pub mod dir;
 pub mod kube;
 pub mod kube_cnp;
+pub mod limits;
 pub mod manifests;
 
 use std::sync::mpsc::Sender;

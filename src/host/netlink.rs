@@ -367,7 +367,7 @@ pub fn is_overrun(e: &io::Error) -> bool {
 
 /// Splits one datagram into its netlink messages. A message the crates cannot decode is
 /// skipped with a warning rather than failing the rest.
-fn split_messages(data: &[u8]) -> io::Result<Vec<NetlinkMessage<RouteNetlinkMessage>>> {
+pub fn split_messages(data: &[u8]) -> io::Result<Vec<NetlinkMessage<RouteNetlinkMessage>>> {
     let mut out = Vec::new();
     let mut offset = 0;
     while offset + 16 <= data.len() {

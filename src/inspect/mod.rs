@@ -180,9 +180,13 @@ pub fn read_live(mode: BackendMode, families: &[IpFamily]) -> anyhow::Result<Ker
         let tool = tool_name(f, backend, "save");
         iptables.insert(
             f,
-            run_save(&exec, &tool, Some("filter")).with_context(|| {
-                format!("reading the kernel's rules with {tool} (run as root on the node, or give --iptables-save and --ipset-save)")
-            })?,
+            // Read for display and interpretation only: bytes that are not UTF-8 (another
+            // program's comment) are shown replaced, never written back.
+            run_save(&exec, &tool, Some("filter"))
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .with_context(|| {
+                    format!("reading the kernel's rules with {tool} (run as root on the node, or give --iptables-save and --ipset-save)")
+                })?,
         );
     }
     let other = match backend {
@@ -193,7 +197,7 @@ pub fn read_live(mode: BackendMode, families: &[IpFamily]) -> anyhow::Result<Ker
     for &f in families {
         // A backend that cannot be read holds nothing of ours that matters here.
         if let Ok(text) = run_save(&exec, &tool_name(f, other, "save"), Some("filter")) {
-            other_text.insert(f, text);
+            other_text.insert(f, String::from_utf8_lossy(&text).into_owned());
         }
     }
     let out = exec

@@ -66,7 +66,7 @@ impl ErrorContext<'_> {
     fn error(&self, field: impl Into<String>, message: impl Into<String>) -> ValidationError {
         ValidationError {
             kind: self.kind,
-            object: self.object.to_string(),
+            object: shown_name(self.object).into_owned(),
             field: field.into(),
             message: message.into(),
         }
@@ -82,7 +82,7 @@ pub fn pod(pod: &Pod) -> Result<Option<PodInfo>, ValidationError> {
         kind: POD_KIND,
         object: &object,
     };
-    require_name(&pod.metadata, &ctx)?;
+    check_names(&pod.metadata, &ctx)?;
 
     let spec = pod.spec.as_ref();
     if spec.and_then(|spec| spec.host_network) == Some(true) {
@@ -137,7 +137,7 @@ pub fn namespace(ns: &Namespace) -> Result<NamespaceInfo, ValidationError> {
     if let Some(problem) = dns1123_label_problem(&name) {
         return Err(ctx.error(
             "metadata.name",
-            format!("namespace name {name:?} is invalid: {problem}"),
+            format!("namespace name {} is invalid: {problem}", shown(&name)),
         ));
     }
     let mut labels = validated_labels(ns.metadata.labels.as_ref(), &ctx)?;
@@ -155,7 +155,7 @@ pub fn network_policy(np: &NetworkPolicy) -> Result<PolicyInfo, ValidationError>
         kind: NETWORK_POLICY_KIND,
         object: &object,
     };
-    require_name(&np.metadata, &ctx)?;
+    check_names(&np.metadata, &ctx)?;
     let spec = np.spec.as_ref().ok_or_else(|| {
         ctx.error(
             "spec",
@@ -240,14 +240,18 @@ fn validated_selector(
     for (key, value) in sel.match_labels.iter().flatten() {
         let labels_field = format!("{field}.matchLabels");
         if let Some(problem) = qualified_name_problem(key) {
-            return Err(ctx.error(labels_field, format!("key {key:?} is invalid: {problem}")));
+            return Err(ctx.error(
+                labels_field,
+                format!("key {} is invalid: {problem}", shown(key)),
+            ));
         }
         if let Some(problem) = label_value_problem(value) {
             return Err(ctx.error(
                 labels_field,
                 format!(
-                    "value {} for key {key:?} is invalid: {problem}",
-                    shown(value)
+                    "value {} for key {} is invalid: {problem}",
+                    shown(value),
+                    shown(key)
                 ),
             ));
         }
@@ -275,7 +279,7 @@ fn check_requirement(
     if let Some(problem) = qualified_name_problem(key) {
         return Err(ctx.error(
             format!("{field}.key"),
-            format!("key {key:?} is invalid: {problem}"),
+            format!("key {} is invalid: {problem}", shown(key)),
         ));
     }
     let values = requirement.values.as_deref().unwrap_or_default();
@@ -312,7 +316,8 @@ fn check_requirement(
             return Err(ctx.error(
                 format!("{field}.operator"),
                 format!(
-                    "unknown operator {other:?}; accepted operators are In, NotIn, Exists and DoesNotExist"
+                    "unknown operator {}; accepted operators are In, NotIn, Exists and DoesNotExist",
+                    shown(other)
                 ),
             ));
         }
@@ -345,7 +350,8 @@ fn declared_policy_types(
                 return Err(ctx.error(
                     format!("spec.policyTypes[{index}]"),
                     format!(
-                        "unknown policy type {other:?}; accepted values are Ingress and Egress"
+                        "unknown policy type {}; accepted values are Ingress and Egress",
+                        shown(other)
                     ),
                 ))
             }
@@ -412,13 +418,13 @@ fn port_spec(
             if let Some(problem) = port_name_problem(name) {
                 return Err(ctx.error(
                     port_field,
-                    format!("named port {name:?} is invalid: {problem}"),
+                    format!("named port {} is invalid: {problem}", shown(name)),
                 ));
             }
             if let Some(end_port) = end_port {
                 return Err(ctx.error(
                     end_port_field,
-                    format!("endPort {end_port} cannot be used with the named port {name:?}; a range needs a numeric port"),
+                    format!("endPort {end_port} cannot be used with the named port {}; a range needs a numeric port", shown(name)),
                 ));
             }
             PortMatch::Named(name.clone())
@@ -500,7 +506,8 @@ fn validated_ip_block(
             return Err(ctx.error(
                 except_field,
                 format!(
-                    "{text:?} is {} but cidr {cidr} is {}; except entries must be of the cidr's address family",
+                    "{} is {} but cidr {cidr} is {}; except entries must be of the cidr's address family",
+                    shown(text),
                     family_name(&excepted),
                     family_name(&cidr)
                 ),
@@ -511,7 +518,7 @@ fn validated_ip_block(
         if !cidr.contains(&excepted) || excepted.prefix_len() <= cidr.prefix_len() {
             return Err(ctx.error(
                 except_field,
-                format!("{text:?} is not inside cidr {cidr}; except entries must be strict subsets of the cidr"),
+                format!("{} is not inside cidr {cidr}; except entries must be strict subsets of the cidr", shown(text)),
             ));
         }
         except.push(excepted);
@@ -528,11 +535,11 @@ fn parse_cidr(text: &str, field: &str, ctx: &ErrorContext<'_>) -> Result<IpNet, 
         Ok(net) => Ok(net.trunc()),
         Err(_) if !text.contains('/') && text.parse::<IpAddr>().is_ok() => Err(ctx.error(
             field,
-            format!("{text:?} has no prefix length; write a CIDR such as {text}/{}", host_prefix_len(text)),
+            format!("{} has no prefix length; write a CIDR such as {text}/{}", shown(text), host_prefix_len(text)),
         )),
         Err(_) => Err(ctx.error(
             field,
-            format!("{text:?} is not a valid CIDR; expected address/prefix-length such as 10.0.0.0/16 or fd00::/64"),
+            format!("{} is not a valid CIDR; expected address/prefix-length such as 10.0.0.0/16 or fd00::/64", shown(text)),
         )),
     }
 }
@@ -563,7 +570,10 @@ fn protocol(
         Some(name) => Protocol::parse(name).ok_or_else(|| {
             ctx.error(
                 field,
-                format!("unsupported protocol {name:?}; accepted values are TCP, UDP and SCTP"),
+                format!(
+                    "unsupported protocol {}; accepted values are TCP, UDP and SCTP",
+                    shown(name)
+                ),
             )
         }),
     }
@@ -596,6 +606,30 @@ fn require_name(meta: &ObjectMeta, ctx: &ErrorContext<'_>) -> Result<(), Validat
     }
 }
 
+/// The name and namespace of a Pod or NetworkPolicy, as the API server checks them: the name
+/// a DNS-1123 subdomain (`ValidatePodName`, `ValidateNetworkPolicyName`), the namespace a
+/// DNS-1123 label (`ValidateNamespaceName`). Manifests skip the API server, and names become
+/// chain names, comments and log lines: nothing else may pass.
+fn check_names(meta: &ObjectMeta, ctx: &ErrorContext<'_>) -> Result<(), ValidationError> {
+    require_name(meta, ctx)?;
+    let name = meta.name.as_deref().unwrap_or_default();
+    if let Some(problem) = dns1123_subdomain_problem(name) {
+        return Err(ctx.error(
+            "metadata.name",
+            format!("name {} is invalid: {problem}", shown(name)),
+        ));
+    }
+    if let Some(namespace) = meta.namespace.as_deref().filter(|ns| !ns.is_empty()) {
+        if let Some(problem) = dns1123_label_problem(namespace) {
+            return Err(ctx.error(
+                "metadata.namespace",
+                format!("namespace {} is invalid: {problem}", shown(namespace)),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn non_empty(text: &str) -> Option<String> {
     (!text.is_empty()).then(|| text.to_string())
 }
@@ -611,15 +645,16 @@ fn validated_labels(
         if let Some(problem) = qualified_name_problem(key) {
             return Err(ctx.error(
                 "metadata.labels",
-                format!("label key {key:?} is invalid: {problem}"),
+                format!("label key {} is invalid: {problem}", shown(key)),
             ));
         }
         if let Some(problem) = label_value_problem(value) {
             return Err(ctx.error(
                 "metadata.labels",
                 format!(
-                    "value {} of label {key:?} is invalid: {problem}",
-                    shown(value)
+                    "value {} of label {} is invalid: {problem}",
+                    shown(value),
+                    shown(key)
                 ),
             ));
         }
@@ -659,7 +694,7 @@ fn parse_ip(text: &str, field: &str, ctx: &ErrorContext<'_>) -> Result<IpAddr, V
     text.parse::<IpAddr>().map_err(|_| {
         ctx.error(
             field,
-            format!("{text:?} is not a valid IPv4 or IPv6 address"),
+            format!("{} is not a valid IPv4 or IPv6 address", shown(text)),
         )
     })
 }
@@ -690,7 +725,7 @@ fn named_ports(spec: &PodSpec, ctx: &ErrorContext<'_>) -> Result<Vec<NamedPort>,
             if let Some(problem) = port_name_problem(name) {
                 return Err(ctx.error(
                     format!("{field}.name"),
-                    format!("port name {name:?} is invalid: {problem}"),
+                    format!("port name {} is invalid: {problem}", shown(name)),
                 ));
             }
             let protocol = protocol(port.protocol.as_deref(), &format!("{field}.protocol"), ctx)?;
@@ -724,7 +759,7 @@ fn qualified_name_problem(key: &str) -> Option<String> {
             return Some("the prefix before '/' must not be empty".to_string());
         }
         if let Some(problem) = dns1123_subdomain_problem(prefix) {
-            return Some(format!("prefix {prefix:?}: {problem}"));
+            return Some(format!("prefix {}: {problem}", shown(prefix)));
         }
     }
     if name.is_empty() {
@@ -857,8 +892,26 @@ fn port_name_problem(name: &str) -> Option<String> {
     None
 }
 
-/// A value quoted for a message, shortened when long so that the message stays readable.
-fn shown(value: &str) -> String {
+/// A name as it appears in messages and logs: as it is when it is plain (printable ASCII
+/// without spaces or quotes, and not long), else quoted, escaped and shortened by [`shown`].
+/// Object keys are built before validation, so a rejected object's key may hold anything.
+pub fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
+    const PLAIN_MAX: usize = MAX_DNS_SUBDOMAIN_LEN + 1 + MAX_DNS_LABEL_LEN;
+    let plain = !name.is_empty()
+        && name.len() <= PLAIN_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'\''));
+    if plain {
+        std::borrow::Cow::Borrowed(name)
+    } else {
+        std::borrow::Cow::Owned(shown(name))
+    }
+}
+
+/// A value quoted for a message (control characters escaped), shortened when long so that
+/// the message stays readable and one hostile value cannot fill the log.
+pub fn shown(value: &str) -> String {
     const SHOWN_CHARS: usize = 40;
     let char_count = value.chars().count();
     if char_count <= SHOWN_CHARS {

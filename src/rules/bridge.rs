@@ -87,13 +87,16 @@ pub const BRIDGED_ICMPV6_TYPES: [u8; 2] = [135, 136];
 /// `-m physdev --physdev-in <port>`: the frame entered the bridge from `port` (a prefix with
 /// `+` matches every port starting with it).
 pub fn physdev_in(port: &str) -> String {
-    format!("-m physdev --physdev-in {port}")
+    format!("-m physdev --physdev-in {}", super::token::token(port))
 }
 
 /// `-m physdev --physdev-out <port> --physdev-is-bridged`: the bridge forwards the frame to
 /// `port`. Only bridged frames have an output port in `FORWARD`.
 pub fn physdev_out_bridged(port: &str) -> String {
-    format!("-m physdev --physdev-out {port} --physdev-is-bridged")
+    format!(
+        "-m physdev --physdev-out {} --physdev-is-bridged",
+        super::token::token(port)
+    )
 }
 
 /// `-m physdev ! --physdev-is-bridged`: routed (or never on a bridge).

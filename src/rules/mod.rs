@@ -22,6 +22,7 @@ pub mod dispatch;
 pub mod policy;
 pub mod provenance;
 pub mod render;
+pub mod token;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -259,7 +260,8 @@ impl Chain {
     /// occurrence among identical rules (so duplicates such as repeated "Return if policy
     /// accepted" rules still get distinct hashes).
     pub fn new(name: impl Into<String>, family: IpFamily, rules: Vec<Rule>) -> Chain {
-        let name = name.into();
+        // Escaped like every jump to it (see `token`): a declaration and its jumps agree.
+        let name = token::chain_token(&name.into()).into_owned();
         let rules = render_rules(&name, family, &rules);
         Chain { name, rules }
     }
@@ -326,10 +328,10 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
         arg(&format!("-d {dst}"));
     }
     if let Some(i) = &rule.in_iface {
-        arg(&format!("-i {i}"));
+        arg(&format!("-i {}", token::token(i)));
     }
     if let Some(o) = &rule.out_iface {
-        arg(&format!("-o {o}"));
+        arg(&format!("-o {}", token::token(o)));
     }
     if let Some(p) = rule.protocol {
         arg(&format!("-p {p}"));
@@ -338,7 +340,10 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
         arg(&format!("-m comment --comment \"{RULE_HASH_PREFIX}{h}\""));
     }
     for c in &rule.comments {
-        arg(&format!("-m comment --comment \"{}\"", sanitize_comment(c)));
+        arg(&format!(
+            "-m comment --comment {}",
+            token::save_string(&sanitize_comment(c))
+        ));
     }
     for m in &rule.matches {
         arg(m);
@@ -364,8 +369,8 @@ pub fn action_text(action: &Action, family: IpFamily) -> String {
             IpFamily::V6 => "-j REJECT --reject-with icmp6-port-unreachable".into(),
         },
         Action::Return => "-j RETURN".into(),
-        Action::Jump(c) => format!("-j {c}"),
-        Action::Goto(c) => format!("-g {c}"),
+        Action::Jump(c) => format!("-j {}", token::chain_token(c)),
+        Action::Goto(c) => format!("-g {}", token::chain_token(c)),
         Action::Nflog(target) => target.text().to_string(),
         Action::SetMark { value, mask } => {
             let mut s = String::new();
@@ -378,10 +383,13 @@ pub fn action_text(action: &Action, family: IpFamily) -> String {
 /// felix's `GetLengthLimitedID`: `prefix + suffix` when it fits in `max` characters, else
 /// `prefix + "_" + base64url(sha256(suffix))` cut to `max`. A suffix that would fill the
 /// name exactly and starts with `_` is hashed too, so it cannot collide with a hashed name.
+/// Ours, not felix's: a suffix that is not a safe token (`token::is_safe_token`) is hashed
+/// whatever its length, so no name of ours carries unchecked text into a restore script.
 pub fn length_limited_name(prefix: &str, suffix: &str, max: usize) -> String {
     let suffix = if suffix.is_empty() { "_" } else { suffix };
     let total = prefix.len() + suffix.len();
-    if total < max || (total == max && !suffix.starts_with('_')) {
+    let fits = total < max || (total == max && !suffix.starts_with('_'));
+    if fits && token::is_safe_token(suffix) {
         return format!("{prefix}{suffix}");
     }
     let hash = URL_SAFE_NO_PAD.encode(Sha256::digest(suffix.as_bytes()));

@@ -11,6 +11,7 @@ use anyhow::{anyhow, Context};
 use super::parse::parse_save;
 use super::plan::KernelSet;
 use crate::host::exec::Exec;
+use crate::rules::token::{ipset_line_problem, script_problem};
 
 /// What `ipset` says when a set it should destroy is referenced by an iptables rule (or by a
 /// `list:set`). Such a destroy is retried later instead of failing the phase.
@@ -74,6 +75,13 @@ pub(super) fn restore(exec: &Exec, script: &str) -> Result<(), ProcessFailure> {
         line: None,
         message: format!("{what}: {e}"),
     };
+    // The last gate before the kernel (see `rules::token`): an unsafe line is never written.
+    if let Some(problem) = script_problem(script, ipset_line_problem) {
+        return Err(ProcessFailure {
+            line: None,
+            message: format!("refusing to write an unsafe restore script: {problem}"),
+        });
+    }
     let mut child = exec
         .command("ipset")
         .args(["-exist", "restore"])

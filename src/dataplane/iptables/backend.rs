@@ -70,8 +70,11 @@ pub fn detect_backend(exec: &Exec, mode: BackendMode) -> Backend {
             {
                 return false;
             }
-            run_save(exec, &tool_name(f, backend, "save"), Some("mangle"))
-                .is_ok_and(|out| HINT_CHAINS.iter().any(|h| out.contains(h)))
+            run_save(exec, &tool_name(f, backend, "save"), Some("mangle")).is_ok_and(|out| {
+                HINT_CHAINS
+                    .iter()
+                    .any(|h| out.windows(h.len()).any(|w| w == h.as_bytes()))
+            })
         })
     };
     if has_hint(Backend::Nft) {
@@ -95,7 +98,11 @@ pub fn detect_backend(exec: &Exec, mode: BackendMode) -> Backend {
         fams.iter()
             .map(|&f| {
                 run_save(exec, &tool_name(f, backend, "save"), None)
-                    .map(|out| out.lines().filter(|l| l.starts_with('-')).count())
+                    .map(|out| {
+                        out.split(|&b| b == b'\n')
+                            .filter(|l| l.starts_with(b"-"))
+                            .count()
+                    })
                     .unwrap_or(0)
             })
             .sum()
@@ -132,8 +139,9 @@ fn legacy_table_names(exec: &Exec, family: IpFamily) -> Vec<String> {
     }
 }
 
-/// `<tool> [-t table]`, returning standard output.
-pub(crate) fn run_save(exec: &Exec, tool: &str, table: Option<&str>) -> anyhow::Result<String> {
+/// `<tool> [-t table]`, returning standard output as bytes: other programs' rules may hold
+/// any bytes (see `parse::parse_save`).
+pub(crate) fn run_save(exec: &Exec, tool: &str, table: Option<&str>) -> anyhow::Result<Vec<u8>> {
     let mut cmd = exec.command(tool);
     if let Some(t) = table {
         cmd.args(["-t", t]);
@@ -149,7 +157,7 @@ pub(crate) fn run_save(exec: &Exec, tool: &str, table: Option<&str>) -> anyhow::
             stderr_of(&out)
         ));
     }
-    String::from_utf8(out.stdout).with_context(|| format!("{tool} printed invalid UTF-8"))
+    Ok(out.stdout)
 }
 
 /// `<tool> --noflush <flags>`, the lines streamed on stdin between `*<table>` and `COMMIT`.

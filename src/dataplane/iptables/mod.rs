@@ -24,6 +24,7 @@ use crate::backoff::{Backoff, Policy};
 use crate::host::exec::Exec;
 use crate::model::IpFamily;
 use crate::rules::chains::KernelChainRules;
+use crate::rules::token::restore_line_problem;
 use crate::rules::{Chain, ChainInsertMode};
 use crate::telemetry::metrics::IptablesMetrics;
 
@@ -258,9 +259,9 @@ impl TableWriter {
     fn read_kernel(&mut self) -> anyhow::Result<TableState> {
         self.stats.save_calls += 1;
         self.metrics.save_calls.inc();
-        let text = backend::run_save(&self.exec, &self.save_tool(), Some(TABLE))
+        let saved = backend::run_save(&self.exec, &self.save_tool(), Some(TABLE))
             .inspect_err(|_| self.metrics.save_errors.inc())?;
-        parse::parse_save(&text, TABLE, self.ownership)
+        parse::parse_save(&saved, TABLE, self.ownership)
     }
 
     /// Our chains and rules in the table as the writer now knows it.
@@ -288,6 +289,19 @@ impl TableWriter {
                 f
             }
         };
+        // The last gate before the kernel: a line that is not made of safe words (see
+        // `rules::token`) is refused, never written.
+        if let Some((index, why)) = ops
+            .iter()
+            .enumerate()
+            .find_map(|(i, op)| restore_line_problem(&op.line()).map(|why| (i, why)))
+        {
+            anyhow::bail!(
+                "refusing to write an unsafe restore line ({} of {}): {why}",
+                index + 1,
+                ops.len()
+            );
+        }
         self.stats.restore_calls += 1;
         self.metrics.restore_calls.inc();
         tracing::debug!(lines = ops.len(), "{tool}");

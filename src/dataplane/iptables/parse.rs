@@ -76,10 +76,21 @@ impl TableState {
 /// `-A NAME ...` lines are rules (a `[packets:bytes]` counter prefix is skipped). Output
 /// without the table (nft before the table exists) is an empty table. felix treats the nft
 /// tools' "table is incompatible" warning as an error, and so do we.
-pub fn parse_save(text: &str, table: &str, ownership: Ownership) -> anyhow::Result<TableState> {
+///
+/// The output is read as bytes: other programs' rules may carry any bytes (a comment is
+/// whatever its writer passed), and one byte that is not UTF-8 must not stop us from reading
+/// our own. A line that is not UTF-8 is never ours (we write only safe ASCII), so it is
+/// carried opaquely: its chain and body are kept in lossy form, only to keep positions and
+/// counts right. The writer never writes a body back unless the rule carries our hash, and a
+/// rule that is not UTF-8 is given none, even if a comment looks like ours.
+pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Result<TableState> {
     let mut state = TableState::empty(ownership);
     let mut inside = false;
-    for line in text.lines() {
+    for raw in bytes.split(|&b| b == b'\n') {
+        let (line, foreign) = match std::str::from_utf8(raw) {
+            Ok(line) => (std::borrow::Cow::Borrowed(line), false),
+            Err(_) => (String::from_utf8_lossy(raw), true),
+        };
         let line = line.trim_end();
         if line.starts_with('#') {
             if line.contains("incompatible") {
@@ -110,11 +121,19 @@ pub fn parse_save(text: &str, table: &str, ownership: Ownership) -> anyhow::Resu
         };
         if let Some(rest) = line.strip_prefix("-A ") {
             let (chain, body) = rest.split_once(' ').unwrap_or((rest, ""));
+            let rule = if foreign {
+                KernelRule {
+                    hash: None,
+                    body: body.to_string(),
+                }
+            } else {
+                ownership.rule(body)
+            };
             state
                 .chains
                 .entry(chain.to_string())
                 .or_default()
-                .push(ownership.rule(body));
+                .push(rule);
         }
     }
     Ok(state)
@@ -151,7 +170,7 @@ COMMIT
 
     #[test]
     fn parses_chains_rules_and_hashes() {
-        let t = parse_save(SAVE, "filter", OURS).unwrap();
+        let t = parse_save(SAVE.as_bytes(), "filter", OURS).unwrap();
         assert_eq!(
             t.chains.keys().collect::<Vec<_>>(),
             [
@@ -186,15 +205,35 @@ COMMIT
     #[test]
     fn missing_table_is_empty_and_incompatible_is_an_error() {
         assert_eq!(
-            parse_save("", "filter", OURS).unwrap(),
+            parse_save(b"", "filter", OURS).unwrap(),
             TableState::empty(OURS)
         );
         assert!(parse_save(
-            "# Table `filter' is incompatible, use 'nft' tool.\n",
+            b"# Table `filter' is incompatible, use 'nft' tool.\n",
             "filter",
             OURS
         )
         .is_err());
+    }
+
+    #[test]
+    fn foreign_bytes_are_carried_and_ours_stay_exact() {
+        let mut save = SAVE.as_bytes().to_vec();
+        let at = save.windows(9).position(|w| w == b"-A KUBE-T").unwrap();
+        let foreign: &[u8] = b"-A FORWARD -m comment --comment \"\xff\xfe caf\xc3\" -j ACCEPT\n\
+-A FORWARD -m comment --comment \"cali:fake\" -m comment --comment \"\xff\" -j DROP\n\
+-A \xffCHAIN -j ACCEPT\n";
+        save.splice(at..at, foreign.iter().copied());
+        let t = parse_save(&save, "filter", OURS).unwrap();
+        let clean = parse_save(SAVE.as_bytes(), "filter", OURS).unwrap();
+        let fwd = &t.chains["FORWARD"];
+        assert_eq!(fwd.len(), 6);
+        assert_eq!(fwd[..4], clean.chains["FORWARD"][..]);
+        // Neither line is ours, not even the one whose first comment looks like our hash.
+        assert!(fwd[4].hash.is_none() && fwd[5].hash.is_none());
+        assert!(fwd[4].body.contains('\u{fffd}'));
+        assert_eq!(t.chains["cali-FORWARD"], clean.chains["cali-FORWARD"]);
+        assert_eq!(t.chains.len(), clean.chains.len() + 1);
     }
 
     #[test]

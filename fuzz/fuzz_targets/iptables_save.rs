@@ -1,0 +1,7 @@
+#![no_main]
+//! See `netpol_agent_fuzz::iptables_save` for what this target feeds and checks.
+
+libfuzzer_sys::fuzz_target!(
+    init: netpol_agent_fuzz::seeds::write_if_asked("iptables_save"),
+    |data: &[u8]| netpol_agent_fuzz::iptables_save(data)
+);
