@@ -369,7 +369,14 @@ fn render_cluster(
         }
         let description = format!("{KIND_LONG} {} {}", policy.name, dir.as_str());
         match out.first_mut() {
-            Some(first) => first.comments.insert(0, description),
+            Some(first) => {
+                // A Deny rule's log rule goes first: the drop after it keeps the description
+                // too, so the drop reads as it does with deny logging off.
+                if matches!(first.action, Some(Action::Nflog(_))) {
+                    out[1].comments.insert(0, description.clone());
+                }
+                out[0].comments.insert(0, description);
+            }
             // Nothing to match in this family: the chain only carries its description and
             // the packet goes on to the next policy.
             None => {
@@ -658,14 +665,14 @@ mod tests {
                 .iter()
                 .any(|r| r.contains("NFLOG") && r.contains("dports 80")));
         }
-        // The longest chain name still fits the prefix.
+        // A hashed (longest) chain name fits the prefix, printed bare (no quoting needed).
         let mut long = p.clone();
         long.name = "a-rather-long-policy-name-that-is-hashed".into();
         let chains = render_with(&on, &long, IpFamily::V4);
         assert!(chains[0]
             .1
             .iter()
-            .any(|r| r.contains(&format!("--nflog-prefix \"npa-cnp-in-{}\"", chains[0].0))));
+            .any(|r| r.contains(&format!("--nflog-prefix npa-cnp-in-{} ", chains[0].0))));
     }
 
     #[test]
