@@ -62,6 +62,29 @@ fn isolation(world: &World) -> anyhow::Result<Isolation> {
     Ok(out)
 }
 
+/// When a line's `policies` is a ClusterNetworkPolicy (`Admin/<name>` or `Baseline/<name>`;
+/// namespaces are never capitalised): whether the scenario has that policy in that tier.
+fn cluster_denier(world: &World, policies: &serde_json::Value) -> Option<Result<(), String>> {
+    let (tier, name) = policies.as_str()?.split_once('/')?;
+    if tier != "Admin" && tier != "Baseline" {
+        return None;
+    }
+    let Some(doc) = world.cluster_policies.get(name) else {
+        return Some(Err(format!(
+            "names ClusterNetworkPolicy {name}, which the scenario does not have"
+        )));
+    };
+    let spec_tier = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(doc)
+        .ok()
+        .and_then(|v| v["spec"]["tier"].as_str().map(str::to_string));
+    Some(match spec_tier {
+        Some(t) if t == tier => Ok(()),
+        other => Err(format!(
+            "names ClusterNetworkPolicy {tier}/{name}, whose tier is {other:?}"
+        )),
+    })
+}
+
 /// One probe as a deny line names its flow.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct FlowKey {
@@ -144,7 +167,13 @@ pub fn check(
                 let allowed = match (served, allowed) {
                     (true, allowed) => allowed,
                     // Unanswered whatever policy says: no policy in the way means no line.
-                    (false, _) if !from_isolated && !to_isolated => true,
+                    // (A ClusterNetworkPolicy may deny it, and telling whether one does takes
+                    // the evaluation the check avoids.)
+                    (false, _)
+                        if !from_isolated && !to_isolated && world.cluster_policies.is_empty() =>
+                    {
+                        true
+                    }
                     (false, _) => {
                         unchecked += 1;
                         continue;
@@ -218,7 +247,24 @@ pub fn check(
         if line["src"] != from.as_str() || line["dst"] != to.as_str() {
             wrong.push(format!("names {} -> {}", line["src"], line["dst"]));
         }
-        if want_policies.is_empty() {
+        if let Some(cnp) = cluster_denier(world, &line["policies"]) {
+            // A ClusterNetworkPolicy's Deny rule dropped it: the line names that policy (as
+            // `<tier>/<name>`), which must exist in the scenario with that tier, and its chain.
+            if let Err(e) = cnp {
+                wrong.push(e);
+            }
+            let chain = line["chain"].as_str().unwrap_or("");
+            let want_prefix = if direction == "ingress" {
+                "cali-pi-"
+            } else {
+                "cali-po-"
+            };
+            if !chain.starts_with(want_prefix) {
+                wrong.push(format!(
+                    "a ClusterNetworkPolicy drop in chain {chain:?}, not a {want_prefix} chain"
+                ));
+            }
+        } else if want_policies.is_empty() {
             wrong.push(format!("{side} is not isolated for {direction}"));
         } else if line["policies"] != want_policies.as_str() {
             wrong.push(format!(

@@ -231,6 +231,15 @@ impl CalcGraph {
         ]
     }
 
+    /// The active ClusterNetworkPolicies (selecting a local endpoint: they have chains), as
+    /// (tier, name).
+    pub fn active_cluster_policies(&self) -> impl Iterator<Item = (Tier, &str)> {
+        self.cluster_policies
+            .values()
+            .filter(|p| !p.selects.is_empty())
+            .map(|p| (p.info.tier, p.info.name.as_str()))
+    }
+
     pub fn active_cluster_policy_count(&self) -> usize {
         self.cluster_policies
             .values()

@@ -35,6 +35,7 @@ use crate::model::{
     PodSelection, Protocol, RuleAction,
 };
 
+use super::deny_log::{logged_drop, DropKind};
 use super::policy::{merge_ranges, split_multiport};
 use super::provenance::{
     traced, ChainRole, ClusterPortsRole, ClusterRuleRole, ClusterStep, Rendered, RuleRole,
@@ -341,23 +342,41 @@ fn render_cluster(
         };
         let mut out = Vec::new();
         let mut roles = Vec::new();
+        let chain_name = cluster_policy_chain(dir, &policy.name);
         for rule in rules {
             let mut steps = Vec::new();
-            render_rule(cfg, family, dir, rule, set_name, &mut out, &mut steps);
+            render_rule(
+                cfg,
+                family,
+                dir,
+                rule,
+                set_name,
+                &chain_name,
+                &mut out,
+                &mut steps,
+            );
             if traced {
-                roles.extend(steps.into_iter().map(|step| {
-                    RuleRole::ClusterPolicy(ClusterRuleRole {
+                roles.extend(steps.into_iter().map(|step| match step {
+                    Some(step) => RuleRole::ClusterPolicy(ClusterRuleRole {
                         rule: rule.index,
                         name: rule.name.clone(),
                         action: rule.action,
                         step,
-                    })
+                    }),
+                    None => RuleRole::DenyLog,
                 }));
             }
         }
         let description = format!("{KIND_LONG} {} {}", policy.name, dir.as_str());
         match out.first_mut() {
-            Some(first) => first.comments.insert(0, description),
+            Some(first) => {
+                // A Deny rule's log rule goes first: the drop after it keeps the description
+                // too, so the drop reads as it does with deny logging off.
+                if matches!(first.action, Some(Action::Nflog(_))) {
+                    out[1].comments.insert(0, description.clone());
+                }
+                out[0].comments.insert(0, description);
+            }
             // Nothing to match in this family: the chain only carries its description and
             // the packet goes on to the next policy.
             None => {
@@ -368,7 +387,7 @@ fn render_cluster(
                 roles.push(RuleRole::PolicyDescription);
             }
         }
-        let chain = Chain::new(cluster_policy_chain(dir, &policy.name), family, out);
+        let chain = Chain::new(chain_name, family, out);
         let role = || ChainRole::ClusterPolicy {
             name: policy.name.clone(),
             tier: policy.tier,
@@ -379,15 +398,19 @@ fn render_cluster(
     chains
 }
 
-/// Renders one API rule into `out`, and what each rule rendered is into `steps`.
+/// Renders one API rule into `out`, and what each rule rendered is into `steps` (`None`: the
+/// deny-log rule in front of a Deny alternative, when deny logging is on; it matches what the
+/// drop matches and logs with a `cnp` prefix naming `chain`, see `deny_log`).
+#[allow(clippy::too_many_arguments)]
 fn render_rule(
     cfg: &RuleConfig,
     family: IpFamily,
     dir: Direction,
     rule: &PlannedClusterRule,
     set_name: &dyn Fn(&SetDef) -> String,
+    chain: &str,
     out: &mut Vec<Rule>,
-    steps: &mut Vec<ClusterStep>,
+    steps: &mut Vec<Option<ClusterStep>>,
 ) {
     let marks = cfg.marks;
     let (action, verdict_bit) = match rule.action {
@@ -411,7 +434,7 @@ fn render_rule(
         Direction::Ingress => "src",
         Direction::Egress => "dst",
     };
-    let start = out.len();
+    let mut rendered: Vec<(Rule, ClusterStep)> = Vec::new();
     for alt in &rule.alternatives {
         let mut r = Rule {
             protocol: alt.protocol.map(Protocol::as_str),
@@ -452,8 +475,7 @@ fn render_rule(
                 .matches
                 .push(format!("-m set --match-set {} dst,dst", set_name(def))),
         }
-        out.push(r);
-        steps.push(ClusterStep::Match {
+        let step = ClusterStep::Match {
             peer: alt.peer_index,
             protocol: alt.protocol,
             ports: match &alt.ports {
@@ -464,9 +486,10 @@ fn render_rule(
                     SetDef::Selector { .. } => String::new(),
                 }),
             },
-        });
+        };
+        rendered.push((r, step));
     }
-    if out.len() == start {
+    if rendered.is_empty() {
         return;
     }
     // Comments keep to felix's character set (no brackets), see `sanitize_comment`.
@@ -486,10 +509,20 @@ fn render_rule(
             fields.join(" ")
         ));
     }
-    out[start].comments.push(label);
+    rendered[0].0.comments.push(label);
+    for (r, step) in rendered {
+        if rule.action == RuleAction::Deny {
+            let logged = logged_drop(cfg.deny_log.as_ref(), r, DropKind::Cluster, dir, chain);
+            steps.extend((1..logged.len()).map(|_| None));
+            out.extend(logged);
+        } else {
+            out.push(r);
+        }
+        steps.push(Some(step));
+    }
     if let Some(bit) = verdict_bit {
         out.push(Rule::new(Action::Return).mark_match(bit, bit));
-        steps.push(ClusterStep::ReturnAfter);
+        steps.push(Some(ClusterStep::ReturnAfter));
     }
 }
 
@@ -535,23 +568,111 @@ mod tests {
     }
 
     fn render(p: &ClusterPolicyInfo, family: IpFamily) -> Vec<(String, Vec<String>)> {
+        render_with(&RuleConfig::default(), p, family)
+    }
+
+    fn render_with(
+        cfg: &RuleConfig,
+        p: &ClusterPolicyInfo,
+        family: IpFamily,
+    ) -> Vec<(String, Vec<String>)> {
         let plan = plan_cluster_policy(p);
-        cluster_policy_chains(&RuleConfig::default(), family, p, &plan, &|d| {
-            format!("SET-{}", &d.id()[2..6])
-        })
-        .into_iter()
-        .map(|c| {
-            let bodies = c
-                .rules
+        cluster_policy_chains(cfg, family, p, &plan, &|d| format!("SET-{}", &d.id()[2..6]))
+            .into_iter()
+            .map(|c| {
+                let bodies = c
+                    .rules
+                    .iter()
+                    .map(|r| {
+                        r.body
+                            .replace(&format!("-m comment --comment \"cali:{}\" ", r.hash), "")
+                    })
+                    .collect();
+                (c.name, bodies)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn deny_rules_are_logged_when_deny_logging_is_on_and_only_then() {
+        use crate::rules::deny_log::{DenyLogConfig, Rate, DEFAULT_SNAP_LEN};
+        let peer = ClusterPeer::Pods(pods(sel("team", "b"), LabelSel::everything()));
+        let tcp = |port| ClusterPort::Numeric {
+            protocol: Protocol::Tcp,
+            first: port,
+            last: port,
+        };
+        let p = policy(
+            vec![
+                rule(RuleAction::Accept, vec![peer.clone()], Some(vec![tcp(80)])),
+                rule(
+                    RuleAction::Deny,
+                    vec![peer.clone()],
+                    Some(vec![
+                        tcp(81),
+                        ClusterPort::Numeric {
+                            protocol: Protocol::Udp,
+                            first: 53,
+                            last: 53,
+                        },
+                    ]),
+                ),
+            ],
+            vec![rule(RuleAction::Deny, vec![peer], None)],
+        );
+        let on = RuleConfig {
+            deny_log: Some(
+                DenyLogConfig::new(3, Rate::per_second(10), 20, DEFAULT_SNAP_LEN).unwrap(),
+            ),
+            ..RuleConfig::default()
+        };
+        let off = render(&p, IpFamily::V4);
+        let logged = render_with(&on, &p, IpFamily::V4);
+        assert_eq!(logged.len(), 2);
+        for ((name, off_rules), (logged_name, rules)) in off.iter().zip(&logged) {
+            assert_eq!(name, logged_name);
+            let dir = if name.starts_with("cali-pi-") {
+                "in"
+            } else {
+                "eg"
+            };
+            let log_target = format!(
+                "-m limit --limit 10/sec --limit-burst 20 -j NFLOG --nflog-prefix \"npa-cnp-{dir}-{name}\" --nflog-group 3 --nflog-size 128"
+            );
+            // Every Deny alternative is preceded by its log rule, which matches what the drop
+            // matches; nothing else is logged, and without the log rules the chain is the
+            // chain rendered with logging off.
+            let mut without_logs = Vec::new();
+            let mut logs = 0;
+            for (i, r) in rules.iter().enumerate() {
+                if r.contains("NFLOG") {
+                    logs += 1;
+                    let drop = &rules[i + 1];
+                    assert!(drop.ends_with(" -j DROP"), "{rules:#?}");
+                    assert_eq!(
+                        *r,
+                        format!("{} {log_target}", drop.strip_suffix(" -j DROP").unwrap()),
+                    );
+                } else {
+                    without_logs.push(r.clone());
+                }
+            }
+            assert_eq!(&without_logs, off_rules);
+            let drops = rules.iter().filter(|r| r.ends_with("-j DROP")).count();
+            assert_eq!(logs, drops, "{rules:#?}");
+            assert_eq!(drops, if dir == "in" { 2 } else { 1 });
+            assert!(!rules
                 .iter()
-                .map(|r| {
-                    r.body
-                        .replace(&format!("-m comment --comment \"cali:{}\" ", r.hash), "")
-                })
-                .collect();
-            (c.name, bodies)
-        })
-        .collect()
+                .any(|r| r.contains("NFLOG") && r.contains("dports 80")));
+        }
+        // A hashed (longest) chain name fits the prefix, printed bare (no quoting needed).
+        let mut long = p.clone();
+        long.name = "a-rather-long-policy-name-that-is-hashed".into();
+        let chains = render_with(&on, &long, IpFamily::V4);
+        assert!(chains[0]
+            .1
+            .iter()
+            .any(|r| r.contains(&format!("--nflog-prefix npa-cnp-in-{} ", chains[0].0))));
     }
 
     #[test]

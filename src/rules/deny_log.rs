@@ -109,6 +109,8 @@ pub enum DropKind {
     Policy,
     /// A dispatch chain's "Unknown interface": the pod is not programmed yet.
     UnknownInterface,
+    /// A Deny rule of a ClusterNetworkPolicy chain (`cali-pi-kcnp...` / `cali-po-kcnp...`).
+    Cluster,
 }
 
 impl DropKind {
@@ -116,6 +118,7 @@ impl DropKind {
         match self {
             DropKind::Policy => "pol",
             DropKind::UnknownInterface => "unk",
+            DropKind::Cluster => "cnp",
         }
     }
 }
@@ -127,7 +130,7 @@ fn direction_tag(d: Direction) -> &'static str {
     }
 }
 
-/// What an NFLOG prefix of ours says: `npa-<pol|unk>-<in|eg>-<chain>`, for example
+/// What an NFLOG prefix of ours says: `npa-<pol|unk|cnp>-<in|eg>-<chain>`, for example
 /// `npa-pol-in-cali-tw-cali1234567890a` (34 characters; a 28-character chain name, the
 /// longest iptables allows, gives 39).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -160,6 +163,7 @@ impl LogPrefix {
         let kind = match parts.next() {
             Some("pol") => DropKind::Policy,
             Some("unk") => DropKind::UnknownInterface,
+            Some("cnp") => DropKind::Cluster,
             _ => return Err(not_ours()),
         };
         let direction = match parts.next() {

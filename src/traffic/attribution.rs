@@ -16,7 +16,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use crate::calc_graph::EndpointView;
-use crate::model::ObjectKey;
+use crate::model::{ObjectKey, Tier};
+use crate::rules::cluster::cluster_policy_chain;
 use crate::rules::{from_workload_chain, to_workload_chain, Direction};
 
 /// The local pod a `cali-tw-`/`cali-fw-` chain belongs to.
@@ -28,10 +29,20 @@ pub struct ChainOwner {
     pub policies: Vec<ObjectKey>,
 }
 
-/// Chain name → owner, for every programmed local endpoint.
+/// The ClusterNetworkPolicy a `cali-pi-kcnp...`/`cali-po-kcnp...` chain renders.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterChainOwner {
+    pub tier: Tier,
+    pub name: String,
+}
+
+/// Chain name → owner, for every programmed local endpoint, and for every active
+/// ClusterNetworkPolicy's chains (their names are length-limited, so a hashed chain name can
+/// only be read back through this map).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocalChains {
     by_chain: HashMap<String, ChainOwner>,
+    cluster: HashMap<String, ClusterChainOwner>,
 }
 
 impl LocalChains {
@@ -55,11 +66,38 @@ impl LocalChains {
                 },
             );
         }
-        LocalChains { by_chain }
+        LocalChains {
+            by_chain,
+            cluster: HashMap::new(),
+        }
+    }
+
+    /// Adds the chains of these ClusterNetworkPolicies (tier, name), both directions.
+    pub fn with_cluster_policies<'a>(
+        mut self,
+        policies: impl IntoIterator<Item = (Tier, &'a str)>,
+    ) -> LocalChains {
+        for (tier, name) in policies {
+            for dir in [Direction::Ingress, Direction::Egress] {
+                self.cluster.insert(
+                    cluster_policy_chain(dir, name),
+                    ClusterChainOwner {
+                        tier,
+                        name: name.to_string(),
+                    },
+                );
+            }
+        }
+        self
     }
 
     pub fn owner(&self, chain: &str) -> Option<&ChainOwner> {
         self.by_chain.get(chain)
+    }
+
+    /// The ClusterNetworkPolicy whose chain this is.
+    pub fn cluster_owner(&self, chain: &str) -> Option<&ClusterChainOwner> {
+        self.cluster.get(chain)
     }
 
     pub fn len(&self) -> usize {

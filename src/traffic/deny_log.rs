@@ -7,7 +7,9 @@
 //! destination pod's policy dropped it, `egress`: the source pod's); `src` and `dst` (a pod as
 //! `namespace/name`, else the address), `src_ip`, `src_port`, `dst_ip`, `dst_port` (or
 //! `icmp_type`/`icmp_code`), `protocol`; `policies`: the policies isolating the pod in that
-//! direction (`namespace/name`, comma-separated), or `not programmed yet` for a pod whose
+//! direction (`namespace/name`, comma-separated), or for a ClusterNetworkPolicy Deny rule's
+//! drop that policy as `<tier>/<name>` (`Admin/deny-b`; tiers are capitalised, namespaces never
+//! are), or `not programmed yet` for a pod whose
 //! chains do not exist yet (the dispatch's unknown-interface drop); `chain` (the chain that
 //! dropped it); `packet_time` (when the kernel saw the packet); and `suppressed` when packets of
 //! the same flow were counted but not logged in its previous window. With `FELIX_LOGFORMAT=json`
@@ -30,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::host::nflog::dedup::{Dedup, Verdict};
 use crate::host::nflog::{self, Config, Flow, LogPacket, Reader, L4};
-use crate::model::ObjectKey;
+use crate::model::{ObjectKey, Tier};
 use crate::rules::deny_log::{DropKind, LogPrefix};
 use crate::rules::Direction;
 use crate::telemetry::metrics;
@@ -78,6 +80,10 @@ pub enum Reason {
     NotProgrammed,
     /// A pod chain the graph no longer has (removed since the packet was dropped).
     ChainGone,
+    /// A Deny rule of this ClusterNetworkPolicy (tier, name) dropped it.
+    ClusterDenied { tier: Tier, name: String },
+    /// A ClusterNetworkPolicy chain the graph no longer has.
+    ClusterGone,
 }
 
 impl fmt::Display for Reason {
@@ -92,6 +98,8 @@ impl fmt::Display for Reason {
             }
             Reason::NotProgrammed => write!(f, "not programmed yet"),
             Reason::ChainGone => write!(f, "unknown (the pod's chain is gone)"),
+            Reason::ClusterDenied { tier, name } => write!(f, "{}/{name}", tier.as_str()),
+            Reason::ClusterGone => write!(f, "unknown (the ClusterNetworkPolicy's chain is gone)"),
         }
     }
 }
@@ -134,6 +142,15 @@ pub fn attribute(
                 Reason::Isolated(owner.policies.clone())
             }
             None => Reason::ChainGone,
+        },
+        // The chain is the policy's, shared by every pod it selects: both ends are named by
+        // address (ingress: the destination is the pod, egress: the source).
+        DropKind::Cluster => match chains.cluster_owner(&prefix.chain) {
+            Some(owner) => Reason::ClusterDenied {
+                tier: owner.tier,
+                name: owner.name.clone(),
+            },
+            None => Reason::ClusterGone,
         },
     };
     DeniedFlow {
@@ -369,6 +386,65 @@ mod tests {
             (Peer::Pod(key("x/server")), Peer::Pod(key("y/client")))
         );
         assert_eq!(d.reason, Reason::Isolated(vec![]));
+    }
+
+    #[test]
+    fn a_cluster_policy_deny_names_the_policy_and_both_ends_by_address() {
+        use crate::model::Tier;
+        use crate::rules::cluster::cluster_policy_chain;
+        let long_name = "a-rather-long-policy-name-that-is-hashed";
+        let chains =
+            chains().with_cluster_policies([(Tier::Admin, "deny-b"), (Tier::Baseline, long_name)]);
+        let ingress = LogPrefix {
+            kind: DropKind::Cluster,
+            direction: Direction::Ingress,
+            chain: cluster_policy_chain(Direction::Ingress, "deny-b"),
+        };
+        let ingress = LogPrefix::parse(&ingress.render().unwrap()).unwrap();
+        let d = attribute(
+            &ingress,
+            tcp("10.0.0.2", "10.0.0.1"),
+            SystemTime::UNIX_EPOCH,
+            &chains,
+            lookup,
+        );
+        assert_eq!(d.direction, Direction::Ingress);
+        assert_eq!(d.src, Peer::Pod(key("y/client")));
+        assert_eq!(d.dst, Peer::Pod(key("x/server")));
+        assert_eq!(d.reason.to_string(), "Admin/deny-b");
+        assert_eq!(d.chain, "cali-pi-kcnp/deny-b");
+        // Egress, through a hashed chain name: the source is the pod.
+        let chain = cluster_policy_chain(Direction::Egress, long_name);
+        assert!(chain.starts_with("cali-po-_"));
+        let egress = LogPrefix::parse(&format!("npa-cnp-eg-{chain}")).unwrap();
+        let d = attribute(
+            &egress,
+            tcp("10.0.0.1", "192.0.2.9"),
+            SystemTime::UNIX_EPOCH,
+            &chains,
+            lookup,
+        );
+        assert_eq!(d.direction, Direction::Egress);
+        assert_eq!(d.src, Peer::Pod(key("x/server")));
+        assert_eq!(d.dst, Peer::Address("192.0.2.9".parse().unwrap()));
+        assert_eq!(
+            d.reason,
+            Reason::ClusterDenied {
+                tier: Tier::Baseline,
+                name: long_name.into()
+            }
+        );
+        assert_eq!(d.reason.to_string(), format!("Baseline/{long_name}"));
+        // A policy the graph no longer has.
+        let gone = LogPrefix::parse("npa-cnp-in-cali-pi-kcnp/gone").unwrap();
+        let d = attribute(
+            &gone,
+            tcp("10.0.0.2", "10.0.0.1"),
+            SystemTime::UNIX_EPOCH,
+            &chains,
+            lookup,
+        );
+        assert_eq!(d.reason, Reason::ClusterGone);
     }
 
     #[test]

@@ -200,8 +200,10 @@ impl Traffic {
                     }));
             }
             if chains_changed || (update.is_some() && !deny.chains_published) {
-                deny.attribution
-                    .publish_chains(LocalChains::from_views(graph.programmed_endpoints()));
+                deny.attribution.publish_chains(
+                    LocalChains::from_views(graph.programmed_endpoints())
+                        .with_cluster_policies(graph.active_cluster_policies()),
+                );
                 deny.chains_published = true;
             }
         }
