@@ -3,7 +3,7 @@
 # libfuzzer-sys on the stable toolchain, see fuzz/src/lib.rs for why and for each target's
 # invariant).
 #
-#   scripts/fuzz.sh                     short run: every target for 8 s (the test command)
+#   scripts/fuzz.sh                     short run: every target for 8 s
 #   scripts/fuzz.sh --budget 600        long run: every target for 10 minutes
 #   scripts/fuzz.sh --budget 120 cri    some targets only
 #

@@ -193,6 +193,9 @@ pub fn manifests(data: &[u8]) {
             K8sObject::Pod(p) => validate::pod(p).map(|_| ()),
             K8sObject::Namespace(n) => validate::namespace(n).map(|_| ()),
             K8sObject::NetworkPolicy(np) => validate::network_policy(np).map(|_| ()),
+            K8sObject::ClusterNetworkPolicy(cnp) => {
+                validate::cluster_network_policy(cnp).map(|_| ())
+            }
         };
         if let Err(e) = result {
             check_validation_error(&e);
@@ -555,6 +558,23 @@ pub fn cri(data: &[u8]) {
                 );
                 assert_eq!(&chosen.pod.to_string(), pod);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The open crash of `iptables_save`, replayed without libFuzzer (a plain test build:
+    /// `cd fuzz && cargo test --lib -- --ignored`). Once fixed, the input moves to
+    /// `regressions/iptables_save/` and this test goes.
+    #[test]
+    #[ignore = "open: a line of ours with non-UTF-8 bytes in its counters is read as foreign, and the plan's model then counts an extra copy of our FORWARD jump"]
+    fn open_iptables_save_crash() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("open-crashes/iptables_save");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            super::iptables_save(&data);
         }
     }
 }
