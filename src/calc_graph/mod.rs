@@ -18,6 +18,7 @@
 //! is named a local pod has no chains, and its traffic meets "Unknown interface".
 
 mod cluster;
+mod compact_pod;
 mod provenance;
 mod set_index;
 #[cfg(test)]
@@ -399,7 +400,7 @@ impl CalcGraph {
     pub fn take_pods_to_name(&mut self) -> Vec<PodInfo> {
         std::mem::take(&mut self.to_name)
             .into_iter()
-            .filter_map(|key| self.sets.pod(&key).cloned())
+            .filter_map(|key| self.sets.pod(&key).map(|p| p.to_info()))
             .collect()
     }
 
@@ -408,13 +409,13 @@ impl CalcGraph {
     pub fn local_pods(&self) -> Vec<PodInfo> {
         self.sets
             .pods()
-            .filter(|p| self.is_local(p))
-            .cloned()
+            .filter(|p| self.is_local(p.node.as_deref()))
+            .map(|p| p.to_info())
             .collect()
     }
 
-    fn is_local(&self, pod: &PodInfo) -> bool {
-        pod.node.as_deref() == Some(self.cfg.node_name.as_str())
+    fn is_local(&self, node: Option<&str>) -> bool {
+        node == Some(self.cfg.node_name.as_str())
     }
 
     /// The caller's answer for a local pod's host interface: the name, or why it has none (the
@@ -424,7 +425,7 @@ impl CalcGraph {
         let Some(info) = self.sets.pod(key) else {
             return;
         };
-        if !self.is_local(info) {
+        if !self.is_local(info.node.as_deref()) {
             return;
         }
         let iface = match iface {
@@ -491,15 +492,15 @@ impl CalcGraph {
 
     pub fn upsert_pod_info(&mut self, info: PodInfo) {
         let key = info.key.clone();
-        let local = self.is_local(&info);
+        let local = self.is_local(info.node.as_deref());
         let labels_changed = self
             .sets
             .pod(&key)
-            .is_none_or(|old| old.labels != info.labels);
+            .is_none_or(|old| !old.labels.same_as(&info.labels));
         // Bridge mode dispatches routed traffic by the local pods' addresses.
         if local
             && self.cfg.rules.bridge.is_some()
-            && self.sets.pod(&key).is_some_and(|old| old.ips != info.ips)
+            && self.sets.pod(&key).is_some_and(|old| *old.ips != *info.ips)
         {
             self.dirty.mark(Owner::Dispatch);
         }
@@ -894,9 +895,15 @@ impl CalcGraph {
 
     // ---- read-only views, for what the agent tells about traffic (deny logs, counters) ----
 
-    /// A pod as the graph knows it (local or not), by key.
-    pub fn pod(&self, key: &ObjectKey) -> Option<&PodInfo> {
-        self.sets.pod(key)
+    /// A pod as the graph knows it (local or not), by key (a copy: the graph keeps pods in a
+    /// compact form of its own).
+    pub fn pod(&self, key: &ObjectKey) -> Option<PodInfo> {
+        self.sets.pod(key).map(|p| p.to_info())
+    }
+
+    /// A pod's addresses (empty for a pod the graph does not know), without a copy.
+    pub fn pod_ips(&self, key: &ObjectKey) -> &[std::net::IpAddr] {
+        self.sets.pod(key).map(|p| &*p.ips).unwrap_or(&[])
     }
 
     /// The local endpoints that have chains (a named interface they own), each with the

@@ -14,14 +14,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kube::core::Expression;
 
+use super::compact_pod::{release_labels, CompactPod, Interner, Labels, PodIds};
 use crate::ipsets::{Member, SetDef};
-use crate::model::{LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, PodInfo};
+use crate::model::{LabelLookup, LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, PodInfo};
 
 type PodId = usize;
 type SetId = usize;
 
 struct PodEntry {
-    info: PodInfo,
+    info: CompactPod,
     /// Sets the pod currently contributes members to.
     sets: HashSet<SetId>,
 }
@@ -67,9 +68,12 @@ pub(crate) struct PendingSet {
 
 #[derive(Default)]
 pub(crate) struct SetIndex {
-    pods: Vec<Option<PodEntry>>,
+    /// Boxed: the table grows by doubling, and an empty slot then costs a pointer, not a
+    /// record.
+    pods: Vec<Option<Box<PodEntry>>>,
+    interner: Interner,
     free_pods: Vec<PodId>,
-    pod_ids: HashMap<ObjectKey, PodId>,
+    pod_ids: PodIds,
     pods_by_label: HashMap<String, HashMap<String, HashSet<PodId>>>,
     namespaces: HashMap<String, NamespaceEntry>,
 
@@ -88,14 +92,19 @@ pub(crate) struct SetIndex {
 }
 
 impl SetIndex {
-    pub fn pod(&self, key: &ObjectKey) -> Option<&PodInfo> {
-        self.pod_ids
-            .get(key)
-            .and_then(|id| self.pods[*id].as_ref())
+    pub fn pod(&self, key: &ObjectKey) -> Option<&CompactPod> {
+        self.pod_id(key)
+            .and_then(|id| self.pods[id].as_ref())
             .map(|e| &e.info)
     }
 
-    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+    fn pod_id(&self, key: &ObjectKey) -> Option<PodId> {
+        let pods = &self.pods;
+        self.pod_ids
+            .get(key, |id| pods.get(id)?.as_ref().map(|e| &e.info))
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &CompactPod> {
         self.pods.iter().flatten().map(|e| &e.info)
     }
 
@@ -111,18 +120,24 @@ impl SetIndex {
 
     pub fn upsert_pod(&mut self, info: PodInfo) {
         let key = info.key.clone();
-        let Some(&id) = self.pod_ids.get(&key) else {
+        let Some(id) = self.pod_id(&key) else {
             let id = self.free_pods.pop().unwrap_or(self.pods.len());
             if id == self.pods.len() {
                 self.pods.push(None);
             }
+            let info = CompactPod::new(info, &mut self.interner);
             self.index_pod_labels(id, &info.labels, true);
             self.namespace_entry(&key.namespace).pods.insert(id);
-            self.pods[id] = Some(PodEntry {
+            self.pods[id] = Some(Box::new(PodEntry {
                 info,
                 sets: HashSet::new(),
-            });
-            self.pod_ids.insert(key, id);
+            }));
+            let pods = &self.pods;
+            if let Some(entry) = pods[id].as_ref() {
+                self.pod_ids.insert(id, &entry.info, |id| {
+                    pods.get(id)?.as_ref().map(|e| &e.info)
+                });
+            }
             let candidates = self.anchored_candidates(id);
             for set in candidates {
                 self.evaluate(set, id);
@@ -132,12 +147,17 @@ impl SetIndex {
         let Some(entry) = self.pods[id].as_mut() else {
             return;
         };
-        if entry.info == info {
+        if entry.info.same_as(&info) {
             return;
         }
+        let info = CompactPod::new(info, &mut self.interner);
         let old = std::mem::replace(&mut entry.info, info);
-        let mut candidates =
-            label_change_candidates(&old.labels, &entry.info.labels, &self.pod_key_refs);
+        let mut candidates = label_change_candidates(
+            old.labels.keys().chain(entry.info.labels.keys()),
+            &old.labels,
+            &entry.info.labels,
+            &self.pod_key_refs,
+        );
         let addresses_changed =
             old.ips != entry.info.ips || old.named_ports != entry.info.named_ports;
         if addresses_changed {
@@ -147,7 +167,9 @@ impl SetIndex {
             let new_labels = entry.info.labels.clone();
             self.index_pod_labels(id, &old.labels, false);
             self.index_pod_labels(id, &new_labels, true);
+            release_labels(new_labels, &mut self.interner);
         }
+        old.release(&mut self.interner);
         if addresses_changed {
             candidates.extend(self.anchored_candidates(id));
         }
@@ -157,7 +179,11 @@ impl SetIndex {
     }
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
-        let Some(id) = self.pod_ids.remove(key) else {
+        let pods = &self.pods;
+        let Some(id) = self
+            .pod_ids
+            .remove(key, |id| pods.get(id)?.as_ref().map(|e| &e.info))
+        else {
             return;
         };
         let Some(entry) = self.pods[id].take() else {
@@ -177,6 +203,7 @@ impl SetIndex {
                 self.namespaces.remove(&key.namespace);
             }
         }
+        entry.info.release(&mut self.interner);
         self.free_pods.push(id);
     }
 
@@ -215,7 +242,12 @@ impl SetIndex {
             return;
         }
         let old = std::mem::replace(&mut entry.labels, labels);
-        let candidates = label_change_candidates(&old, &entry.labels, &self.ns_key_refs);
+        let candidates = label_change_candidates(
+            old.keys().chain(entry.labels.keys()).map(String::as_str),
+            &old,
+            &entry.labels,
+            &self.ns_key_refs,
+        );
         let pods: Vec<PodId> = entry.pods.iter().copied().collect();
         for set in candidates {
             for pod in &pods {
@@ -234,13 +266,13 @@ impl SetIndex {
             })
     }
 
-    fn index_pod_labels(&mut self, id: PodId, labels: &BTreeMap<String, String>, add: bool) {
-        for (k, v) in labels {
+    fn index_pod_labels(&mut self, id: PodId, labels: &Labels, add: bool) {
+        for (k, v) in labels.iter() {
             if add {
                 self.pods_by_label
-                    .entry(k.clone())
+                    .entry(k.to_string())
                     .or_default()
-                    .entry(v.clone())
+                    .entry(v.to_string())
                     .or_default()
                     .insert(id);
             } else if let Some(values) = self.pods_by_label.get_mut(k) {
@@ -270,12 +302,12 @@ impl SetIndex {
         };
         // Building owned anchors per lookup costs a few allocations per pod event; the
         // number of labels per pod is small.
-        for (k, v) in &entry.info.labels {
-            take(&Anchor::PodLabel(k.clone(), v.clone()));
-            take(&Anchor::PodKey(k.clone()));
+        for (k, v) in entry.info.labels.iter() {
+            take(&Anchor::PodLabel(k.to_string(), v.to_string()));
+            take(&Anchor::PodKey(k.to_string()));
         }
-        let ns = &entry.info.key.namespace;
-        take(&Anchor::Namespace(ns.clone()));
+        let ns = &*entry.info.namespace;
+        take(&Anchor::Namespace(ns.to_string()));
         if let Some(ns_entry) = self.namespaces.get(ns) {
             for (k, v) in &ns_entry.labels {
                 take(&Anchor::NsLabel(k.clone(), v.clone()));
@@ -401,14 +433,14 @@ impl SetIndex {
             return;
         };
         let ns_matches = match set.def.namespaces() {
-            NamespaceScope::Named(ns) => *ns == pod.info.key.namespace,
+            NamespaceScope::Named(ns) => **ns == *pod.info.namespace,
             NamespaceScope::Selector(sel) => self
                 .namespaces
-                .get(&pod.info.key.namespace)
+                .get(&*pod.info.namespace)
                 .is_some_and(|n| sel.matches(&n.labels)),
         };
         let new = if ns_matches && set.def.pods().matches(&pod.info.labels) {
-            set.def.members_of(&pod.info)
+            set.def.members_from(&pod.info.ips, &pod.info.named_ports)
         } else {
             Vec::new()
         };
@@ -466,18 +498,19 @@ fn net_change(pending: &mut PendingSet, member: Member, change: i8) {
 }
 
 /// Sets whose result may differ between two label maps.
-fn label_change_candidates(
-    old: &BTreeMap<String, String>,
-    new: &BTreeMap<String, String>,
+fn label_change_candidates<'a, L: LabelLookup>(
+    keys: impl Iterator<Item = &'a str>,
+    old: &L,
+    new: &L,
     refs: &HashMap<String, KeyRefs>,
 ) -> HashSet<SetId> {
     let mut out = HashSet::new();
-    let keys: HashSet<&String> = old.keys().chain(new.keys()).collect();
+    let keys: HashSet<&str> = keys.collect();
     for key in keys {
         let Some(key_refs) = refs.get(key) else {
             continue;
         };
-        match (old.get(key), new.get(key)) {
+        match (old.label(key), new.label(key)) {
             (Some(a), Some(b)) if a == b => {}
             // A value change can only flip requirements that name one of the two values.
             (Some(a), Some(b)) => {

@@ -12,7 +12,7 @@ use base64::Engine as _;
 use kube::core::Expression;
 use sha2::{Digest, Sha224};
 
-use crate::model::{IpFamily, LabelSel, NamespaceScope, PodInfo, Protocol};
+use crate::model::{IpFamily, LabelSel, NamedPort, NamespaceScope, PodInfo, Protocol};
 
 /// Kernel limit on set names.
 pub const MAX_SET_NAME_LEN: usize = 31;
@@ -114,19 +114,22 @@ impl SetDef {
     /// Which members a pod contributes to this set (it must already match the set's
     /// selectors). A pod with no port of that name and protocol contributes nothing.
     pub fn members_of(&self, pod: &PodInfo) -> Vec<Member> {
+        self.members_from(&pod.ips, &pod.named_ports)
+    }
+
+    /// `members_of` for a pod's addresses and named ports held in another form.
+    pub fn members_from(&self, ips: &[IpAddr], named_ports: &[NamedPort]) -> Vec<Member> {
         match self {
-            SetDef::Selector { .. } => pod.ips.iter().map(|ip| Member::Addr(*ip)).collect(),
+            SetDef::Selector { .. } => ips.iter().map(|ip| Member::Addr(*ip)).collect(),
             SetDef::NamedPort {
                 protocol,
                 port_name,
                 ..
-            } => pod
-                .named_ports
+            } => named_ports
                 .iter()
                 .filter(|p| p.protocol == *protocol && p.name == *port_name)
                 .flat_map(|p| {
-                    pod.ips
-                        .iter()
+                    ips.iter()
                         .map(move |ip| Member::AddrPort(*ip, p.protocol, p.port))
                 })
                 .collect(),

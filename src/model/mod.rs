@@ -165,7 +165,7 @@ impl LabelSel {
         self.exprs.is_empty()
     }
 
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub fn matches<L: LabelLookup + ?Sized>(&self, labels: &L) -> bool {
         self.exprs.iter().all(|e| expression_matches(e, labels))
     }
 
@@ -186,14 +186,26 @@ pub fn expression_key(e: &Expression) -> &str {
     }
 }
 
-fn expression_matches(e: &Expression, labels: &BTreeMap<String, String>) -> bool {
+/// Read access to a set of labels, so that selectors match the compact forms the calc graph
+/// stores as well as the `BTreeMap` of the model.
+pub trait LabelLookup {
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelLookup for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+fn expression_matches<L: LabelLookup + ?Sized>(e: &Expression, labels: &L) -> bool {
     match e {
-        Expression::In(k, vals) => labels.get(k).is_some_and(|v| vals.contains(v)),
-        Expression::NotIn(k, vals) => labels.get(k).is_none_or(|v| !vals.contains(v)),
-        Expression::Equal(k, v) => labels.get(k) == Some(v),
-        Expression::NotEqual(k, v) => labels.get(k) != Some(v),
-        Expression::Exists(k) => labels.contains_key(k),
-        Expression::DoesNotExist(k) => !labels.contains_key(k),
+        Expression::In(k, vals) => labels.label(k).is_some_and(|v| vals.contains(v)),
+        Expression::NotIn(k, vals) => labels.label(k).is_none_or(|v| !vals.contains(v)),
+        Expression::Equal(k, v) => labels.label(k) == Some(v.as_str()),
+        Expression::NotEqual(k, v) => labels.label(k) != Some(v.as_str()),
+        Expression::Exists(k) => labels.label(k).is_some(),
+        Expression::DoesNotExist(k) => labels.label(k).is_none(),
     }
 }
 

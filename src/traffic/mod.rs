@@ -160,7 +160,7 @@ impl Traffic {
             },
             _ => return,
         };
-        let old = graph.pod(&key).map(|p| p.ips.as_slice()).unwrap_or(&[]);
+        let old = graph.pod_ips(&key);
         let seen = deny.touched.entry(key).or_default();
         for ip in old {
             if !seen.contains(ip) {
@@ -195,7 +195,7 @@ impl Traffic {
                 let touched = std::mem::take(&mut deny.touched);
                 deny.attribution
                     .update_addresses(touched.iter().map(|(key, old)| {
-                        let new = graph.pod(key).map(|p| p.ips.as_slice()).unwrap_or(&[]);
+                        let new = graph.pod_ips(key);
                         (key, old.as_slice(), new)
                     }));
             }
