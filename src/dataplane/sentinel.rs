@@ -263,14 +263,26 @@ impl Sentinel {
 
     /// Just before the rules are read in full: the fingerprint is taken now, not after the
     /// read, so a change made while the read runs (a read of 27k rules takes a second) is
-    /// seen by the next check instead of being taken for the reference.
+    /// seen by the next check instead of being taken for the reference; with nf_tables, the
+    /// events and losses the read covers are dropped.
     pub fn before_tables_read(&mut self) {
-        if let Some(Tables::Legacy { watches, .. }) = &mut self.tables {
-            for w in watches.values_mut() {
-                if let Err(e) = w.baseline() {
-                    debug!("legacy iptables fingerprint: {e}");
+        match &mut self.tables {
+            Some(Tables::Legacy { watches, .. }) => {
+                for w in watches.values_mut() {
+                    if let Err(e) = w.baseline() {
+                        debug!("legacy iptables fingerprint: {e}");
+                    }
                 }
             }
+            Some(Tables::Nft {
+                monitor,
+                generation,
+            }) => {
+                if let Err(e) = monitor.resync(generation) {
+                    debug!("nf_tables events: {e}");
+                }
+            }
+            None => {}
         }
     }
 

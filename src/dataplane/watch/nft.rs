@@ -402,6 +402,19 @@ impl NftMonitor {
         Ok(out)
     }
 
+    /// Just before the ruleset is read in full: what is pending and what was lost is covered
+    /// by that read, so both are dropped, and the kernel's generation becomes the last one
+    /// seen. Without this a lost `NEWGEN` (an overrun during a large commit, such as a first
+    /// apply of 27k rules) would ask for a re-read at every check until some later commit.
+    /// A commit still being announced meanwhile reaches the next poll as its own commit.
+    pub fn resync(&mut self, generation: &mut NftGeneration) -> io::Result<()> {
+        let _ = self.poll()?;
+        self.last_generation = Some(generation.read()?);
+        self.open = Open::default();
+        self.open_lost = false;
+        Ok(())
+    }
+
     /// Checks that the subscription has seen the latest commit: reads what is pending, then the
     /// generation id, then what is pending again. `Unknown` when the kernel's generation is not
     /// the last one an event reported (a commit whose `NEWGEN` never reached us; or, rarely,
