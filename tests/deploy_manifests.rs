@@ -164,7 +164,7 @@ fn a_misspelt_field_is_caught() {
 }
 
 #[test]
-fn rbac_is_read_only_on_pods_namespaces_and_networkpolicies() {
+fn rbac_is_read_only_on_the_kinds_the_agent_watches() {
     let objs = objects();
     assert_eq!(objs.cluster_roles.len(), 1);
     let role = &objs.cluster_roles[0];
@@ -183,6 +183,7 @@ fn rbac_is_read_only_on_pods_namespaces_and_networkpolicies() {
         ("", "pods"),
         ("", "namespaces"),
         ("networking.k8s.io", "networkpolicies"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies"),
     ]
     .into_iter()
     .map(|(g, r)| (g.to_string(), r.to_string()))

@@ -307,8 +307,8 @@ mod tests {
         assert!(verdict(&b, "x/a", "y/c", UDP81));
         assert!(!verdict(&b, "x/a", "y/c", TCP80));
         assert!(
-            verdict(&b, "y/c", "x/a", TCP80),
-            "ingress of x/a is isolated, but allows all"
+            !verdict(&b, "y/c", "x/a", TCP80),
+            "without policyTypes the policy isolates ingress too, and it has no ingress rule"
         );
         // policyTypes [Egress] with no rules denies all egress and leaves ingress alone.
         let b = world(&policy(
