@@ -5,7 +5,6 @@
 
 pub mod dir;
 pub mod kube;
-pub mod kube_cnp;
 pub mod limits;
 pub mod manifests;
 

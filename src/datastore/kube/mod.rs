@@ -1,6 +1,6 @@
 //! The Kubernetes API datastore: Pods (all namespaces, remote ones feed the IP sets),
 //! Namespaces and NetworkPolicies (all namespaces), and ClusterNetworkPolicies (their own
-//! follower, `kube_cnp`: the CRD may be missing), listed and watched with
+//! follower, `cluster_policy`: the CRD may be missing), listed and watched with
 //! `kube::runtime::watcher`, turned into the same [`DatastoreEvent`]s as the directory source.
 //!
 //! # API
@@ -101,6 +101,8 @@
 //! lists and watches any of them with the same mirror, list strategy, back-off and 410
 //! handling, so adding one is an impl and a line in [`run`] (and `KINDS`).
 
+pub mod cluster_policy;
+
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -173,7 +175,7 @@ pub struct KubeOptions {
     /// An error this long after the previous one starts again from the first wait.
     pub backoff_reset: Duration,
     /// How often to look again for a ClusterNetworkPolicy resource the API server does not
-    /// serve (its CRD not installed), see `kube_cnp`.
+    /// serve (its CRD not installed), see `cluster_policy`.
     pub missing_crd_recheck: Duration,
 }
 
@@ -185,7 +187,7 @@ impl Default for KubeOptions {
             watch_timeout: None,
             backoff: Policy::KUBE_WATCH,
             backoff_reset: Policy::KUBE_WATCH_RESET,
-            missing_crd_recheck: super::kube_cnp::MISSING_CRD_RECHECK,
+            missing_crd_recheck: cluster_policy::MISSING_CRD_RECHECK,
         }
     }
 }
@@ -291,7 +293,7 @@ async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc
         _ = follow::<Pod>(Api::all(client.clone()), &options, lists, &out) => {}
         _ = follow::<Namespace>(Api::all(client.clone()), &options, lists, &out) => {}
         _ = follow::<NetworkPolicy>(Api::all(client.clone()), &options, lists, &out) => {}
-        _ = super::kube_cnp::follow(Api::all(client), &options, lists, &out) => {}
+        _ = cluster_policy::follow(Api::all(client), &options, lists, &out) => {}
         () = stopped(&stop) => {}
     }
     info!("Kubernetes datastore stopped");

@@ -29,7 +29,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::{debug, info, warn};
 
-use super::kube::{is_expired, Closed, Kind, KubeOptions, Lists, Mirror, Out};
+use super::{is_expired, Closed, Kind, KubeOptions, Lists, Mirror, Out};
 use crate::model::cluster_policy::{API_VERSION, PLURAL};
 use crate::model::{ClusterNetworkPolicy, K8sObject, ObjectKind, ObjectRef};
 
