@@ -29,7 +29,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::{debug, info, warn};
 
-use super::{is_expired, Closed, Kind, KubeOptions, Lists, Mirror, Out};
+use super::{wait_after_error, Closed, Kind, KubeOptions, Lists, Mirror, Out};
 use crate::model::cluster_policy::{API_VERSION, PLURAL};
 use crate::model::{ClusterNetworkPolicy, K8sObject, ObjectKind, ObjectRef};
 
@@ -180,21 +180,7 @@ pub(super) async fn follow(
                     break;
                 }
                 Err(err) => {
-                    restart = matches!(
-                        &err,
-                        watcher::Error::WatchStartFailed(::kube::Error::Api(status))
-                            if status.code == 410
-                    );
-                    let delay = next_delay();
-                    if is_expired(&err) {
-                        info!(
-                            kind,
-                            "resource version expired, relisting in {delay:?}: {err}"
-                        );
-                    } else {
-                        warn!(kind, "Kubernetes API error, retrying in {delay:?}: {err}");
-                    }
-                    tokio::time::sleep(delay).await;
+                    restart = wait_after_error(kind, &err, next_delay()).await;
                     if restart {
                         break;
                     }

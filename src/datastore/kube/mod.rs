@@ -538,23 +538,7 @@ pub(super) async fn follow<K: Kind>(
                         restart = true;
                         break;
                     }
-                    // kube-runtime retries a watch that the server refused with HTTP 410 from
-                    // the same dead resourceVersion forever: start over with a relist.
-                    restart = matches!(
-                        &err,
-                        watcher::Error::WatchStartFailed(::kube::Error::Api(status))
-                            if status.code == 410
-                    );
-                    let delay = next_delay();
-                    if is_expired(&err) {
-                        info!(
-                            kind,
-                            "resource version expired, relisting in {delay:?}: {err}"
-                        );
-                    } else {
-                        warn!(kind, "Kubernetes API error, retrying in {delay:?}: {err}");
-                    }
-                    tokio::time::sleep(delay).await;
+                    restart = wait_after_error(kind, &err, next_delay()).await;
                     if restart {
                         break;
                     }
@@ -567,6 +551,26 @@ pub(super) async fn follow<K: Kind>(
             tokio::time::sleep(next_delay()).await;
         }
     }
+}
+
+/// After a watcher error: logs it, waits `delay`, and says whether to start over with a
+/// fresh watcher and a relist. kube-runtime retries a watch the server refused with HTTP 410
+/// from the same dead resourceVersion forever, so that one restarts.
+pub(super) async fn wait_after_error(kind: &str, err: &watcher::Error, delay: Duration) -> bool {
+    let restart = matches!(
+        err,
+        watcher::Error::WatchStartFailed(::kube::Error::Api(status)) if status.code == 410
+    );
+    if is_expired(err) {
+        info!(
+            kind,
+            "resource version expired, relisting in {delay:?}: {err}"
+        );
+    } else {
+        warn!(kind, "Kubernetes API error, retrying in {delay:?}: {err}");
+    }
+    tokio::time::sleep(delay).await;
+    restart
 }
 
 pub(super) fn is_expired(err: &watcher::Error) -> bool {
