@@ -92,6 +92,9 @@ pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Re
     let mut state = TableState::empty(ownership);
     let mut inside = false;
     for raw in bytes.split(|&b| b == b'\n') {
+        // Counters (`[packets:bytes] `, with `-c`) are not part of the rule: a rule is judged
+        // by its own text, whatever bytes stand in front of it.
+        let raw = strip_counters(raw);
         let (line, foreign) = match std::str::from_utf8(raw) {
             Ok(line) => (std::borrow::Cow::Borrowed(line), false),
             Err(_) => (String::from_utf8_lossy(raw), true),
@@ -144,11 +147,34 @@ pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Re
     Ok(state)
 }
 
+/// A rule line without its `[packets:bytes] ` prefix, when it has one.
+fn strip_counters(raw: &[u8]) -> &[u8] {
+    if raw.first() != Some(&b'[') {
+        return raw;
+    }
+    match raw.windows(2).position(|w| w == b"] ") {
+        Some(end) => &raw[end + 2..],
+        None => raw,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use crate::agent::OWNERSHIP as OURS;
+
+    #[test]
+    fn garbage_in_the_counters_does_not_make_our_rule_foreign() {
+        let save = b"*filter\n:FORWARD DROP [0:0]\n[5:300\xff\xff] -A FORWARD -m comment --comment \"cali:wUHhoiAYhphO9Mso\" -j cali-FORWARD\nCOMMIT\n";
+        let state = parse_save(save, "filter", OURS).unwrap();
+        let rule = &state.chains["FORWARD"][0];
+        assert_eq!(rule.hash.as_deref(), Some("wUHhoiAYhphO9Mso"));
+        assert_eq!(
+            rule.body,
+            "-m comment --comment \"cali:wUHhoiAYhphO9Mso\" -j cali-FORWARD"
+        );
+    }
 
     #[test]
     fn a_hash_outside_our_alphabet_is_someone_elses_comment() {
