@@ -1,13 +1,64 @@
 //! Truth tables in the upstream style (rows are sources, columns destinations, `.` connected,
 //! `X` blocked), built from a scenario's `deny`/`allow` patterns or a written matrix, and
-//! printed next to what was observed.
+//! printed next to what was observed; with the probe keys (`Protocol`, `PortKey`) and the
+//! scenario's expectation declaration they are built from.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, ensure};
+use serde::Deserialize;
 
-use crate::scenario::{ExpectDecl, PortKey, Protocol};
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Protocol> {
+        match text {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// One probed combination: the key of an expectation (`TCP/80`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortKey {
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+impl std::fmt::Display for PortKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.protocol.as_str(), self.port)
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectDecl {
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub matrix: Option<String>,
+}
 
 /// Booleans for every ordered pair of distinct pods. Self pairs are not stored: upstream
 /// ignores loopback because CNIs differ on hairpin traffic.

@@ -18,37 +18,12 @@ use serde::Deserialize;
 
 use crate::cluster_policy;
 use crate::expect::{parse_expectations, parse_key, TruthTable};
+// The probe key types live with the expectations they key; scenarios name them from here.
+pub use crate::expect::{ExpectDecl, PortKey, Protocol};
 
 pub type Labels = BTreeMap<String, String>;
 
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-            Protocol::Sctp => "SCTP",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Protocol> {
-        match text {
-            "TCP" => Some(Protocol::Tcp),
-            "UDP" => Some(Protocol::Udp),
-            "SCTP" => Some(Protocol::Sctp),
-            _ => None,
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -56,19 +31,6 @@ pub enum Target {
     #[default]
     Service,
     Pod,
-}
-
-/// One probed combination: the key of an expectation (`TCP/80`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PortKey {
-    pub protocol: Protocol,
-    pub port: u16,
-}
-
-impl std::fmt::Display for PortKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.protocol.as_str(), self.port)
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -126,17 +88,6 @@ struct SetLabelsDecl {
     pods: IndexMap<String, Option<Labels>>,
     #[serde(default)]
     namespaces: IndexMap<String, Option<Labels>>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExpectDecl {
-    #[serde(default)]
-    pub deny: Vec<String>,
-    #[serde(default)]
-    pub allow: Vec<String>,
-    #[serde(default)]
-    pub matrix: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
