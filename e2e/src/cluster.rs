@@ -255,7 +255,15 @@ impl Cluster {
                 }
                 Wiring::Routed { table: None } => {}
                 Wiring::Bridged => {
-                    let mut lines = format!("link add {BRIDGE} type bridge\n");
+                    // The bridge plugin pins the bridge's MAC: left alone, a Linux bridge
+                    // takes the lowest MAC of its ports and changes it as pods come and go,
+                    // and the pods' neighbour entries for their gateway go stale (replies
+                    // leaving the node blackholed until the entries are re-probed).
+                    let gateway = bridge_gateway(i).octets();
+                    let mut lines = format!(
+                        "link add {BRIDGE} address 0a:58:{:02x}:{:02x}:{:02x}:{:02x} type bridge\n",
+                        gateway[0], gateway[1], gateway[2], gateway[3]
+                    );
                     for &f in families {
                         let _ = writeln!(
                             lines,
