@@ -10,6 +10,7 @@
 //! | dataplane apply (`dataplane::driver`, reset by a successful apply) | 50 ms | 2 | 5 s | unlimited | no |
 //! | one `iptables-restore` (`dataplane::iptables`, re-reading the table in between) | 20 ms | 2 | – | 5 | no |
 //! | one `ipset restore` (`dataplane::ipsets`, re-reading the sets in between) | 10 ms | 4 | – | 3 | no |
+//! | destroying a set of ours the kernel still holds a reference to (`dataplane::ipsets`, reset once none waits) | 200 ms | 2 | 30 s | unlimited | no |
 //!
 //! The short, bounded ones sit inside one apply (a concurrent writer or the xtables lock);
 //! the unlimited ones are the loops that wait for something outside to come back.
@@ -77,6 +78,17 @@ impl Policy {
         factor: 4.0,
         ceiling: None,
         tries: Some(3),
+        jitter: false,
+    };
+
+    /// A destroy refused because the set is still referenced: nf_tables lets go of its last
+    /// reference a moment after the rule goes (the first retry does it), while a foreign rule
+    /// may hold the set for good, which must not cost a process and a warning every turn.
+    pub const IPSET_DESTROY_RETRY: Policy = Policy {
+        first: Duration::from_millis(200),
+        factor: 2.0,
+        ceiling: Some(Duration::from_secs(30)),
+        tries: None,
         jitter: false,
     };
 

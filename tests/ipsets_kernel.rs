@@ -327,9 +327,17 @@ fn referenced_set_is_destroyed_once_iptables_lets_go() {
     assert!(mgr.stats().errors >= 1);
     assert!(mgr.cached_names().contains(&"cali40s:a-used".to_string()));
 
-    // Still referenced: retried, still refused, still fine.
+    // Due again after the first back-off wait (200 ms), not at once.
+    let refused_at = std::time::Instant::now();
+    assert!(!mgr.destroy_retry_due(refused_at));
+    assert!(mgr.destroy_retry_due(refused_at + std::time::Duration::from_millis(250)));
+
+    // Still referenced: retried, still refused, still fine; the next try waits longer.
     mgr.apply_removals(&v2, &BTreeSet::new()).unwrap();
     assert!(set_names(&ns).contains("cali40s:a-used"));
+    let refused_again = std::time::Instant::now();
+    assert!(!mgr.destroy_retry_due(refused_again + std::time::Duration::from_millis(250)));
+    assert!(mgr.destroy_retry_due(refused_again + std::time::Duration::from_millis(450)));
 
     ns.sh_ok(&format!("iptables-legacy -D {rule}"));
     let calls = mgr.stats().restore_calls;
@@ -338,6 +346,7 @@ fn referenced_set_is_destroyed_once_iptables_lets_go() {
     assert_eq!(mgr.stats().restore_calls, calls + 1);
     assert!(!set_names(&ns).contains("cali40s:a-used"));
     assert!(mgr.pending_destroys().is_empty());
+    assert!(!mgr.destroy_retry_due(std::time::Instant::now() + std::time::Duration::from_secs(60)));
     assert_eq!(kernel_cali_sets(&ns), expected(&v2, MAX));
     // And then nothing more to do.
     mgr.apply_removals(&v2, &dirty).unwrap();

@@ -187,9 +187,9 @@ impl Dataplane {
             || !self.dirty_sets.is_empty()
             || self.dirty_chains.values().any(|c| !c.is_empty())
             // A set the kernel would not destroy yet (nf_tables releases its last reference a
-            // moment after the rule goes) is tried again at the next turn, not at the next
-            // change or refresh, which an idle node may not see for minutes.
-            || !self.ipsets.pending_destroys().is_empty()
+            // moment after the rule goes) is tried again when its back-off is due, not at the
+            // next change or refresh, which an idle node may not see for minutes.
+            || self.ipsets.destroy_retry_due(std::time::Instant::now())
     }
 
     /// Re-reads the kernel on the next apply and checks everything (refresh timer).

@@ -31,6 +31,7 @@ mod restore;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use anyhow::anyhow;
 use tracing::{debug, warn};
@@ -89,6 +90,9 @@ pub struct IpsetManager {
     /// Our sets as the kernel holds them, trusted between resyncs.
     cache: KernelSets,
     stats: IpsetStats,
+    /// When the sets whose destroy was refused are tried again, and the back-off between
+    /// tries; `None` while no destroy waits.
+    destroy_retry: Option<(Instant, Backoff)>,
 }
 
 impl IpsetManager {
@@ -98,6 +102,7 @@ impl IpsetManager {
             exec,
             cache: KernelSets::new(max_size),
             stats: IpsetStats::default(),
+            destroy_retry: None,
         }
     }
 
@@ -113,6 +118,31 @@ impl IpsetManager {
     /// Sets whose destroy is waiting for iptables to stop referencing them.
     pub fn pending_destroys(&self) -> Vec<String> {
         self.cache.retry_destroy.iter().cloned().collect()
+    }
+
+    /// Whether a set whose destroy was refused is due to be tried again at `now`
+    /// (`Policy::IPSET_DESTROY_RETRY` between tries, counted from the last refusal).
+    pub fn destroy_retry_due(&self, now: Instant) -> bool {
+        !self.cache.retry_destroy.is_empty()
+            && self
+                .destroy_retry
+                .as_ref()
+                .is_none_or(|(due, _)| now >= *due)
+    }
+
+    /// Schedules the next destroy retry after a removal phase: the back-off grows while sets
+    /// keep being refused and starts again once none waits.
+    fn schedule_destroy_retry(&mut self, now: Instant) {
+        if self.cache.retry_destroy.is_empty() {
+            self.destroy_retry = None;
+            return;
+        }
+        let mut backoff = match self.destroy_retry.take() {
+            Some((_, backoff)) => backoff,
+            None => Backoff::new(Policy::IPSET_DESTROY_RETRY),
+        };
+        let wait = backoff.next_delay();
+        self.destroy_retry = Some((now + wait, backoff));
     }
 
     /// Reads every set that exists (`ipset save`), keeps ours (`is_owned_set`) in the cache.
@@ -209,11 +239,14 @@ impl IpsetManager {
         self.cache
             .retry_destroy
             .retain(|n| !desired.contains_key(n));
-        let in_use = self.run_with_retries("removals", |mgr, failed| {
+        let outcome = self.run_with_retries("removals", |mgr, failed| {
             mgr.cache.plan_removals(desired, dirty, failed)
-        })?;
-        self.cache.note_in_use(in_use);
-        Ok(())
+        });
+        if let Ok(in_use) = &outcome {
+            self.cache.note_in_use(in_use.clone());
+        }
+        self.schedule_destroy_retry(Instant::now());
+        outcome.map(|_| ())
     }
 
     /// Destroys every set we own (for `netpol-agent cleanup`), reading the kernel first;
