@@ -437,17 +437,31 @@ impl Parsed<'_> {
         }
 
         let value = Value::Mapping(mapping);
+        // Through serde_path_to_error, so that a wrongly typed value is named by its path
+        // (`spec.ingress[0].ports[0].port`), as the API server names the field it refuses.
         let object = match kind.as_str() {
-            "Pod" => serde_yaml_ng::from_value(value).map(K8sObject::Pod),
-            "Namespace" => serde_yaml_ng::from_value(value).map(K8sObject::Namespace),
+            "Pod" => serde_path_to_error::deserialize(value).map(K8sObject::Pod),
+            "Namespace" => serde_path_to_error::deserialize(value).map(K8sObject::Namespace),
             "ClusterNetworkPolicy" => {
-                serde_yaml_ng::from_value(value).map(K8sObject::ClusterNetworkPolicy)
+                serde_path_to_error::deserialize(value).map(K8sObject::ClusterNetworkPolicy)
             }
-            _ => serde_yaml_ng::from_value(value).map(K8sObject::NetworkPolicy),
+            _ => serde_path_to_error::deserialize(value).map(K8sObject::NetworkPolicy),
         };
         match object {
             Ok(object) => self.objects.push(object),
-            Err(err) => self.error(document, format!("{described}: invalid object: {err}")),
+            Err(err) => {
+                let path = err.path().to_string();
+                let problem = err.into_inner();
+                let at = if path == "." {
+                    String::new()
+                } else {
+                    format!(" at {}", shown_name(&path))
+                };
+                self.error(
+                    document,
+                    format!("{described}: invalid object{at}: {problem}"),
+                );
+            }
         }
     }
 }
@@ -525,6 +539,41 @@ metadata: {name: deny-all, namespace: prod}
 spec:
   podSelector: {}
 ";
+
+    #[test]
+    fn a_wrongly_typed_value_is_named_by_its_path() {
+        let text = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+  - ports: [{port: 80}, {port: [80], protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: x, labels: {app: [a]}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: good}
+";
+        let (objects, errors) = parse_manifests(text, "typed.yaml");
+        assert_eq!(names(&objects), ["Namespace good"]);
+        let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(
+            messages[0].contains("NetworkPolicy x/p: invalid object at spec.ingress[0].ports[1].port: invalid type: sequence"),
+            "{messages:?}"
+        );
+        assert!(
+            messages[1].contains(
+                "Pod x/web: invalid object at metadata.labels.app: invalid type: sequence"
+            ),
+            "{messages:?}"
+        );
+    }
 
     #[test]
     fn multi_document_stream_with_a_list_is_expanded_in_order() {
