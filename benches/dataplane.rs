@@ -347,7 +347,7 @@ fn full_scripts(graph: &Calculation) -> (Scripts, usize, usize) {
 }
 
 /// Our chains by family and name.
-type Chains = BTreeMap<(IpFamily, String), Chain>;
+type Chains = BTreeMap<(IpFamily, String), std::sync::Arc<Chain>>;
 
 /// The floor of one update (see the module documentation), as restore scripts. `chains`:
 /// our chains before the update; brought to after it.

@@ -163,10 +163,22 @@ struct Tamper {
     repaired: Box<dyn Fn(&Netns) -> bool>,
 }
 
+/// A shell pipeline printing the `-A` lines of `chain` in the filter table. Read with
+/// `iptables-save`, which takes no lock: `iptables -S` waits for the xtables lock (a file
+/// shared by every network namespace) and holds it while it lists, so polling with it every
+/// 20 ms kept the lock busy most of the time at 27k rules and delayed the very restore being
+/// timed.
+fn chain_lines(backend: &str, chain: &str) -> String {
+    format!(
+        "{} -t filter | grep -- '^-A {chain} '",
+        tool(backend, "save")
+    )
+}
+
 fn tampers(backend: &'static str, ns: &Netns) -> Vec<Tamper> {
     let ipt = tool(backend, "");
     let fwd_rules = ns
-        .sh(&format!("{ipt} -S cali-FORWARD | wc -l"))
+        .sh(&format!("{} | wc -l", chain_lines(backend, "cali-FORWARD")))
         .trim()
         .to_string();
     let set_line = ns
@@ -184,11 +196,8 @@ fn tampers(backend: &'static str, ns: &Netns) -> Vec<Tamper> {
         .trim()
         .to_string();
     let i1 = ipt.clone();
-    let i2 = ipt.clone();
     let i3 = ipt.clone();
-    let i4 = ipt.clone();
     let i5 = ipt.clone();
-    let i6 = ipt.clone();
     let (s1, m1) = (set.clone(), member.clone());
     let (s2, m2) = (set.clone(), member);
     let (s3, s4) = (set.clone(), set);
@@ -199,7 +208,9 @@ fn tampers(backend: &'static str, ns: &Netns) -> Vec<Tamper> {
                 ns.sh(&format!("{i1} -F cali-FORWARD"));
             }),
             repaired: Box::new(move |ns| {
-                ns.sh(&format!("{i2} -S cali-FORWARD | wc -l")).trim() == fwd_rules
+                ns.sh(&format!("{} | wc -l", chain_lines(backend, "cali-FORWARD")))
+                    .trim()
+                    == fwd_rules
             }),
         },
         Tamper {
@@ -210,7 +221,7 @@ fn tampers(backend: &'static str, ns: &Netns) -> Vec<Tamper> {
                 ns.sh(&format!("{i3} {rule}"));
             }),
             repaired: Box::new(move |ns| {
-                ns.sh(&format!("{i4} -S FORWARD"))
+                ns.sh(&chain_lines(backend, "FORWARD"))
                     .contains("-j cali-FORWARD")
             }),
         },
@@ -223,9 +234,9 @@ fn tampers(backend: &'static str, ns: &Netns) -> Vec<Tamper> {
             }),
             repaired: Box::new(move |ns| {
                 // Our jump is back on top (insert mode); the foreign rule stays below it.
-                ns.sh(&format!("{i6} -S FORWARD"))
+                ns.sh(&chain_lines(backend, "FORWARD"))
                     .lines()
-                    .nth(1)
+                    .next()
                     .is_some_and(|l| l.contains("-j cali-FORWARD"))
             }),
         },

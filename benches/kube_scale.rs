@@ -238,6 +238,15 @@ struct Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if self.wrapped {
+            // Killing the wrapper alone would leave the agent below it running.
+            let agent = self.pid();
+            if agent != self.child.id() {
+                let _ = Command::new("kill")
+                    .args(["-9", &agent.to_string()])
+                    .status();
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -309,19 +318,40 @@ impl Agent {
         }
     }
 
-    /// The agent's pid: the child's, or with a wrapper the process running the agent binary.
+    /// The agent's pid: the child's, or with a wrapper the process running the agent binary
+    /// below the wrapper (not any process of that binary: other runs may use it too).
     fn pid(&self) -> u32 {
         if !self.wrapped {
             return self.child.id();
         }
         let bin = agent_bin();
+        let parent_of = |pid: u32| -> Option<u32> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`: the command may hold spaces and parentheses.
+            stat.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        };
+        let below_wrapper = |mut pid: u32| {
+            for _ in 0..8 {
+                match parent_of(pid) {
+                    Some(parent) if parent == self.child.id() => return true,
+                    Some(parent) if parent > 1 => pid = parent,
+                    _ => return false,
+                }
+            }
+            false
+        };
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-            if first == bin.as_os_str().as_encoded_bytes() {
+            if first == bin.as_os_str().as_encoded_bytes() && below_wrapper(pid) {
                 return pid;
             }
         }

@@ -280,14 +280,15 @@ fn one_rule_at_position_two_of_200_writes_one_line() {
         let demo = Demo::new(&ns, family, ChainInsertMode::Insert);
         let mut desired = demo.desired();
         let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP);
-        desired
-            .chains
-            .insert("cali-big".into(), big_chain("cali-big", 200, family, None));
+        desired.chains.insert(
+            "cali-big".into(),
+            big_chain("cali-big", 200, family, None).into(),
+        );
         w.apply(&desired, &all_dirty()).unwrap();
 
         desired.chains.insert(
             "cali-big".into(),
-            big_chain("cali-big", 200, family, Some(1)),
+            big_chain("cali-big", 200, family, Some(1)).into(),
         );
         let dirty: BTreeSet<String> = ["cali-big".to_string()].into();
         assert_eq!(w.apply(&desired, &dirty).unwrap(), 1);
@@ -298,9 +299,10 @@ fn one_rule_at_position_two_of_200_writes_one_line() {
         assert!(saved["cali-big"][1].contains("the one new rule"));
 
         // Removing it again is one `-D`.
-        desired
-            .chains
-            .insert("cali-big".into(), big_chain("cali-big", 200, family, None));
+        desired.chains.insert(
+            "cali-big".into(),
+            big_chain("cali-big", 200, family, None).into(),
+        );
         assert_eq!(w.apply(&desired, &dirty).unwrap(), 1);
         check_kernel(&ns, backend, family, &desired);
         w.invalidate();
@@ -484,15 +486,16 @@ fn failed_restore_returns_err_and_keeps_the_rules() {
         let good = save(&ns, backend, family);
 
         let mut broken = desired.clone();
-        let fwd = broken.chains.get_mut("cali-FORWARD").unwrap();
+        let fwd = std::sync::Arc::make_mut(broken.chains.get_mut("cali-FORWARD").unwrap());
         fwd.rules.extend(render_rules(
             "cali-FORWARD",
             family,
             &[Rule::new(Action::Jump("KUBE-DOES-NOT-EXIST".into()))],
         ));
-        broken
-            .chains
-            .insert("cali-new".into(), big_chain("cali-new", 3, family, None));
+        broken.chains.insert(
+            "cali-new".into(),
+            big_chain("cali-new", 3, family, None).into(),
+        );
         let dirty: BTreeSet<String> = ["cali-FORWARD".to_string()].into();
         let err = w.apply(&broken, &dirty).unwrap_err();
         assert!(

@@ -26,6 +26,7 @@ pub(crate) mod tests;
 pub mod update;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -146,7 +147,7 @@ pub struct CalcGraph {
     /// behind the change entered the graph. Taken by `take_programming_starts`.
     programming_starts: Vec<Instant>,
     owned: HashMap<Owner, Vec<(IpFamily, String)>>,
-    emitted_chains: BTreeMap<(IpFamily, String), Chain>,
+    emitted_chains: BTreeMap<(IpFamily, String), Arc<Chain>>,
     emitted_sets: BTreeMap<String, SetDef>,
     /// Local pods upserted since the last `take_pods_to_name`: their interface must be
     /// (re)named by the caller.
@@ -490,9 +491,15 @@ impl CalcGraph {
         }
     }
 
-    pub fn upsert_pod_info(&mut self, info: PodInfo) {
+    pub fn upsert_pod_info(&mut self, mut info: PodInfo) {
         let key = info.key.clone();
         let local = self.is_local(info.node.as_deref());
+        if !local {
+            // Only a local pod is named (its uid and sandbox lead to its interface); at 150k
+            // pods these strings of remote ones were some 5 MiB nobody reads.
+            info.uid = None;
+            info.sandbox_id = None;
+        }
         let labels_changed = self
             .sets
             .pod(&key)
@@ -713,7 +720,8 @@ impl CalcGraph {
             }
             for (family, chain) in chains {
                 let slot = (family, chain.name.clone());
-                if self.emitted_chains.get(&slot) != Some(&chain) {
+                if self.emitted_chains.get(&slot).map(|c| &**c) != Some(&chain) {
+                    let chain = Arc::new(chain);
                     self.emitted_chains.insert(slot, chain.clone());
                     update.chains_upserted.push((family, chain));
                 }
@@ -896,7 +904,7 @@ impl CalcGraph {
     // ---- read-only views, for what the agent tells about traffic (deny logs, counters) ----
 
     /// A pod as the graph knows it (local or not), by key (a copy: the graph keeps pods in a
-    /// compact form of its own).
+    /// compact form of its own; a remote pod comes without its uid and sandbox id).
     pub fn pod(&self, key: &ObjectKey) -> Option<PodInfo> {
         self.sets.pod(key).map(|p| p.to_info())
     }
@@ -930,7 +938,7 @@ impl CalcGraph {
 
     /// Every chain as of the last flush, with its family.
     pub fn emitted_chains(&self) -> impl Iterator<Item = (IpFamily, &Chain)> {
-        self.emitted_chains.iter().map(|((f, _), c)| (*f, c))
+        self.emitted_chains.iter().map(|((f, _), c)| (*f, &**c))
     }
 
     /// The policies selecting at least one local endpoint (the ones with chains).

@@ -4,6 +4,7 @@
 //! the property tests hold the calc graph to that.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::ipsets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
@@ -13,7 +14,9 @@ use crate::rules::Chain;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FamilyState {
     pub sets: BTreeMap<String, SetSpec>,
-    pub chains: BTreeMap<String, Chain>,
+    /// Shared with the calc graph's record of what it emitted (a chain is not copied on its
+    /// way to the dataplane).
+    pub chains: BTreeMap<String, Arc<Chain>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,7 +41,7 @@ pub struct Update {
     pub members_added: BTreeMap<String, BTreeSet<Member>>,
     pub members_removed: BTreeMap<String, BTreeSet<Member>>,
     pub sets_removed: Vec<(IpFamily, String)>,
-    pub chains_upserted: Vec<(IpFamily, Chain)>,
+    pub chains_upserted: Vec<(IpFamily, Arc<Chain>)>,
     pub chains_removed: Vec<(IpFamily, String)>,
 }
 

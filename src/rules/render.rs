@@ -6,6 +6,7 @@
 //! it embeds; `compile` still checks every line (`token::restore_line_problem`) before
 //! printing.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -13,16 +14,17 @@ use super::chains::KernelChainRules;
 use super::token::chain_token;
 use super::{Chain, ChainInsertMode};
 
-pub fn restore_script(
-    chains: &BTreeMap<String, Chain>,
+/// `chains` by value or shared (`Arc<Chain>`, as the dataplane holds them).
+pub fn restore_script<C: Borrow<Chain>>(
+    chains: &BTreeMap<String, C>,
     kernel: &[KernelChainRules],
     mode: ChainInsertMode,
 ) -> String {
     let mut out = String::from("*filter\n");
-    for chain in chains.values() {
+    for chain in chains.values().map(Borrow::borrow) {
         let _ = writeln!(out, ":{} - [0:0]", chain_token(&chain.name));
     }
-    for chain in chains.values() {
+    for chain in chains.values().map(Borrow::borrow) {
         let name = chain_token(&chain.name);
         for rule in &chain.rules {
             let _ = writeln!(out, "-A {name} {}", rule.body);

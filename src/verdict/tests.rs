@@ -444,7 +444,7 @@ fn compile(
             assert_eq!(prov.chains.len(), fam.chains.len());
             for (name, chain) in &fam.chains {
                 let traced = &prov.chains[name];
-                assert_eq!(&traced.chain, chain);
+                assert_eq!(&traced.chain, &**chain);
                 assert_eq!(traced.rules.len(), chain.rules.len());
             }
             tables.insert(

@@ -17,6 +17,7 @@ pub mod parse;
 pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use anyhow::anyhow;
 
@@ -39,7 +40,7 @@ pub const TABLE: &str = "filter";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredTable {
     /// Our chains by name (every name starts with `cali-`).
-    pub chains: BTreeMap<String, Chain>,
+    pub chains: BTreeMap<String, Arc<Chain>>,
     /// Our rules in chains we do not own.
     pub kernel: Vec<KernelChainRules>,
     pub insert_mode: ChainInsertMode,

@@ -228,7 +228,10 @@ fn kernel_chain_repairs() {
 
 fn desired(chains: Vec<Chain>, mode: ChainInsertMode) -> DesiredTable {
     DesiredTable {
-        chains: chains.into_iter().map(|c| (c.name.clone(), c)).collect(),
+        chains: chains
+            .into_iter()
+            .map(|c| (c.name.clone(), std::sync::Arc::new(c)))
+            .collect(),
         kernel: vec![KernelChainRules {
             chain: "FORWARD".into(),
             inserts: jump("FORWARD", "cali-a"),
