@@ -8,6 +8,10 @@
 //! arena; it is called once the first full apply is done. It costs a walk of the heap
 //! (milliseconds) and changes no allocation. Hand-written: the one call `libc` exposes, no
 //! crate wraps it.
+//!
+//! The `netpol-agent` binary allocates with mimalloc (`main.rs`), which returns free pages by
+//! itself; the trim then covers what glibc still serves (C code, and this library used from
+//! another binary, as the tests do).
 
 /// Returns free heap pages to the kernel (glibc); elsewhere it does nothing. Returns whether
 /// any memory was released.
