@@ -3,19 +3,24 @@
 //! `PodInfo` (a `BTreeMap` node per pod for its labels, a `String` per field) cost about
 //! 1.4 KiB a pod; this record is a fraction of that.
 //!
-//! - Label keys and values, namespaces and node names repeat across pods: they are interned
-//!   (`Interner`, owned by the set index) and shared as `Arc<str>`. A string is dropped from
-//!   the interner when the last record using it lets go of it (`CompactPod::release`).
-//! - Labels are a boxed slice of pairs sorted by key (the `BTreeMap`'s order), looked up by
-//!   binary search; addresses and named ports are boxed slices (an empty one allocates
-//!   nothing).
+//! - Namespaces and node names repeat across pods: they are interned (`Interner`, owned by
+//!   the set index) and shared as `Arc<str>`.
+//! - A pod's whole label set and its whole list of named ports are interned too: the replicas
+//!   of a Deployment or StatefulSet carry the same labels (bar a per-pod one, rarely) and
+//!   the same container ports, so a record holds one pointer to each, shared by its peers.
+//!   Labels are pairs sorted by key (the `BTreeMap`'s order), looked up by binary search.
+//! - Anything interned is dropped from the interner when the last record using it lets go of
+//!   it (`CompactPod::release`).
+//! - Addresses are a boxed slice; uid and sandbox id (kept for local pods only, see
+//!   `CalcGraph::upsert_pod_info`) sit behind one optional box.
 //!
-//! Hand-written rather than an interning crate: what is needed is a `HashSet<Arc<str>>` and
-//! the reference count Rust's `Arc` already keeps, and the release must follow the graph's
-//! own removals.
+//! Hand-written rather than an interning crate: what is needed is a hash table of `Arc`s and
+//! the reference count `Arc` already keeps, looked up by borrowed content (a `BTreeMap`, a
+//! slice) without building the value first, and the release must follow the graph's own
+//! removals.
 
 use std::collections::{BTreeMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -23,10 +28,17 @@ use hashbrown::HashTable;
 
 use crate::model::{LabelLookup, NamedPort, ObjectKey, PodInfo};
 
-/// Strings shared by the pod records.
+/// A label set as the pods carrying it share it: pairs sorted by key.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct LabelSet(Box<[(Box<str>, Box<str>)]>);
+
+/// Strings, label sets and named-port lists shared by the pod records.
 #[derive(Default)]
 pub(crate) struct Interner {
     strings: HashSet<Arc<str>>,
+    label_sets: HashTable<Arc<LabelSet>>,
+    port_lists: HashTable<Arc<[NamedPort]>>,
+    hasher: RandomState,
 }
 
 impl Interner {
@@ -48,9 +60,91 @@ impl Interner {
         }
     }
 
+    fn hash_labels<'a>(
+        hasher: &RandomState,
+        pairs: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> u64 {
+        let mut h = hasher.build_hasher();
+        for (k, v) in pairs {
+            k.hash(&mut h);
+            v.hash(&mut h);
+        }
+        h.finish()
+    }
+
+    fn intern_labels(&mut self, map: &BTreeMap<String, String>) -> Labels {
+        let hash = Self::hash_labels(
+            &self.hasher,
+            map.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        if let Some(shared) = self.label_sets.find(hash, |set| set.same_as(map)) {
+            return Labels(shared.clone());
+        }
+        let set = Arc::new(LabelSet(
+            map.iter()
+                .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                .collect(),
+        ));
+        let hasher = &self.hasher;
+        self.label_sets.insert_unique(hash, set.clone(), |set| {
+            Self::hash_labels(hasher, set.iter())
+        });
+        Labels(set)
+    }
+
+    fn release_labels(&mut self, labels: &Labels) {
+        if Arc::strong_count(&labels.0) <= 2 {
+            let hash = Self::hash_labels(&self.hasher, labels.iter());
+            if let Ok(entry) = self
+                .label_sets
+                .find_entry(hash, |set| Arc::ptr_eq(set, &labels.0))
+            {
+                entry.remove();
+            }
+        }
+    }
+
+    fn intern_ports(&mut self, ports: &[NamedPort]) -> Arc<[NamedPort]> {
+        let hash = self.hasher.hash_one(ports);
+        if let Some(shared) = self.port_lists.find(hash, |list| **list == *ports) {
+            return shared.clone();
+        }
+        let list: Arc<[NamedPort]> = Arc::from(ports);
+        let hasher = &self.hasher;
+        self.port_lists
+            .insert_unique(hash, list.clone(), |list| hasher.hash_one(&**list));
+        list
+    }
+
+    fn release_ports(&mut self, ports: &Arc<[NamedPort]>) {
+        if Arc::strong_count(ports) <= 2 {
+            let hash = self.hasher.hash_one(&**ports);
+            if let Ok(entry) = self
+                .port_lists
+                .find_entry(hash, |list| Arc::ptr_eq(list, ports))
+            {
+                entry.remove();
+            }
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.strings.len()
+        self.strings.len() + self.label_sets.len() + self.port_lists.len()
+    }
+}
+
+impl LabelSet {
+    fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+
+    fn same_as(&self, map: &BTreeMap<String, String>) -> bool {
+        self.0.len() == map.len()
+            && self
+                .iter()
+                .zip(map)
+                .all(|((k, v), (mk, mv))| k == mk && v == mv)
     }
 }
 
@@ -109,33 +203,21 @@ impl PodIds {
     }
 }
 
-/// A pod's labels, sorted by key.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Labels(Box<[(Arc<str>, Arc<str>)]>);
+/// A pod's labels, sorted by key: a handle on a label set shared through the interner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Labels(Arc<LabelSet>);
 
 impl Labels {
-    fn from_map(map: &BTreeMap<String, String>, interner: &mut Interner) -> Labels {
-        Labels(
-            map.iter()
-                .map(|(k, v)| (interner.intern(k), interner.intern(v)))
-                .collect(),
-        )
-    }
-
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (&**k, &**v))
+        self.0.iter()
     }
 
     pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(k, _)| &**k)
+        self.0 .0.iter().map(|(k, _)| &**k)
     }
 
     pub(crate) fn same_as(&self, map: &BTreeMap<String, String>) -> bool {
-        self.0.len() == map.len()
-            && self
-                .iter()
-                .zip(map)
-                .all(|((k, v), (mk, mv))| k == mk && v == mv)
+        self.0.same_as(map)
     }
 
     fn to_map(&self) -> BTreeMap<String, String> {
@@ -147,10 +229,11 @@ impl Labels {
 
 impl LabelLookup for Labels {
     fn label(&self, key: &str) -> Option<&str> {
-        self.0
+        let pairs = &self.0 .0;
+        pairs
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
-            .map(|i| &*self.0[i].1)
+            .map(|i| &*pairs[i].1)
     }
 }
 
@@ -159,38 +242,57 @@ impl LabelLookup for Labels {
 pub(crate) struct CompactPod {
     pub(crate) namespace: Arc<str>,
     name: Box<str>,
-    uid: Option<Box<str>>,
     pub(crate) node: Option<Arc<str>>,
     pub(crate) labels: Labels,
     pub(crate) ips: Box<[IpAddr]>,
-    pub(crate) named_ports: Box<[NamedPort]>,
+    pub(crate) named_ports: Arc<[NamedPort]>,
+    ids: Option<Box<LocalIds>>,
+}
+
+/// What names a local pod's interface: its uid and sandbox id.
+#[derive(Debug, PartialEq, Eq)]
+struct LocalIds {
+    uid: Option<Box<str>>,
     sandbox_id: Option<Box<str>>,
 }
 
 impl CompactPod {
     pub(crate) fn new(info: PodInfo, interner: &mut Interner) -> CompactPod {
+        let ids = (info.uid.is_some() || info.sandbox_id.is_some()).then(|| {
+            Box::new(LocalIds {
+                uid: info.uid.map(String::into_boxed_str),
+                sandbox_id: info.sandbox_id.map(String::into_boxed_str),
+            })
+        });
         CompactPod {
             namespace: interner.intern(&info.key.namespace),
             name: info.key.name.into_boxed_str(),
-            uid: info.uid.map(String::into_boxed_str),
             node: info.node.as_deref().map(|n| interner.intern(n)),
-            labels: Labels::from_map(&info.labels, interner),
+            labels: interner.intern_labels(&info.labels),
             ips: info.ips.into_boxed_slice(),
-            named_ports: info.named_ports.into_boxed_slice(),
-            sandbox_id: info.sandbox_id.map(String::into_boxed_str),
+            named_ports: interner.intern_ports(&info.named_ports),
+            ids,
         }
+    }
+
+    fn uid(&self) -> Option<&str> {
+        self.ids.as_ref().and_then(|ids| ids.uid.as_deref())
+    }
+
+    fn sandbox_id(&self) -> Option<&str> {
+        self.ids.as_ref().and_then(|ids| ids.sandbox_id.as_deref())
     }
 
     /// Whether this record says exactly what `info` says.
     pub(crate) fn same_as(&self, info: &PodInfo) -> bool {
         *self.namespace == *info.key.namespace
             && *self.name == *info.key.name
-            && self.uid.as_deref() == info.uid.as_deref()
+            && self.uid() == info.uid.as_deref()
             && self.node.as_deref() == info.node.as_deref()
             && self.labels.same_as(&info.labels)
             && *self.ips == *info.ips
             && *self.named_ports == *info.named_ports
-            && self.sandbox_id.as_deref() == info.sandbox_id.as_deref()
+            && self.sandbox_id() == info.sandbox_id.as_deref()
     }
 
     fn has_key(&self, key: &ObjectKey) -> bool {
@@ -204,12 +306,12 @@ impl CompactPod {
     pub(crate) fn to_info(&self) -> PodInfo {
         PodInfo {
             key: self.key(),
-            uid: self.uid.as_deref().map(str::to_string),
+            uid: self.uid().map(str::to_string),
             node: self.node.as_deref().map(str::to_string),
             labels: self.labels.to_map(),
             ips: self.ips.to_vec(),
             named_ports: self.named_ports.to_vec(),
-            sandbox_id: self.sandbox_id.as_deref().map(str::to_string),
+            sandbox_id: self.sandbox_id().map(str::to_string),
         }
     }
 
@@ -221,6 +323,7 @@ impl CompactPod {
             namespace,
             node,
             labels,
+            named_ports,
             ..
         } = self;
         interner.release(&namespace);
@@ -229,16 +332,14 @@ impl CompactPod {
             interner.release(&node);
         }
         release_labels(labels, interner);
+        interner.release_ports(&named_ports);
     }
 }
 
-/// Drops a label set (the pod's, or a copy a caller took), releasing its strings.
+/// Drops a label set handle (the pod's, or a copy a caller took), letting the interner forget
+/// the set when no record uses it any more.
 pub(crate) fn release_labels(labels: Labels, interner: &mut Interner) {
-    for (k, v) in Vec::from(labels.0) {
-        interner.release(&k);
-        drop(k);
-        interner.release(&v);
-    }
+    interner.release_labels(&labels);
 }
 
 #[cfg(test)]
@@ -290,6 +391,26 @@ mod tests {
         let mut other = info.clone();
         other.ips.pop();
         assert!(!record.same_as(&other));
+    }
+
+    #[test]
+    fn replicas_share_one_label_set_and_one_port_list() {
+        let mut interner = Interner::default();
+        let a = CompactPod::new(pod("x", "a", &[("app", "web")]), &mut interner);
+        let b = CompactPod::new(pod("x", "b", &[("app", "web")]), &mut interner);
+        let c = CompactPod::new(pod("x", "c", &[("app", "db")]), &mut interner);
+        assert!(Arc::ptr_eq(&a.labels.0, &b.labels.0));
+        assert!(!Arc::ptr_eq(&a.labels.0, &c.labels.0));
+        assert!(Arc::ptr_eq(&a.named_ports, &c.named_ports));
+        // x, node-a; two label sets; one port list
+        assert_eq!(interner.len(), 5);
+        a.release(&mut interner);
+        assert_eq!(interner.len(), 5, "b still uses app=web");
+        b.release(&mut interner);
+        assert_eq!(interner.len(), 4);
+        assert_eq!(c.to_info(), pod("x", "c", &[("app", "db")]));
+        c.release(&mut interner);
+        assert_eq!(interner.len(), 0);
     }
 
     #[test]

@@ -20,25 +20,69 @@ use crate::model::{LabelLookup, LabelSel, NamespaceInfo, NamespaceScope, ObjectK
 
 type PodId = usize;
 type SetId = usize;
+/// A pod id in the indexes that hold one entry per pod (namespace members, label values):
+/// 32 bits halve their tables at 150k pods.
+type PodSlot = u32;
+
+fn pod_slot(id: PodId) -> PodSlot {
+    PodSlot::try_from(id).unwrap_or(PodSlot::MAX)
+}
+type Contribution = smallvec::SmallVec<[Member; 1]>;
 
 struct PodEntry {
     info: CompactPod,
     /// Sets the pod currently contributes members to.
-    sets: HashSet<SetId>,
+    sets: SetIds,
+}
+
+/// A pod's sets as a sorted vector of 32-bit ids: a pod is in a handful of sets, and at 150k
+/// pods a `HashSet<usize>` per pod (48 bytes inline and a table of its own) cost some 15 MiB
+/// more than this.
+#[derive(Default)]
+struct SetIds(Vec<u32>);
+
+impl SetIds {
+    fn insert(&mut self, id: SetId) {
+        let id = set_id_u32(id);
+        if let Err(at) = self.0.binary_search(&id) {
+            self.0.insert(at, id);
+        }
+    }
+
+    fn remove(&mut self, id: &SetId) {
+        let id = set_id_u32(*id);
+        if let Ok(at) = self.0.binary_search(&id) {
+            self.0.remove(at);
+            if self.0.is_empty() {
+                self.0 = Vec::new();
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = SetId> + '_ {
+        self.0.iter().map(|&id| id as SetId)
+    }
+}
+
+/// Set ids are slots of `SetIndex::sets`, one per active set: far below 2^32.
+fn set_id_u32(id: SetId) -> u32 {
+    u32::try_from(id).unwrap_or(u32::MAX)
 }
 
 struct NamespaceEntry {
     labels: BTreeMap<String, String>,
     /// Seen as a Namespace object (not only implied by its pods).
     explicit: bool,
-    pods: HashSet<PodId>,
+    pods: HashSet<PodSlot>,
 }
 
 pub(crate) struct SetEntry {
     pub(crate) def: SetDef,
     pub(crate) id: String,
     refcount: usize,
-    contributions: HashMap<PodId, Vec<Member>>,
+    /// What each member pod adds: one address, or one per family for a dual-stack pod, so
+    /// kept inline rather than in a vector of its own per pod and set.
+    contributions: HashMap<PodId, Contribution>,
     pub(crate) members: HashMap<Member, u32>,
     anchor: Anchor,
 }
@@ -74,7 +118,7 @@ pub(crate) struct SetIndex {
     interner: Interner,
     free_pods: Vec<PodId>,
     pod_ids: PodIds,
-    pods_by_label: HashMap<String, HashMap<String, HashSet<PodId>>>,
+    pods_by_label: HashMap<String, HashMap<String, HashSet<PodSlot>>>,
     namespaces: HashMap<String, NamespaceEntry>,
 
     sets: Vec<Option<SetEntry>>,
@@ -127,10 +171,10 @@ impl SetIndex {
             }
             let info = CompactPod::new(info, &mut self.interner);
             self.index_pod_labels(id, &info.labels, true);
-            self.namespace_entry(&key.namespace).pods.insert(id);
+            self.namespace_entry(&key.namespace).pods.insert(pod_slot(id));
             self.pods[id] = Some(Box::new(PodEntry {
                 info,
-                sets: HashSet::new(),
+                sets: SetIds::default(),
             }));
             let pods = &self.pods;
             if let Some(entry) = pods[id].as_ref() {
@@ -161,7 +205,7 @@ impl SetIndex {
         let addresses_changed =
             old.ips != entry.info.ips || old.named_ports != entry.info.named_ports;
         if addresses_changed {
-            candidates.extend(entry.sets.iter().copied());
+            candidates.extend(entry.sets.iter());
         }
         if old.labels != entry.info.labels {
             let new_labels = entry.info.labels.clone();
@@ -189,8 +233,8 @@ impl SetIndex {
         let Some(entry) = self.pods[id].take() else {
             return;
         };
-        for set in &entry.sets {
-            if let Some(s) = self.sets[*set].as_mut() {
+        for set in entry.sets.iter() {
+            if let Some(s) = self.sets[set].as_mut() {
                 if let Some(old) = s.contributions.remove(&id) {
                     remove_members(s, &old, &mut self.pending);
                 }
@@ -198,7 +242,7 @@ impl SetIndex {
         }
         self.index_pod_labels(id, &entry.info.labels, false);
         if let Some(ns) = self.namespaces.get_mut(&key.namespace) {
-            ns.pods.remove(&id);
+            ns.pods.remove(&pod_slot(id));
             if ns.pods.is_empty() && !ns.explicit {
                 self.namespaces.remove(&key.namespace);
             }
@@ -248,7 +292,7 @@ impl SetIndex {
             &entry.labels,
             &self.ns_key_refs,
         );
-        let pods: Vec<PodId> = entry.pods.iter().copied().collect();
+        let pods: Vec<PodId> = entry.pods.iter().map(|&p| p as PodId).collect();
         for set in candidates {
             for pod in &pods {
                 self.evaluate(set, *pod);
@@ -274,10 +318,10 @@ impl SetIndex {
                     .or_default()
                     .entry(v.to_string())
                     .or_default()
-                    .insert(id);
+                    .insert(pod_slot(id));
             } else if let Some(values) = self.pods_by_label.get_mut(k) {
                 if let Some(pods) = values.get_mut(v) {
-                    pods.remove(&id);
+                    pods.remove(&pod_slot(id));
                     if pods.is_empty() {
                         values.remove(v);
                     }
@@ -403,7 +447,7 @@ impl SetIndex {
                 self.pods_by_label
                     .get(k)
                     .and_then(|vals| vals.get(v))
-                    .map(|p| p.iter().copied().collect())
+                    .map(|p| p.iter().map(|&p| p as PodId).collect())
                     .unwrap_or_default(),
             );
         }
@@ -411,14 +455,14 @@ impl SetIndex {
             NamespaceScope::Named(ns) => options.push(
                 self.namespaces
                     .get(ns)
-                    .map(|n| n.pods.iter().copied().collect())
+                    .map(|n| n.pods.iter().map(|&p| p as PodId).collect())
                     .unwrap_or_default(),
             ),
             NamespaceScope::Selector(sel) => options.push(
                 self.namespaces
                     .values()
                     .filter(|n| sel.matches(&n.labels))
-                    .flat_map(|n| n.pods.iter().copied())
+                    .flat_map(|n| n.pods.iter().map(|&p| p as PodId))
                     .collect(),
             ),
         }
@@ -439,10 +483,13 @@ impl SetIndex {
                 .get(&*pod.info.namespace)
                 .is_some_and(|n| sel.matches(&n.labels)),
         };
-        let new = if ns_matches && set.def.pods().matches(&pod.info.labels) {
-            set.def.members_from(&pod.info.ips, &pod.info.named_ports)
+        let new: Contribution = if ns_matches && set.def.pods().matches(&pod.info.labels) {
+            set.def
+                .members_from(&pod.info.ips, &pod.info.named_ports)
+                .into_iter()
+                .collect()
         } else {
-            Vec::new()
+            Contribution::new()
         };
         let old = set.contributions.get(&pod_id);
         if old.map_or(new.is_empty(), |o| *o == new) {
