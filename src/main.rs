@@ -10,7 +10,6 @@
 //! 2 bad input, 3 the kernel's answer differs from the policies'; `audit`: 0 clean, 1
 //! findings, 2 error.
 
-
 /// mimalloc instead of glibc's malloc: the calc graph holds millions of small, long-lived
 /// allocations at cluster scale (a pod record, its labels, its set memberships), and glibc's
 /// 16-byte chunk header per allocation and its per-thread arenas cost more than the data.

@@ -385,8 +385,8 @@ fn the_binary_accepts_the_daemonsets_configuration() {
     // Every variable it sets is one the binary documents.
     let help = Command::new(BIN).args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .unwrap();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     for e in &env {
         if e.name.starts_with("MIMALLOC_") {
             // The allocator's own settings, read before `main`: the README names them.

@@ -17,7 +17,7 @@ use crate::rules::Direction;
 use crate::model::validate;
 use crate::model::{ClusterNetworkPolicy, ClusterPolicyInfo, ObjectKey, ObjectKind, Tier};
 
-use super::{CalcGraph, Owner, RejectKind};
+use super::{active_set_defs, CalcGraph, Owner, RejectKind};
 
 pub(super) struct ClusterEntry {
     pub(super) info: ClusterPolicyInfo,
@@ -62,34 +62,24 @@ impl CalcGraph {
             .cloned()
             .collect();
         let old = self.cluster_policies.remove(&name);
-        // New references first, so sets shared by the old and new version are not churned.
-        if !selects.is_empty() {
-            for def in plan.set_defs() {
-                self.sets.acquire(&def);
+        let (old_defs, old_selects) = old
+            .as_ref()
+            .map(|o| {
+                (
+                    active_set_defs(&o.selects, o.plan.set_defs()),
+                    o.selects.clone(),
+                )
+            })
+            .unwrap_or_default();
+        self.move_set_references(active_set_defs(&selects, plan.set_defs()), old_defs);
+        // Re-rendered even when still selected: its tier, priority or directions may differ.
+        self.reselect_endpoints(&old_selects, &selects, |e, selected| {
+            if selected {
+                e.cluster_policies.insert(name.clone());
+            } else {
+                e.cluster_policies.remove(&name);
             }
-        }
-        let old_selects = match &old {
-            Some(old) => {
-                if !old.selects.is_empty() {
-                    for def in old.plan.set_defs() {
-                        self.sets.release(&def);
-                    }
-                }
-                old.selects.clone()
-            }
-            None => BTreeSet::new(),
-        };
-        for ep in old_selects.union(&selects) {
-            if let Some(e) = self.endpoints.get_mut(ep) {
-                if selects.contains(ep) {
-                    e.cluster_policies.insert(name.clone());
-                } else {
-                    e.cluster_policies.remove(&name);
-                }
-            }
-            // Re-rendered even when still selected: its tier, priority or directions may differ.
-            self.dirty.mark(Owner::Endpoint(ep.clone()));
-        }
+        });
         self.dirty.mark(Owner::ClusterPolicy(name.clone()));
         self.cluster_policies.insert(
             name,

@@ -21,6 +21,15 @@ mod cluster;
 mod compact_pod;
 mod provenance;
 mod set_index;
+/// A policy version's sets, which it holds only while it selects an endpoint.
+fn active_set_defs(selects: &BTreeSet<ObjectKey>, defs: Vec<SetDef>) -> Vec<SetDef> {
+    if selects.is_empty() {
+        Vec::new()
+    } else {
+        defs
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod update;
@@ -654,34 +663,24 @@ impl CalcGraph {
             .cloned()
             .collect();
         let old = self.policies.remove(&key);
-        // New references first, so sets shared by the old and new version are not churned.
-        if !selects.is_empty() {
-            for def in new_plan.set_defs() {
-                self.sets.acquire(&def);
+        let (old_defs, old_selects) = old
+            .as_ref()
+            .map(|o| {
+                (
+                    active_set_defs(&o.selects, o.plan.set_defs()),
+                    o.selects.clone(),
+                )
+            })
+            .unwrap_or_default();
+        self.move_set_references(active_set_defs(&selects, new_plan.set_defs()), old_defs);
+        // Re-rendered even when still selected: the directions it governs may differ.
+        self.reselect_endpoints(&old_selects, &selects, |e, selected| {
+            if selected {
+                e.policies.insert(key.clone());
+            } else {
+                e.policies.remove(&key);
             }
-        }
-        let old_selects = match &old {
-            Some(old) => {
-                if !old.selects.is_empty() {
-                    for def in old.plan.set_defs() {
-                        self.sets.release(&def);
-                    }
-                }
-                old.selects.clone()
-            }
-            None => BTreeSet::new(),
-        };
-        for ep in old_selects.union(&selects) {
-            if let Some(e) = self.endpoints.get_mut(ep) {
-                if selects.contains(ep) {
-                    e.policies.insert(key.clone());
-                } else {
-                    e.policies.remove(&key);
-                }
-            }
-            // Re-rendered even when still selected: the directions it governs may differ.
-            self.dirty.mark(Owner::Endpoint(ep.clone()));
-        }
+        });
         self.policies_by_ns
             .entry(key.namespace.clone())
             .or_default()
@@ -695,6 +694,33 @@ impl CalcGraph {
                 selects,
             },
         );
+    }
+
+    /// Moves a policy's set references from its old version to its new one: the new ones are
+    /// taken first, so sets both versions use are not churned.
+    fn move_set_references(&mut self, acquire: Vec<SetDef>, release: Vec<SetDef>) {
+        for def in &acquire {
+            self.sets.acquire(def);
+        }
+        for def in &release {
+            self.sets.release(def);
+        }
+    }
+
+    /// Tells each endpoint selected before or now whether it is selected now (`update`), and
+    /// marks it for rendering either way.
+    fn reselect_endpoints(
+        &mut self,
+        before: &BTreeSet<ObjectKey>,
+        now: &BTreeSet<ObjectKey>,
+        mut update: impl FnMut(&mut Endpoint, bool),
+    ) {
+        for ep in before.union(now) {
+            if let Some(e) = self.endpoints.get_mut(ep) {
+                update(e, now.contains(ep));
+            }
+            self.dirty.mark(Owner::Endpoint(ep.clone()));
+        }
     }
 
     // ---- output ----

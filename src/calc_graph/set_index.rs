@@ -171,7 +171,9 @@ impl SetIndex {
             }
             let info = CompactPod::new(info, &mut self.interner);
             self.index_pod_labels(id, &info.labels, true);
-            self.namespace_entry(&key.namespace).pods.insert(pod_slot(id));
+            self.namespace_entry(&key.namespace)
+                .pods
+                .insert(pod_slot(id));
             self.pods[id] = Some(Box::new(PodEntry {
                 info,
                 sets: SetIds::default(),
