@@ -1557,3 +1557,45 @@ fn the_first_410_after_an_outage_relists_after_the_first_wait() {
     );
     assert!(source.shutdown().is_ok());
 }
+
+/// A watch the server ends at once, cleanly and without an event (a proxy in front of the API
+/// server with a broken backend), is not started again in a tight loop: kube-runtime's
+/// watcher restarts it at once without telling its caller (before: 5301 watch requests in
+/// 2 s); the watch requests are spaced by the back-off policy (here 100 ms doubling to
+/// 400 ms: at most about a dozen in 2 s).
+#[test]
+fn watches_that_end_at_once_are_not_restarted_in_a_tight_loop() {
+    let api = FakeApi::start();
+    api.apply_yaml(&cluster());
+    let source = Source::start_with(
+        &api,
+        KubeOptions {
+            backoff: Policy {
+                first: Duration::from_millis(100),
+                factor: 2.0,
+                ceiling: Some(Duration::from_millis(400)),
+                tries: None,
+                jitter: false,
+            },
+            ..options()
+        },
+    );
+    source.until_in_sync();
+    let since = api.requests().len();
+    api.end_watches_at_once(Res::Namespaces, true);
+    api.close_watches(Res::Namespaces, false);
+    std::thread::sleep(Duration::from_secs(2));
+    api.end_watches_at_once(Res::Namespaces, false);
+    let watches = api.requests()[since..]
+        .iter()
+        .filter(|r| r.res == Res::Namespaces && r.watch)
+        .count();
+    // 0.1 + 0.2 + 0.4 s, then one every 0.4 s: 7 in 2 s, and the one that found it fixed.
+    assert!(watches <= 12, "{watches} watch requests in 2 s");
+    // Watches work again, without delay.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring, labels: {team: none}}\n",
+    );
+    assert!(matches!(source.recv(), DatastoreEvent::Upsert(_)));
+    assert!(source.shutdown().is_ok());
+}

@@ -207,6 +207,8 @@ struct Kind {
     snapshots: HashMap<u64, Snapshot>,
     fail_lists: u32,
     fail_continues: u32,
+    /// Watches are answered 200 and ended at once, without an event.
+    end_watches_at_once: bool,
     served: Served,
 }
 
@@ -322,6 +324,12 @@ impl FakeApi {
     pub fn fail_requests(&self, code: u16, duration: Duration) {
         let code = StatusCode::from_u16(code).expect("an HTTP status");
         self.state().failing = Some((Instant::now() + duration, code));
+    }
+
+    /// Watches of `res` are answered 200 and ended at once, cleanly, without an event (a proxy
+    /// in front of the API server with a broken backend), until turned off.
+    pub fn end_watches_at_once(&self, res: Res, on: bool) {
+        self.state().kinds[res.index()].end_watches_at_once = on;
     }
 
     /// Ends `fail_requests` now.
@@ -1060,6 +1068,9 @@ fn watch_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -
     let streaming = state.streaming;
     let rv_now = state.rv;
     let kind = &mut state.kinds[res.index()];
+    if kind.end_watches_at_once {
+        return stream_response(None, mpsc::unbounded_channel().1, None);
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let is_true = |name: &str| query.get(name).is_some_and(|v| v == "true");
     let send_initial = query.contains_key("sendInitialEvents") && streaming != Streaming::Ignored;
