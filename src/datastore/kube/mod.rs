@@ -103,6 +103,7 @@
 //! handling, so adding one is an impl and a line in [`run`] (and `KINDS`).
 
 pub mod cluster_policy;
+mod watch_spacing;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -215,7 +216,7 @@ pub fn spawn_with(
         .enable_all()
         .build()
         .context("cannot start the Kubernetes datastore's runtime")?;
-    let client = runtime.block_on(client(connect))?;
+    let client = runtime.block_on(client(connect, options.backoff))?;
     let handle = std::thread::Builder::new()
         .name("kube-datastore".into())
         .spawn(move || {
@@ -226,7 +227,8 @@ pub fn spawn_with(
     Ok(handle)
 }
 
-async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
+/// The client, with watch requests spaced by `backoff` (see `watch_spacing`).
+async fn client(connect: KubeConnect, backoff: Policy) -> anyhow::Result<Client> {
     let config = match connect {
         KubeConnect::Infer => ::kube::Config::infer().await.context(
             "no Kubernetes API configuration: no kubeconfig (KUBECONFIG or ~/.kube/config) \
@@ -246,8 +248,10 @@ async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
         }
     };
     let cluster = config.cluster_url.to_string();
-    let client = Client::try_from(config)
-        .with_context(|| format!("cannot build a Kubernetes client for {cluster}"))?;
+    let client = ::kube::client::ClientBuilder::try_from(config)
+        .with_context(|| format!("cannot build a Kubernetes client for {cluster}"))?
+        .with_layer(&watch_spacing::WatchSpacing::new(backoff))
+        .build();
     info!(api = %cluster, "Kubernetes datastore configured");
     Ok(client)
 }
