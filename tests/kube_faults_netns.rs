@@ -386,6 +386,7 @@ fn end_storm(api: &FakeApi) {
     api.stop_failing();
     for res in ALL {
         api.fail_continues(res, 0);
+        api.end_watches_at_once(res, false);
     }
 }
 
@@ -483,6 +484,8 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
     let mut recoveries: Vec<Duration> = Vec::new();
     let mut lists_per_storm: Vec<usize> = Vec::new();
     let mut lines_per_storm: Vec<usize> = Vec::new();
+    let mut watches_per_storm: Vec<usize> = Vec::new();
+    let mut hollow_storms = 0;
     let mut changes_during = 0;
     let mut samples = 0usize;
 
@@ -516,6 +519,15 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         let change_at = rng
             .random_bool(0.7)
             .then(|| length.mul_f64(rng.random_range(0.1..0.9)));
+        // Half the abort storms also end every new watch at once (a proxy with a broken
+        // backend).
+        let hollow = fault == Fault::Aborts && rng.random_bool(0.5);
+        if hollow {
+            hollow_storms += 1;
+            for res in ALL {
+                api.end_watches_at_once(res, true);
+            }
+        }
         let before = state.clone();
         let mut allowed: Vec<Both> = vec![before.clone()];
         let lines_before = log_lines(&log).len();
@@ -580,61 +592,8 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         let recovery = storm_end.elapsed();
         recoveries.push(recovery);
 
-        // The window the agent had for retries: the storm and its recovery.
-        let window = storm_end.duration_since(storm_start) + recovery;
-        let lists = listings(&api.requests()[requests_before..]);
         let lines = log_lines(&log);
         let storm_lines = &lines[lines_before..];
-        if std::env::var_os("NETPOL_KUBE_FAULT_VERBOSE").is_some() {
-            println!("{}", storm_lines.join("\n"));
-        }
-        lists_per_storm.push(lists);
-        lines_per_storm.push(storm_lines.len());
-        println!(
-            "round {round}: {fault:?} {:.1} s every {} ms{}, {what}: recovered in {} ms, {lists} listings, {} log lines",
-            length.as_secs_f64(),
-            tick.as_millis(),
-            if fault == Fault::Errors { format!(" ({code})") } else { String::new() },
-            recovery.as_millis(),
-            storm_lines.len()
-        );
-
-        // Every error is at most one listing per kind (after its back-off wait), plus the
-        // listing that recovers and the one restart without a wait when streaming lists are
-        // refused.
-        let errors = errors_within(Policy::KUBE_WATCH, window);
-        let list_ceiling = ALL.len() * (errors + 2);
-        assert!(
-            lists <= list_ceiling,
-            "round {round}: {lists} listings in {window:?} of a {fault:?} storm (ceiling {list_ceiling})"
-        );
-        // Per error and kind: the error line, its listing's line and one from the client.
-        let line_ceiling = ALL.len() * 3 * (errors + 2) + 10;
-        assert!(
-            storm_lines.len() <= line_ceiling,
-            "round {round}: {} log lines for one {fault:?} storm (ceiling {line_ceiling}):\n{}",
-            storm_lines.len(),
-            storm_lines.join("\n")
-        );
-        // The log names the fault: a warning (an expired resourceVersion is routine, and said
-        // at info level).
-        let named = |l: &&String| match fault {
-            Fault::Gone => l.contains("INFO") && l.contains("resource version expired"),
-            Fault::Errors => l.contains("WARN") && l.contains(&format!("code: {code}")),
-            Fault::Refused => l.contains("WARN") && l.contains("(Connect)"),
-            Fault::Aborts => l.contains("WARN") && l.contains("eof in poll"),
-            Fault::Garbled => {
-                l.contains("WARN") && (l.contains("Unable to decode") || l.contains("eof in poll"))
-            }
-        };
-        assert!(
-            storm_lines.iter().any(|l| named(&l)),
-            "round {round}: the {fault:?} storm is not named in the log:\n{}",
-            storm_lines.join("\n")
-        );
-        let all = lines.join("\n");
-        assert!(!all.contains("panicked"), "the agent panicked:\n{all}");
-
         // Quiet until the agent has been up again for as long as its last wait: the next
         // storm meets an agent whose back-off starts afresh, as faults minutes apart do.
         // Back-to-back storms would measure a flapping server instead.
@@ -653,6 +612,82 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
             + Duration::from_millis(100);
         quiet.push(gap);
         std::thread::sleep(gap);
+
+        // The window the agent had for retries: the storm, its recovery and the quiet after.
+        let window = storm_start.elapsed();
+        let requests = api.requests();
+        let lists = listings(&requests[requests_before..]);
+        let watches = requests[requests_before..]
+            .iter()
+            .filter(|r| r.watch)
+            .count();
+        let lines = log_lines(&log);
+        let storm_lines = &lines[lines_before..];
+        if std::env::var_os("NETPOL_KUBE_FAULT_VERBOSE").is_some() {
+            println!("{}", storm_lines.join("\n"));
+        }
+        lists_per_storm.push(lists);
+        watches_per_storm.push(watches);
+        lines_per_storm.push(storm_lines.len());
+        println!(
+            "round {round}: {fault:?} {:.1} s every {} ms{}, {what}: recovered in {} ms, {lists} listings, {watches} watches, {} log lines",
+            length.as_secs_f64(),
+            tick.as_millis(),
+            match fault {
+                Fault::Errors => format!(" ({code})"),
+                Fault::Aborts if hollow => " (watches ended at once)".to_string(),
+                _ => String::new(),
+            },
+            recovery.as_millis(),
+            storm_lines.len()
+        );
+
+        // Every error is at most one listing per kind (after its back-off wait), plus the
+        // listing that recovers and the one restart without a wait when streaming lists are
+        // refused.
+        let errors = errors_within(Policy::KUBE_WATCH, window);
+        let list_ceiling = ALL.len() * (errors + 2);
+        assert!(
+            lists <= list_ceiling,
+            "round {round}: {lists} listings in {window:?} of a {fault:?} storm (ceiling {list_ceiling})"
+        );
+        // Watch requests of a kind that follow each other quickly are spaced by the same
+        // policy (the client's `watch_spacing`); one that follows a longer stretch (twice the
+        // spacing, at least the first wait) is the first of a new run.
+        let watch_ceiling = ALL.len() * 2 * (errors + 2);
+        assert!(
+            watches <= watch_ceiling,
+            "round {round}: {watches} watch requests in {window:?} of a {fault:?} storm (ceiling {watch_ceiling})"
+        );
+        // Per error and kind: the error line, its listing's line and one from the client.
+        let line_ceiling = ALL.len() * 3 * (errors + 2) + 10;
+        assert!(
+            storm_lines.len() <= line_ceiling,
+            "round {round}: {} log lines for one {fault:?} storm (ceiling {line_ceiling}):\n{}",
+            storm_lines.len(),
+            storm_lines.join("\n")
+        );
+        // The log names the fault: a warning (an expired resourceVersion is routine, and said
+        // at info level).
+        let named = |l: &&String| match fault {
+            Fault::Gone => l.contains("INFO") && l.contains("resource version expired"),
+            Fault::Errors => l.contains("WARN") && l.contains(&format!("code: {code}")),
+            Fault::Refused => l.contains("WARN") && l.contains("(Connect)"),
+            Fault::Aborts => {
+                l.contains("WARN")
+                    && (l.contains("eof in poll") || l.contains("watches end soon after"))
+            }
+            Fault::Garbled => {
+                l.contains("WARN") && (l.contains("Unable to decode") || l.contains("eof in poll"))
+            }
+        };
+        assert!(
+            storm_lines.iter().any(|l| named(&l)),
+            "round {round}: the {fault:?} storm is not named in the log:\n{}",
+            storm_lines.join("\n")
+        );
+        let all = lines.join("\n");
+        assert!(!all.contains("panicked"), "the agent panicked:\n{all}");
     }
 
     let mut sorted = recoveries.clone();
@@ -661,8 +696,12 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
     lists.sort();
     let mut lines = lines_per_storm.clone();
     lines.sort();
+    let mut watches = watches_per_storm.clone();
+    watches.sort();
     println!("kube API faults, seed {seed}: {rounds} rounds");
-    println!("  faults: {faults:?}; changes during a storm: {changes_during}");
+    println!(
+        "  faults: {faults:?} ({hollow_storms} abort storms also ending watches at once); changes during a storm: {changes_during}"
+    );
     quiet.sort();
     println!(
         "  quiet between storms (the agent's longest announced wait): median {} ms, max {} ms",
@@ -685,6 +724,11 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         lists.last().copied().unwrap_or(0),
         percentile_usize(&lines, 0.5),
         lines.last().copied().unwrap_or(0)
+    );
+    println!(
+        "  watch requests per storm (4 kinds): median {}, max {}",
+        percentile_usize(&watches, 0.5),
+        watches.last().copied().unwrap_or(0)
     );
     assert!(
         violations.is_empty(),

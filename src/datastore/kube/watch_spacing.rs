@@ -6,11 +6,14 @@
 //! errors. A watch that the server, or a proxy in front of it, ends at once would be started
 //! again thousands of times a second. This layer sees every request, so it spaces the watch
 //! requests (`watch=true`, streaming lists included) of each path with the datastore's
-//! back-off policy: a watch that starts within twice the current spacing (at first: within
-//! the first wait) of the previous one waits until the spacing (the first wait, doubling to
-//! the ceiling, never jittered) has passed since the previous start; a watch that follows a
-//! longer stretch starts at once and the spacing starts afresh. Watches that live for seconds, as real ones do, are never delayed;
+//! back-off policy: a watch asked for within the policy's first wait of the previous start
+//! waits until the spacing (the first wait, doubling at each such restart up to the ceiling,
+//! never jittered) has passed since the previous start; a watch asked for later starts at
+//! once and the spacing starts afresh. A retry after an error already waited at least the
+//! first wait, so only the restarts the datastore's back-off does not see are spaced. Watches that live for seconds, as real ones do, are never delayed;
 //! lists and pages are never delayed.
+//!
+//! The first spaced watch of a run of quick restarts is logged at warning level, once.
 //!
 //! The inner service's future is created at `call` and polled only after the wait: the
 //! hyper client under kube sends the request when its future is first polled.
@@ -24,6 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{Layer, Service};
+use tracing::{debug, warn};
 
 use crate::backoff::Policy;
 
@@ -37,10 +41,10 @@ struct Spacing {
 impl Spacing {
     /// How long a watch request arriving `now` waits; records its start.
     fn delay(&mut self, policy: &Policy, now: Instant) -> Duration {
-        // Quick: within twice the spacing (at first, within the first wait) of the last start.
-        let quick = |last: Instant| {
-            now.saturating_duration_since(last) < (self.spacing * 2).max(policy.first)
-        };
+        // Quick: within the first wait of the last start. A retry after an error never is
+        // (it waited at least that long after the failed request), so this spaces only the
+        // restarts the datastore's own back-off does not see.
+        let quick = |last: Instant| now.saturating_duration_since(last) < policy.first;
         let start = match self.last_start {
             Some(last) if quick(last) => {
                 self.spacing = if self.spacing.is_zero() {
@@ -86,10 +90,20 @@ impl WatchSpacing {
             return Duration::ZERO;
         }
         let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
-        paths
-            .entry(uri.path().to_string())
-            .or_default()
-            .delay(&self.policy, Instant::now())
+        let spacing = paths.entry(uri.path().to_string()).or_default();
+        let was_spacing = !spacing.spacing.is_zero();
+        let delay = spacing.delay(&self.policy, Instant::now());
+        if !was_spacing && !spacing.spacing.is_zero() {
+            // Once per run of quick restarts; the waits after it are at debug level.
+            warn!(
+                path = uri.path(),
+                "watches end soon after they start; the next ones wait {:?}, doubling",
+                spacing.spacing
+            );
+        } else if !delay.is_zero() {
+            debug!(path = uri.path(), "watch delayed {delay:?}");
+        }
+        delay
     }
 }
 
