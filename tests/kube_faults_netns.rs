@@ -1,7 +1,9 @@
 //! The real `netpol-agent run` on the Kubernetes datastore, in a network namespace, against a
 //! local API server (`kube_api`) that misbehaves the way real ones do, for a seeded random
 //! sequence of rounds. Each round starts a fault storm drawn at random:
-//! - `aborts`: every open watch reset in the middle of its stream, again and again;
+//! - `aborts`: every open watch reset in the middle of its stream, again and again; in half
+//!   of them every new watch is also answered and ended at once, without an event (a proxy
+//!   with a broken backend);
 //! - `gone`: a 410 storm: history compacted and every watch expired (an `ERROR` 410 event, or
 //!   an HTTP 410 when resumed) again and again, and every `continue` token refused, so each
 //!   resume and each relist meets 410;
@@ -22,15 +24,22 @@
 //!    server's objects, timed from the storm's end;
 //! 3. the agent never exits, never panics, names the fault in its log and writes a bounded
 //!    number of lines per storm;
-//! 4. listings per storm (fresh paginated lists and streaming lists) stay under a ceiling
-//!    derived from the back-off policy (`backoff::Policy::KUBE_WATCH`) and the storm's length.
+//! 4. listings and watch requests per storm (fresh paginated lists and streaming lists; every
+//!    watch request) stay under a ceiling derived from the back-off policy
+//!    (`backoff::Policy::KUBE_WATCH`) and the length of the storm, its recovery and the quiet
+//!    after it.
+//!
+//! Between rounds the test waits until the agent has been up for as long as its last
+//! announced wait, so each storm meets an agent whose back-off starts afresh, as faults
+//! minutes apart do.
 //!
 //! The first half of the rounds runs with streaming lists; then the server refuses them and
 //! the agent falls back to paginated lists (600 pods: two pages a listing, so `continue`
 //! tokens meet the 410 storm).
 //!
-//! `NETPOL_KUBE_FAULT_ROUNDS` (default 4, about 40 s) and `NETPOL_KUBE_FAULT_SEED` (default 1)
-//! choose the run; the long one is
+//! `NETPOL_KUBE_FAULT_ROUNDS` (default 5: each kind of storm once, about 45 s) and
+//! `NETPOL_KUBE_FAULT_SEED` (default 1) choose the run (`NETPOL_KUBE_FAULT_VERBOSE=1` prints
+//! each storm's log lines); the long one is
 //! `NETPOL_KUBE_FAULT_ROUNDS=100 cargo test --release --test kube_faults_netns -- --nocapture`.
 //! Figures are printed at the end.
 
@@ -445,7 +454,7 @@ fn tail(log: &Path) -> String {
 
 #[test]
 fn rules_stay_and_recovery_follows_under_api_server_faults() {
-    let rounds: usize = env_or("NETPOL_KUBE_FAULT_ROUNDS", 4);
+    let rounds: usize = env_or("NETPOL_KUBE_FAULT_ROUNDS", 5);
     let seed: u64 = env_or("NETPOL_KUBE_FAULT_SEED", 1);
     let mut rng = XorShiftRng::seed_from_u64(seed);
 
@@ -481,6 +490,8 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
 
     let mut faults: BTreeMap<Fault, usize> = BTreeMap::new();
     let mut violations: Vec<String> = Vec::new();
+    // Bounds and log checks that failed (all reported at the end, after the figures).
+    let mut failures: Vec<String> = Vec::new();
     let mut recoveries: Vec<Duration> = Vec::new();
     let mut lists_per_storm: Vec<usize> = Vec::new();
     let mut lines_per_storm: Vec<usize> = Vec::new();
@@ -609,6 +620,8 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
             .max()
             .unwrap_or_default()
             .min(RECOVERY_LIMIT)
+            // Watch spacing starts afresh for a watch asked for a first wait after the last.
+            .max(Policy::KUBE_WATCH.first)
             + Duration::from_millis(100);
         quiet.push(gap);
         std::thread::sleep(gap);
@@ -647,32 +660,47 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         // refused.
         let errors = errors_within(Policy::KUBE_WATCH, window);
         let list_ceiling = ALL.len() * (errors + 2);
-        assert!(
-            lists <= list_ceiling,
-            "round {round}: {lists} listings in {window:?} of a {fault:?} storm (ceiling {list_ceiling})"
-        );
+        if lists > list_ceiling {
+            failures.push(format!(
+                "round {round}: {lists} listings in {window:?} of a {fault:?} storm (ceiling {list_ceiling})"
+            ));
+        }
         // Watch requests of a kind that follow each other quickly are spaced by the same
         // policy (the client's `watch_spacing`); one that follows a longer stretch (twice the
         // spacing, at least the first wait) is the first of a new run.
         let watch_ceiling = ALL.len() * 2 * (errors + 2);
-        assert!(
-            watches <= watch_ceiling,
-            "round {round}: {watches} watch requests in {window:?} of a {fault:?} storm (ceiling {watch_ceiling})"
-        );
+        if watches > watch_ceiling {
+            failures.push(format!(
+                "round {round}: {watches} watch requests in {window:?} of a {fault:?} storm (ceiling {watch_ceiling})"
+            ));
+        }
         // Per error and kind: the error line, its listing's line and one from the client.
         let line_ceiling = ALL.len() * 3 * (errors + 2) + 10;
-        assert!(
-            storm_lines.len() <= line_ceiling,
-            "round {round}: {} log lines for one {fault:?} storm (ceiling {line_ceiling}):\n{}",
-            storm_lines.len(),
-            storm_lines.join("\n")
-        );
+        if storm_lines.len() > line_ceiling {
+            failures.push(format!(
+                "round {round}: {} log lines for one {fault:?} storm (ceiling {line_ceiling}):\n{}",
+                storm_lines.len(),
+                storm_lines.join("\n")
+            ));
+        }
         // The log names the fault: a warning (an expired resourceVersion is routine, and said
-        // at info level).
+        // at info level). Only what the agent met: a storm of error answers it made no
+        // request during (its watches cut at the start, their restarts spaced or waiting)
+        // leaves only the cut.
+        let asked = requests[requests_before..]
+            .iter()
+            .any(|r| r.at > storm_start && r.at < storm_end);
         let named = |l: &&String| match fault {
             Fault::Gone => l.contains("INFO") && l.contains("resource version expired"),
-            Fault::Errors => l.contains("WARN") && l.contains(&format!("code: {code}")),
-            Fault::Refused => l.contains("WARN") && l.contains("(Connect)"),
+            // kube-client retries a 429 or 503 itself (after `Retry-After`) and says so.
+            Fault::Errors if asked => {
+                (l.contains("WARN") && l.contains(&format!("code: {code}")))
+                    || (l.contains("ERROR") && l.contains(&format!("failed with status {code}")))
+            }
+            Fault::Errors => l.contains("WARN") && l.contains("eof in poll"),
+            Fault::Refused => {
+                l.contains("WARN") && (l.contains("(Connect)") || l.contains("eof in poll"))
+            }
             Fault::Aborts => {
                 l.contains("WARN")
                     && (l.contains("eof in poll") || l.contains("watches end soon after"))
@@ -681,11 +709,12 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
                 l.contains("WARN") && (l.contains("Unable to decode") || l.contains("eof in poll"))
             }
         };
-        assert!(
-            storm_lines.iter().any(|l| named(&l)),
-            "round {round}: the {fault:?} storm is not named in the log:\n{}",
-            storm_lines.join("\n")
-        );
+        if !storm_lines.iter().any(|l| named(&l)) {
+            failures.push(format!(
+                "round {round}: the {fault:?} storm is not named in the log:\n{}",
+                storm_lines.join("\n")
+            ));
+        }
         let all = lines.join("\n");
         assert!(!all.contains("panicked"), "the agent panicked:\n{all}");
     }
@@ -730,11 +759,13 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         percentile_usize(&watches, 0.5),
         watches.last().copied().unwrap_or(0)
     );
+    println!("  bound or log checks failed: {}", failures.len());
     assert!(
         violations.is_empty(),
         "rules in place changed during faults:\n{}",
         violations.join("\n")
     );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(agent.0.try_wait().unwrap().is_none(), "the agent exited");
 }
 

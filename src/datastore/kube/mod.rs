@@ -29,7 +29,9 @@
 //! logged with `tracing` and retried with kube-runtime's jittered exponential back-off (`backoff::Policy::KUBE_WATCH`: 0.8 s doubling to
 //! 30 s, back to 0.8 s after two quiet minutes, or at the first error after the watcher ran
 //! without one for as long as the wait before it: see [`Retry`]), and nothing already
-//! delivered is withdrawn because of an error.
+//! delivered is withdrawn because of an error. Watch requests that follow each other within
+//! the first wait (a watch the server or a proxy ends at once, which kube-runtime restarts
+//! without telling us) are spaced by the same policy in the client (`watch_spacing`).
 //!
 //! # How it lists
 //!
