@@ -282,8 +282,15 @@ fn outside(have: &Both, allowed: &[&Both]) -> Vec<String> {
 
 /// One random change through the API; says what it was.
 fn change(api: &FakeApi, rng: &mut XorShiftRng, round: usize) -> String {
+    let deletable: Vec<String> = api
+        .objects(Res::Policies)
+        .iter()
+        .map(kube_api::key_of)
+        .filter(|k| k != "shop/marker" && k != "shop/from-crowd")
+        .collect();
     match rng.random_range(0..5) {
-        0 => {
+        // A deletion when none is left is an addition.
+        n @ (0 | 2) if n == 0 || deletable.is_empty() => {
             let name = format!("chaos-{round}");
             let port = rng.random_range(1000..2000);
             let from = ["web", "api", "db", "prometheus"][rng.random_range(0..4)];
@@ -309,13 +316,7 @@ fn change(api: &FakeApi, rng: &mut XorShiftRng, round: usize) -> String {
             format!("policy from-crowd edited (port {port})")
         }
         2 => {
-            let candidates: Vec<String> = api
-                .objects(Res::Policies)
-                .iter()
-                .map(kube_api::key_of)
-                .filter(|k| k != "shop/marker" && k != "shop/from-crowd")
-                .collect();
-            let key = candidates[rng.random_range(0..candidates.len())].clone();
+            let key = deletable[rng.random_range(0..deletable.len())].clone();
             api.delete(Res::Policies, &key);
             format!("policy {key} deleted")
         }
@@ -643,7 +644,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         watches_per_storm.push(watches);
         lines_per_storm.push(storm_lines.len());
         println!(
-            "round {round}: {fault:?} {:.1} s every {} ms{}, {what}: recovered in {} ms, {lists} listings, {watches} watches, {} log lines",
+            "round {round}: {fault:?} {:.1} s every {} ms{}, {what}: recovered in {} ms, {lists} listings, {watches} watches, {} log lines, {} violations so far",
             length.as_secs_f64(),
             tick.as_millis(),
             match fault {
@@ -652,7 +653,8 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
                 _ => String::new(),
             },
             recovery.as_millis(),
-            storm_lines.len()
+            storm_lines.len(),
+            violations.len()
         );
 
         // Every error is at most one listing per kind (after its back-off wait), plus the
