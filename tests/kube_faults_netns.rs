@@ -694,7 +694,11 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
             .any(|r| r.at > storm_start && r.at < storm_end);
         let named = |l: &&String| match fault {
             Fault::Gone => l.contains("INFO") && l.contains("resource version expired"),
-            // kube-client retries a 429 or 503 itself (after `Retry-After`) and says so.
+            // kube-client retries a 429 itself (after `Retry-After`) and says nothing: a
+            // throttling storm of a few seconds never reaches the agent, which has nothing
+            // to name (its requests only wait).
+            Fault::Errors if code == 429 => true,
+            // It retries a 503 too, and logs each at error level.
             Fault::Errors if asked => {
                 (l.contains("WARN") && l.contains(&format!("code: {code}")))
                     || (l.contains("ERROR") && l.contains(&format!("failed with status {code}")))
