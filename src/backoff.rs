@@ -4,7 +4,8 @@
 //!
 //! | loop | first | factor | ceiling | tries after the first | jitter |
 //! |---|---|---|---|---|---|
-//! | Kubernetes watchers, after a stream error (`datastore::kube`, kube-runtime's `ResetTimerBackoff`, reset after 120 s quiet) | 0.8 s | 2 | 30 s | unlimited | yes |
+//! | Kubernetes watchers, after a stream error (`datastore::kube`, kube-runtime's `ResetTimerBackoff`, reset after 120 s quiet or by an error after a stretch without one as long as the last wait) | 0.8 s | 2 | 30 s | unlimited | yes |
+//! | Kubernetes watch requests of one resource within the first wait of the previous one (`datastore::kube::watch_spacing`, afresh after a slower one) | 0.8 s | 2 | 30 s | unlimited | no |
 //! | container runtime (CRI) connection (`iface_naming::cri`, reset by a session of 10 s) | 0.2 s | 2 | 30 s | unlimited | no |
 //! | bridge resolver, probing an unanswered pod address (`iface_naming::bridge`) | 1 s | 2 | 30 s | unlimited | no |
 //! | dataplane apply (`dataplane::driver`, reset by a successful apply) | 50 ms | 2 | 5 s | unlimited | no |

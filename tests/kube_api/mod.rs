@@ -30,6 +30,13 @@
 //! does: uid, resourceVersion, creationTimestamp, managedFields, last-applied annotation),
 //! close watches (cleanly or by aborting the connection), expire them, compact history, hold
 //! or fail lists, hold watches, and read the log of requests with their query parameters.
+//!
+//! Faults of a real API server, for the chaos tests: answer every request with an error
+//! status for a while ([`FakeApi::fail_requests`]: 500, 503 or 429 with `Retry-After`), go
+//! away altogether (the listener closed and every connection dropped, new connections
+//! refused) and come back at the same address ([`FakeApi::go_away`], [`FakeApi::come_back`]),
+//! cut watch streams in the middle of an event ([`FakeApi::cut_watches_mid_event`]) and send
+//! bytes that are not a watch event ([`FakeApi::garble_watches`]).
 
 #![allow(dead_code)]
 
@@ -161,10 +168,14 @@ pub struct Req {
     pub res: Res,
     pub watch: bool,
     pub query: BTreeMap<String, String>,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 enum Msg {
     Line(String),
+    /// Bytes as they are (not necessarily a line, not necessarily UTF-8).
+    Raw(Bytes),
     /// Reset the connection mid-stream (no final chunk).
     Abort,
 }
@@ -196,6 +207,8 @@ struct Kind {
     snapshots: HashMap<u64, Snapshot>,
     fail_lists: u32,
     fail_continues: u32,
+    /// Watches are answered 200 and ended at once, without an event.
+    end_watches_at_once: bool,
     served: Served,
 }
 
@@ -206,6 +219,8 @@ struct State {
     next_id: u64,
     streaming: Streaming,
     git_version: String,
+    /// Every request is answered with this status until then (`fail_requests`).
+    failing: Option<(Instant, StatusCode)>,
 }
 
 struct Shared {
@@ -214,13 +229,20 @@ struct Shared {
     hold_watches: [watch::Sender<bool>; 4],
     /// Response body bytes sent, per resource.
     sent: Arc<[AtomicU64; 4]>,
+    /// Bumped by `go_away`: every connection served so far is dropped.
+    generation: watch::Sender<u64>,
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
 pub struct FakeApi {
     pub url: String,
+    addr: SocketAddr,
+    /// The network namespace the server was started in, to listen there again (`come_back`).
+    netns: std::fs::File,
     shared: Arc<Shared>,
+    /// The task accepting connections; `None` while the server is away.
+    acceptor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -239,38 +261,111 @@ impl FakeApi {
                 next_id: 1,
                 streaming: Streaming::default(),
                 git_version: "v1.33.0".into(),
+                failing: None,
             }),
             hold_lists: std::array::from_fn(|_| watch::channel(false).0),
             hold_watches: std::array::from_fn(|_| watch::channel(false).0),
             sent: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            generation: watch::channel(0).0,
         });
+        let netns = std::fs::File::open("/proc/thread-self/ns/net").expect("own network namespace");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        listener.set_nonblocking(true).expect("nonblocking");
         let addr: SocketAddr = listener.local_addr().expect("local addr");
-        let server = shared.clone();
-        runtime.spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = server.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(handle(req, &shared).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let acceptor = runtime.spawn(serve(listener, shared.clone()));
         FakeApi {
             url: format!("http://{addr}"),
+            addr,
+            netns,
             shared,
+            acceptor: Mutex::new(Some(acceptor)),
             runtime: Some(runtime),
         }
+    }
+
+    /// The API server goes away: its listening socket is closed (new connections are
+    /// refused) and every connection is dropped (open watches end without their final chunk).
+    pub fn go_away(&self) {
+        if let Some(acceptor) = self.acceptor.lock().unwrap().take() {
+            acceptor.abort();
+        }
+        self.shared.generation.send_modify(|g| *g += 1);
+        self.state()
+            .kinds
+            .iter_mut()
+            .for_each(|k| k.watches.clear());
+    }
+
+    /// The API server listens again at the same address (in the network namespace it was
+    /// started in). Objects and history are as they were.
+    pub fn come_back(&self) {
+        let mut acceptor = self.acceptor.lock().unwrap();
+        if acceptor.is_some() {
+            return;
+        }
+        let listener = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    nix::sched::setns(&self.netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .expect("enter the server's network namespace");
+                    // std sets SO_REUSEADDR: the port is free again at once.
+                    std::net::TcpListener::bind(self.addr)
+                })
+                .join()
+                .expect("binding thread")
+        })
+        .unwrap_or_else(|e| panic!("cannot listen at {} again: {e}", self.addr));
+        let runtime = self.runtime.as_ref().expect("runtime");
+        *acceptor = Some(runtime.spawn(serve(listener, self.shared.clone())));
+    }
+
+    /// Every request (lists and watches of every resource) is answered with `code` for
+    /// `duration`, as an API server whose storage is down (500, 503) or that throttles (429,
+    /// with `Retry-After: 1` as with 503). Open watches are not touched.
+    pub fn fail_requests(&self, code: u16, duration: Duration) {
+        let code = StatusCode::from_u16(code).expect("an HTTP status");
+        self.state().failing = Some((Instant::now() + duration, code));
+    }
+
+    /// Watches of `res` are answered 200 and ended at once, cleanly, without an event (a proxy
+    /// in front of the API server with a broken backend), until turned off.
+    pub fn end_watches_at_once(&self, res: Res, on: bool) {
+        self.state().kinds[res.index()].end_watches_at_once = on;
+    }
+
+    /// Ends `fail_requests` now.
+    pub fn stop_failing(&self) {
+        self.state().failing = None;
+    }
+
+    /// Sends every open watch of `res` the first half of an event line (a `MODIFIED` of one of
+    /// its objects, or of a made-up one) and resets its connection: the client holds a
+    /// truncated JSON document when the stream breaks.
+    pub fn cut_watches_mid_event(&self, res: Res) {
+        let mut state = self.state();
+        let kind = &mut state.kinds[res.index()];
+        let line = match kind.objects.values().next() {
+            Some(text) => watch_line(res, "MODIFIED", text),
+            None => format!(
+                "{{\"type\":\"ADDED\",\"object\":{{\"kind\":\"{}\"}}}}\n",
+                res.kind()
+            ),
+        };
+        let half = Bytes::copy_from_slice(&line.as_bytes()[..line.len() / 2]);
+        for w in std::mem::take(&mut kind.watches) {
+            let _ = w.tx.send(Msg::Raw(half.clone()));
+            let _ = w.tx.send(Msg::Abort);
+        }
+    }
+
+    /// Sends every open watch of `res` a line of bytes that is no watch event (not even UTF-8);
+    /// the streams stay open.
+    pub fn garble_watches(&self, res: Res) {
+        let junk =
+            Bytes::from_static(b"\xff\xfe\x00{\"type\":\xc3\x28 <html>502 Bad Gateway</html>\n");
+        let mut state = self.state();
+        state.kinds[res.index()]
+            .watches
+            .retain(|w| w.tx.send(Msg::Raw(junk.clone())).is_ok());
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -516,6 +611,30 @@ impl FakeApi {
                 .iter()
                 .any(|r| r.res == res && r.watch)
                 && api.open_watches(res) > 0
+        });
+    }
+}
+
+/// Accepts connections on `listener` and serves each until it ends or the server goes away.
+async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
+    listener.set_nonblocking(true).expect("nonblocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = shared.clone();
+        let mut gone = shared.generation.subscribe();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(req, &shared).await) }
+            });
+            let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                _ = gone.changed() => {}
+            }
         });
     }
 }
@@ -772,15 +891,37 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
             .into_owned()
             .collect();
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    let served = {
+    let (served, failing) = {
         let mut state = shared.state.lock().unwrap();
         state.requests.push(Req {
             res,
             watch: watching,
             query: query.clone(),
+            at: Instant::now(),
         });
-        state.kinds[res.index()].served
+        let failing = state
+            .failing
+            .filter(|(until, _)| Instant::now() < *until)
+            .map(|(_, code)| code);
+        (state.kinds[res.index()].served, failing)
     };
+    if let Some(code) = failing {
+        let mut response = status(
+            code,
+            match code.as_u16() {
+                429 => "TooManyRequests",
+                503 => "ServiceUnavailable",
+                _ => "InternalError",
+            },
+            "injected by the test",
+        );
+        if matches!(code.as_u16(), 429 | 503) {
+            response
+                .headers_mut()
+                .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
+        }
+        return response;
+    }
     match served {
         Served::Yes => {}
         Served::NotFoundStatus => {
@@ -927,6 +1068,9 @@ fn watch_response(res: Res, query: &BTreeMap<String, String>, shared: &Shared) -
     let streaming = state.streaming;
     let rv_now = state.rv;
     let kind = &mut state.kinds[res.index()];
+    if kind.end_watches_at_once {
+        return stream_response(None, mpsc::unbounded_channel().1, None);
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let is_true = |name: &str| query.get(name).is_some_and(|v| v == "true");
     let send_initial = query.contains_key("sendInitialEvents") && streaming != Streaming::Ignored;
@@ -1050,6 +1194,9 @@ fn stream_response(
                     Ok(Frame::data(Bytes::from(line))),
                     (None, rx, deadline, false),
                 )),
+                Some(Msg::Raw(bytes)) => {
+                    Some((Ok(Frame::data(bytes)), (None, rx, deadline, false)))
+                }
                 Some(Msg::Abort) => Some((
                     Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionReset,

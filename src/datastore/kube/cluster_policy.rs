@@ -22,14 +22,13 @@
 
 use std::time::Duration;
 
-use ::kube::runtime::utils::ResetTimerBackoff;
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::Api;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::{debug, info, warn};
 
-use super::{wait_after_error, Closed, Kind, KubeOptions, Lists, Mirror, Out};
+use super::{wait_after_error, Closed, Kind, KubeOptions, Lists, Mirror, Out, Retry};
 use crate::model::cluster_policy::{API_VERSION, PLURAL};
 use crate::model::{ClusterNetworkPolicy, K8sObject, ObjectKind, ObjectRef};
 
@@ -93,11 +92,7 @@ pub(super) async fn follow(
 ) -> Closed {
     let kind = ObjectKind::ClusterNetworkPolicy.as_str();
     let mut mirror = Mirror::<ClusterNetworkPolicy>::default();
-    let mut backoff = ResetTimerBackoff::new(
-        watcher::ExponentialBackoff::from(options.backoff.builder()),
-        options.backoff_reset,
-    );
-    let mut next_delay = move || backoff.next().unwrap_or(options.backoff.first);
+    let mut retry = Retry::new(options);
     let mut served = Served::Unknown;
     loop {
         let mut stream = watcher(api.clone(), lists.config(options))
@@ -180,7 +175,8 @@ pub(super) async fn follow(
                     break;
                 }
                 Err(err) => {
-                    restart = wait_after_error(kind, &err, next_delay()).await;
+                    let wait = retry.next_delay(super::is_expired(&err));
+                    restart = wait_after_error(kind, &err, wait).await;
                     if restart {
                         break;
                     }
@@ -190,7 +186,7 @@ pub(super) async fn follow(
         if !restart {
             // The watcher stream never ends by itself; if it ever does, start a new one.
             debug!(kind, "watch stream ended, restarting it");
-            tokio::time::sleep(next_delay()).await;
+            tokio::time::sleep(retry.next_delay(false)).await;
         }
     }
 }

@@ -27,8 +27,11 @@
 //! returns `Ok(())`. API errors (refused connections,
 //! 5xx, 403 while RBAC is being fixed, expired resource versions) never end it: they are
 //! logged with `tracing` and retried with kube-runtime's jittered exponential back-off (`backoff::Policy::KUBE_WATCH`: 0.8 s doubling to
-//! 30 s, back to 0.8 s after two quiet minutes), and nothing already delivered is withdrawn
-//! because of an error.
+//! 30 s, back to 0.8 s after two quiet minutes, or at the first error after the watcher ran
+//! without one for as long as the wait before it: see [`Retry`]), and nothing already
+//! delivered is withdrawn because of an error. Watch requests that follow each other within
+//! the first wait (a watch the server or a proxy ends at once, which kube-runtime restarts
+//! without telling us) are spaced by the same policy in the client (`watch_spacing`).
 //!
 //! # How it lists
 //!
@@ -102,6 +105,7 @@
 //! handling, so adding one is an impl and a line in [`run`] (and `KINDS`).
 
 pub mod cluster_policy;
+mod watch_spacing;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -111,7 +115,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::kube::runtime::utils::ResetTimerBackoff;
+use ::kube::runtime::utils::{Backoff as _, ResetTimerBackoff};
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::{Api, Client, Resource};
 use anyhow::Context;
@@ -214,7 +218,7 @@ pub fn spawn_with(
         .enable_all()
         .build()
         .context("cannot start the Kubernetes datastore's runtime")?;
-    let client = runtime.block_on(client(connect))?;
+    let client = runtime.block_on(client(connect, options.backoff))?;
     let handle = std::thread::Builder::new()
         .name("kube-datastore".into())
         .spawn(move || {
@@ -225,7 +229,8 @@ pub fn spawn_with(
     Ok(handle)
 }
 
-async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
+/// The client, with watch requests spaced by `backoff` (see `watch_spacing`).
+async fn client(connect: KubeConnect, backoff: Policy) -> anyhow::Result<Client> {
     let config = match connect {
         KubeConnect::Infer => ::kube::Config::infer().await.context(
             "no Kubernetes API configuration: no kubeconfig (KUBECONFIG or ~/.kube/config) \
@@ -245,8 +250,10 @@ async fn client(connect: KubeConnect) -> anyhow::Result<Client> {
         }
     };
     let cluster = config.cluster_url.to_string();
-    let client = Client::try_from(config)
-        .with_context(|| format!("cannot build a Kubernetes client for {cluster}"))?;
+    let client = ::kube::client::ClientBuilder::try_from(config)
+        .with_context(|| format!("cannot build a Kubernetes client for {cluster}"))?
+        .with_layer(&watch_spacing::WatchSpacing::new(backoff))
+        .build();
     info!(api = %cluster, "Kubernetes datastore configured");
     Ok(client)
 }
@@ -492,12 +499,7 @@ pub(super) async fn follow<K: Kind>(
 ) -> Closed {
     let kind = K::KIND.as_str();
     let mut mirror = Mirror::<K>::default();
-    // kube-runtime's own back-off types, with our policy's numbers.
-    let mut backoff = ResetTimerBackoff::new(
-        watcher::ExponentialBackoff::from(options.backoff.builder()),
-        options.backoff_reset,
-    );
-    let mut next_delay = move || backoff.next().unwrap_or(options.backoff.first);
+    let mut retry = Retry::new(options);
     info!(kind, streaming = lists.streaming, "listing and watching");
     loop {
         let mut stream = watcher(api.clone(), lists.config(options))
@@ -538,7 +540,8 @@ pub(super) async fn follow<K: Kind>(
                         restart = true;
                         break;
                     }
-                    restart = wait_after_error(kind, &err, next_delay()).await;
+                    let wait = retry.next_delay(is_expired(&err));
+                    restart = wait_after_error(kind, &err, wait).await;
                     if restart {
                         break;
                     }
@@ -548,8 +551,65 @@ pub(super) async fn follow<K: Kind>(
         if !restart {
             // The watcher stream never ends by itself; if it ever does, start a new one.
             debug!(kind, "watch stream ended, restarting it");
-            tokio::time::sleep(next_delay()).await;
+            tokio::time::sleep(retry.next_delay(false)).await;
         }
+    }
+}
+
+/// The waits of one follower after errors: kube-runtime's `ResetTimerBackoff` with our
+/// policy's numbers (from the first wait again after `KubeOptions::backoff_reset` without an
+/// error), and from the first wait again as well
+/// - when an error ends a healthy stretch: the watcher went on without an error for at least
+///   as long as the wait before it. A new fault after the follower was back in sync is
+///   retried as soon as the first one was, instead of after the previous fault's longest
+///   wait (up to the 30 s ceiling, doubled by jitter);
+/// - at a 410 (expired) that follows another error: typically the first resumption after an
+///   outage, the API server back but its watch cache without our resourceVersion. The server
+///   answered and says to relist; waiting out the outage's escalated wait first would only
+///   keep the agent blind.
+///
+/// A fault that lasts (each resumption or listing failing at once, 410s in a row included)
+/// escalates to the ceiling. kube-runtime's own stream back-off resets at every event; a
+/// listing or a watch that fails at once keeps its wait growing here.
+pub(super) struct Retry {
+    backoff: ResetTimerBackoff<watcher::ExponentialBackoff>,
+    first: Duration,
+    /// When the last wait ended (the watcher went on), and how long it was.
+    resumed: Option<(tokio::time::Instant, Duration)>,
+    /// The last error was a 410.
+    expired: bool,
+}
+
+impl Retry {
+    pub(super) fn new(options: &KubeOptions) -> Retry {
+        Retry {
+            backoff: ResetTimerBackoff::new(
+                watcher::ExponentialBackoff::from(options.backoff.builder()),
+                options.backoff_reset,
+            ),
+            first: options.backoff.first,
+            resumed: None,
+            expired: false,
+        }
+    }
+
+    /// The wait after an error now (`expired`: a 410, see [`is_expired`]).
+    pub(super) fn next_delay(&mut self, expired: bool) -> Duration {
+        self.next_delay_at(tokio::time::Instant::now(), expired)
+    }
+
+    fn next_delay_at(&mut self, now: tokio::time::Instant, expired: bool) -> Duration {
+        let healthy = self
+            .resumed
+            .is_some_and(|(resumed, last)| now.saturating_duration_since(resumed) >= last);
+        let server_back = expired && !self.expired && self.resumed.is_some();
+        if healthy || server_back {
+            self.backoff.reset();
+        }
+        self.expired = expired;
+        let wait = self.backoff.next().unwrap_or(self.first);
+        self.resumed = Some((now + wait, wait));
+        wait
     }
 }
 
@@ -1082,6 +1142,55 @@ mod tests {
             base,
             other.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 0))
         );
+    }
+
+    #[test]
+    fn retry_waits_grow_while_errors_come_at_once_and_start_afresh_after_a_healthy_stretch() {
+        let options = KubeOptions {
+            backoff: Policy {
+                first: Duration::from_millis(100),
+                factor: 2.0,
+                ceiling: Some(Duration::from_secs(1)),
+                tries: None,
+                jitter: false,
+            },
+            ..KubeOptions::default()
+        };
+        let mut retry = Retry::new(&options);
+        // backon multiplies in f32 seconds: round to milliseconds.
+        let ms = |d: Duration| (d.as_micros() + 500) / 1000;
+        let mut now = tokio::time::Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            // Each error comes as soon as the wait before it ended.
+            let wait = retry.next_delay_at(now, false);
+            waits.push(ms(wait));
+            now += wait;
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1000]);
+        // Up for less than the last wait: still the ceiling.
+        now += Duration::from_millis(900);
+        assert_eq!(ms(retry.next_delay_at(now, false)), 1000);
+        // Up for as long as the last wait: afresh.
+        now += Duration::from_millis(1000) + Duration::from_millis(1000);
+        assert_eq!(ms(retry.next_delay_at(now, false)), 100);
+        now += Duration::from_millis(100);
+        assert_eq!(ms(retry.next_delay_at(now, false)), 200);
+        now += Duration::from_millis(200);
+        assert_eq!(ms(retry.next_delay_at(now, false)), 400);
+        // The server back, answering 410: afresh; 410s in a row escalate.
+        now += Duration::from_millis(400);
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            let wait = retry.next_delay_at(now, true);
+            waits.push(ms(wait));
+            now += wait;
+        }
+        assert_eq!(waits, [100, 200, 400]);
+        // Another error, then a 410: afresh again.
+        assert_eq!(ms(retry.next_delay_at(now, false)), 800);
+        now += Duration::from_millis(800);
+        assert_eq!(ms(retry.next_delay_at(now, true)), 100);
     }
 
     #[test]
