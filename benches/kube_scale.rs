@@ -258,20 +258,6 @@ fn agent_bin() -> PathBuf {
     std::env::var_os("NETPOL_AGENT_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
 }
 
-fn kubeconfig(dir: &Path, url: &str) -> PathBuf {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
-             current-context: x\n"
-        ),
-    )
-    .unwrap();
-    path
-}
-
 enum Source<'a> {
     Kube(&'a FakeApi),
     Dir(&'a Path),
@@ -302,7 +288,7 @@ impl Agent {
             .stderr(std::fs::File::create(&log).unwrap());
         match source {
             Source::Kube(api) => {
-                cmd.env("KUBECONFIG", kubeconfig(work, &api.url));
+                cmd.env("KUBECONFIG", kube_api::kubeconfig(work, &api.url));
             }
             Source::Dir(dir) => {
                 cmd.env("FELIX_DATASTORETYPE", format!("dir:{}", dir.display()));

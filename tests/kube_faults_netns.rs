@@ -93,20 +93,6 @@ impl Drop for Agent {
     }
 }
 
-fn kubeconfig(dir: &Path, url: &str) -> std::path::PathBuf {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
-             current-context: x\n"
-        ),
-    )
-    .unwrap();
-    path
-}
-
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
         Ok(v) => v
@@ -469,7 +455,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
     let mut agent = Agent(
         common::agent_in(&ns.name)
             .args(["run", "--node", "node-1"])
-            .env("KUBECONFIG", kubeconfig(&work.path, &api.url))
+            .env("KUBECONFIG", kube_api::kubeconfig(&work.path, &api.url))
             .env("FELIX_IPTABLESBACKEND", "legacy")
             .env("FELIX_HEALTHENABLED", "false")
             .stdin(Stdio::null())

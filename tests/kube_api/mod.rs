@@ -1214,3 +1214,19 @@ fn stream_response(
         .body(BodyExt::boxed(StreamBody::new(stream)))
         .expect("response")
 }
+
+/// Writes a kubeconfig for the server at `url` (no credentials) into `dir`, for the agent's
+/// `KUBECONFIG`.
+pub fn kubeconfig(dir: &std::path::Path, url: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
+             current-context: x\n"
+        ),
+    )
+    .unwrap();
+    path
+}
