@@ -125,16 +125,8 @@ pub(super) async fn follow(
                         }
                         served = Served::Yes;
                     }
-                    let (events, first_listing) = mirror.apply(event);
-                    for event in events {
-                        if let Err(closed) = out.send(event) {
-                            return closed;
-                        }
-                    }
-                    if first_listing {
-                        if let Err(closed) = out.kind_listed() {
-                            return closed;
-                        }
+                    if let Err(closed) = out.deliver(mirror.apply(event)) {
+                        return closed;
                     }
                 }
                 Err(err) if lists.refused(kind, &err) => {
@@ -158,16 +150,8 @@ pub(super) async fn follow(
                     served = Served::No;
                     // An empty listing: what was delivered goes, and InSync may come.
                     let _ = mirror.apply(watcher::Event::Init);
-                    let (events, first_listing) = mirror.apply(watcher::Event::InitDone);
-                    for event in events {
-                        if let Err(closed) = out.send(event) {
-                            return closed;
-                        }
-                    }
-                    if first_listing {
-                        if let Err(closed) = out.kind_listed() {
-                            return closed;
-                        }
+                    if let Err(closed) = out.deliver(mirror.apply(watcher::Event::InitDone)) {
+                        return closed;
                     }
                     tokio::time::sleep(options.missing_crd_recheck).await;
                     // A fresh watcher: list from scratch once the resource is back.

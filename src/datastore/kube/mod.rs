@@ -276,6 +276,21 @@ impl Out {
         }
     }
 
+    /// Sends what a [`Mirror::apply`] gave, then counts the kind as listed if that was its
+    /// first complete listing.
+    pub(super) fn deliver(
+        &self,
+        (events, first_listing): (Vec<DatastoreEvent>, bool),
+    ) -> Result<(), Closed> {
+        for event in events {
+            self.send(event)?;
+        }
+        if first_listing {
+            self.kind_listed()?;
+        }
+        Ok(())
+    }
+
     /// One kind delivered its first complete listing; the last of them sends `InSync`.
     pub(super) fn kind_listed(&self) -> Result<(), Closed> {
         if self.listed.fetch_add(1, Ordering::SeqCst) + 1 == KINDS {
@@ -522,16 +537,8 @@ pub(super) async fn follow<K: Kind>(
                         watcher::Event::InitDone => streaming_list_open = false,
                         _ => {}
                     }
-                    let (events, first_listing) = mirror.apply(event);
-                    for event in events {
-                        if let Err(closed) = out.send(event) {
-                            return closed;
-                        }
-                    }
-                    if first_listing {
-                        if let Err(closed) = out.kind_listed() {
-                            return closed;
-                        }
+                    if let Err(closed) = out.deliver(mirror.apply(event)) {
+                        return closed;
                     }
                 }
                 Err(err) => {
