@@ -3,11 +3,16 @@
 //! - Headers ([`IpsetWatch::check`]): one dump of `IPSET_CMD_LIST` with the header-only flag
 //!   (`IPSET_FLAG_LIST_HEADER`, what `ipset list -terse` asks) returns, per set, its name,
 //!   type, revision and family and the type's header data: hash size, `maxelem` (or `size` for
-//!   bitmap and list types), the number of references (iptables rules, `list:set` members),
-//!   the memory it uses and the number of entries. `ipset del` moves the entry count and
-//!   usually the memory size, `ipset flush` both, `ipset destroy` removes the set, a rule that
-//!   stops referencing the set moves its references. A member swapped for another (one `del`
-//!   and one `add`) can leave every header field as it was: headers miss it.
+//!   bitmap and list types), the memory it uses and the number of entries. `ipset del` moves
+//!   the entry count and usually the memory size, `ipset flush` both, `ipset destroy` removes
+//!   the set. A member swapped for another (one `del` and one `add`) can leave every header
+//!   field as it was: headers miss it.
+//!
+//!   The number of references (iptables rules and `list:set` members naming the set) is left
+//!   out: it says nothing about the set's contents, and on the legacy backend it moves for a
+//!   moment whenever anyone replaces the `filter` table (the new table takes a reference on
+//!   every set its rules name before the old one lets go), so kube-proxy's every write could
+//!   read as a change of all our sets. Rules that name our sets are the iptables watch's.
 //! - Member digests ([`IpsetWatch::verify`]): one `IPSET_CMD_LIST` dump per set of ours with
 //!   the members, each member hashed from its attributes (timeouts and packet/byte counters
 //!   left out) and the hashes added up, so the digest does not depend on the order the
@@ -15,8 +20,8 @@
 //!
 //! The number of entries (`IPSET_ATTR_ELEMENTS`, the "Number of entries" line of `ipset
 //! list`) came with Linux 4.10 (public reports show it missing on 4.9 kernels and present on
-//! 4.13); where it is missing the field is `None` and the memory size and references carry
-//! the check alone. Protocol 6 requests work on kernels that speak only protocol 6 (4.9) and
+//! 4.13); where it is missing the field is `None` and the memory size carries the check
+//! alone. Protocol 6 requests work on kernels that speak only protocol 6 (4.9) and
 //! on those that speak 6 and 7.
 //!
 //! Messages are encoded and walked by hand with netlink-packet-core's attribute buffers (see
@@ -53,7 +58,6 @@ const ATTR_HASHSIZE: u16 = 18;
 const ATTR_MAXELEM: u16 = 19;
 const ATTR_SIZE: u16 = 23;
 const ATTR_ELEMENTS: u16 = 24;
-const ATTR_REFERENCES: u16 = 25;
 const ATTR_MEMSIZE: u16 = 26;
 // Member attributes that change without anybody writing.
 const ATTR_TIMEOUT: u16 = 6;
@@ -76,7 +80,6 @@ pub struct SetHeader {
     pub maxelem: Option<u32>,
     /// Bitmap and list types' size.
     pub size: Option<u32>,
-    pub references: Option<u32>,
     /// Number of entries (kernel 4.10 and later).
     pub elements: Option<u32>,
     pub memsize: Option<u32>,
@@ -146,7 +149,6 @@ pub fn decode_list_message(msg_type: u16, payload: &[u8]) -> Result<ListPart<'_>
                 ATTR_MAXELEM => &mut header.maxelem,
                 ATTR_SIZE => &mut header.size,
                 ATTR_ELEMENTS => &mut header.elements,
-                ATTR_REFERENCES => &mut header.references,
                 ATTR_MEMSIZE => &mut header.memsize,
                 _ => continue,
             };
@@ -418,7 +420,6 @@ mod tests {
         assert_eq!(net.family, 2);
         assert_eq!(net.maxelem, Some(1_048_576));
         assert_eq!(net.elements, Some(3));
-        assert_eq!(net.references, Some(0));
         assert!(net.memsize.is_some_and(|m| m > 0));
         let port = parts[1].header.as_ref().unwrap();
         assert_eq!(port.type_name, "hash:ip,port");
