@@ -66,23 +66,51 @@ impl LegacyRead {
 pub struct Verdict {
     pub iptables: Option<String>,
     pub ipsets: Option<String>,
+    /// Someone else was seen changing something of ours. Without it a read is only because
+    /// the check could not tell (our own writes since the last exact check, lost events, a
+    /// failed check): routine, not worth an operator's alert.
+    pub changed_by_others: bool,
 }
 
 impl Verdict {
-    fn note(slot: &mut Option<String>, what: &str, finding: Finding) {
-        let why = match finding {
-            Finding::Unchanged | Finding::Foreign => return,
-            Finding::Ours(names) => format!(
-                "{what} changed behind our back: {}",
-                names.into_iter().collect::<Vec<_>>().join(", ")
+    fn note_iptables(&mut self, what: &str, finding: Finding) {
+        self.changed_by_others |= Self::note(&mut self.iptables, what, finding);
+    }
+
+    fn note_ipsets(&mut self, what: &str, finding: Finding) {
+        self.changed_by_others |= Self::note(&mut self.ipsets, what, finding);
+    }
+
+    /// Whether the finding was a change of ours by someone else.
+    fn note(slot: &mut Option<String>, what: &str, finding: Finding) -> bool {
+        let (why, by_others) = match finding {
+            Finding::Unchanged | Finding::Foreign => return false,
+            Finding::Ours(names) => (
+                format!(
+                    "{what} changed behind our back: {}",
+                    names.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+                true,
             ),
-            Finding::Unknown(why) => format!("{what}: {why}"),
+            Finding::Unknown(why) => (format!("{what}: {why}"), false),
         };
         slot.get_or_insert(why);
+        by_others
     }
 
     fn failed(slot: &mut Option<String>, what: &str, e: std::io::Error) {
         slot.get_or_insert(format!("{what}: the change check failed: {e}"));
+    }
+
+    /// The `result` label of `netpol_dataplane_kernel_checks_total`.
+    fn result(&self) -> &'static str {
+        if self.changed_by_others {
+            "changed"
+        } else if self.iptables.is_some() || self.ipsets.is_some() {
+            "unknown"
+        } else {
+            "unchanged"
+        }
     }
 }
 
@@ -200,7 +228,7 @@ impl Sentinel {
                                 foreign_only: matches!(finding, Ok(Finding::Foreign)),
                             });
                             match finding {
-                                Ok(f) => Verdict::note(&mut v.iptables, &what, f),
+                                Ok(f) => v.note_iptables(&what, f),
                                 Err(e) => Verdict::failed(&mut v.iptables, &what, e),
                             }
                         }
@@ -209,18 +237,16 @@ impl Sentinel {
                 }
             }
             Some(Tables::Nft { monitor, .. }) => match monitor.poll() {
-                Ok(changes) => Verdict::note(
-                    &mut v.iptables,
-                    "iptables (nft)",
-                    changes.finding(|pid| own.contains(&pid)),
-                ),
+                Ok(changes) => {
+                    v.note_iptables("iptables (nft)", changes.finding(|pid| own.contains(&pid)))
+                }
                 Err(e) => Verdict::failed(&mut v.iptables, "iptables (nft)", e),
             },
             None => {}
         }
         if let Some(w) = &mut self.sets {
             match w.check() {
-                Ok(f) => Verdict::note(&mut v.ipsets, "IP sets", f),
+                Ok(f) => v.note_ipsets("IP sets", f),
                 Err(e) => Verdict::failed(&mut v.ipsets, "IP sets", e),
             }
         }
@@ -237,7 +263,7 @@ impl Sentinel {
                 for (family, w) in watches.iter_mut() {
                     let what = format!("iptables ({family:?})");
                     match w.verify() {
-                        Ok(f) => Verdict::note(&mut v.iptables, &what, f),
+                        Ok(f) => v.note_iptables(&what, f),
                         Err(e) => Verdict::failed(&mut v.iptables, &what, e),
                     }
                 }
@@ -246,14 +272,14 @@ impl Sentinel {
                 monitor,
                 generation,
             }) => match monitor.confirm(generation, |pid| own.contains(&pid)) {
-                Ok(f) => Verdict::note(&mut v.iptables, "iptables (nft)", f),
+                Ok(f) => v.note_iptables("iptables (nft)", f),
                 Err(e) => Verdict::failed(&mut v.iptables, "iptables (nft)", e),
             },
             None => {}
         }
         if let Some(w) = &mut self.sets {
             match w.verify() {
-                Ok(f) => Verdict::note(&mut v.ipsets, "IP sets", f),
+                Ok(f) => v.note_ipsets("IP sets", f),
                 Err(e) => Verdict::failed(&mut v.ipsets, "IP sets", e),
             }
         }
@@ -334,17 +360,36 @@ impl Sentinel {
 
 fn record(v: &Verdict) {
     let m = crate::telemetry::metrics::global();
-    let result = if v.iptables.is_some() || v.ipsets.is_some() {
-        "changed"
-    } else {
-        "unchanged"
-    };
-    m.dataplane_kernel_checks.with_label_values(&[result]).inc();
+    m.dataplane_kernel_checks
+        .with_label_values(&[v.result()])
+        .inc();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_change_by_someone_else_counts_as_changed() {
+        let ours = || Finding::Ours(["cali-FORWARD".to_string()].into_iter().collect());
+        let unknown = || Finding::Unknown("our own writes since the last full fingerprint".into());
+        let mut v = Verdict::default();
+        v.note_iptables("iptables", Finding::Foreign);
+        v.note_ipsets("IP sets", Finding::Unchanged);
+        assert_eq!((v.result(), &v.iptables), ("unchanged", &None));
+        v.note_iptables("iptables", unknown());
+        v.note_ipsets("IP sets", unknown());
+        assert_eq!(v.result(), "unknown");
+        v.note_ipsets("IP sets", ours());
+        assert_eq!(v.result(), "changed");
+        // The first reason per part is the one given.
+        assert!(v.ipsets.as_deref().unwrap().contains("own writes"));
+        let mut v = Verdict::default();
+        Verdict::failed(&mut v.ipsets, "IP sets", std::io::Error::other("EPERM"));
+        assert_eq!(v.result(), "unknown");
+        v.note_iptables("iptables", ours());
+        assert_eq!(v.result(), "changed");
+    }
 
     fn read(ago: Duration, cost: Duration, foreign_only: bool) -> LegacyRead {
         LegacyRead {

@@ -255,7 +255,7 @@ impl Metrics {
             dataplane_kernel_checks: counter_vec(
                 &r,
                 "netpol_dataplane_kernel_checks_total",
-                "cheap and exact checks whether the kernel's rules or sets of ours changed (result: unchanged, changed)",
+                "cheap and exact checks whether the kernel's rules or sets of ours changed (result: unchanged; changed: someone else changed something of ours, read and repaired; unknown: the check could not tell, e.g. our own writes since the last exact check or lost events, so the kernel was read)",
                 &["result"],
             ),
             dataplane_in_sync: gauge(
@@ -404,7 +404,7 @@ impl Metrics {
         for kind in ["Pod", "Namespace", "NetworkPolicy", "ClusterNetworkPolicy"] {
             m.rejected_objects.with_label_values(&[kind]).set(0);
         }
-        for result in ["unchanged", "changed"] {
+        for result in ["unchanged", "changed", "unknown"] {
             m.dataplane_kernel_checks.with_label_values(&[result]);
         }
         m
