@@ -219,7 +219,9 @@ pub struct DirectionVerdict {
     pub unpoliced: Option<Unpoliced>,
     /// The tiers that ran, in order; the last one decided (or none did: allowed).
     pub tiers: Vec<TierReport>,
-    /// Steps after the tiers that changed the answer (`FELIX_DEFAULTENDPOINTTOHOSTACTION`).
+    /// Steps after the tiers: the namespace profile when a Baseline tier passed the flow on
+    /// (without one the NetworkPolicy tier's report ends there), then what changed the
+    /// answer (`FELIX_DEFAULTENDPOINTTOHOSTACTION`).
     pub after: Vec<KernelRef>,
 }
 
@@ -795,17 +797,22 @@ impl State {
         if cluster::has_tier(self, Tier::Admin, direction, *i) {
             tiers.push(cluster_tier(Tier::Admin));
         }
+        let baseline = cluster::has_tier(self, Tier::Baseline, direction, *i);
         if tiers.iter().all(|t| t.decision.is_none()) {
-            let np = netpol::report(self, direction, *i, flow);
+            let np = netpol::report(self, direction, *i, flow, baseline);
             tiers.push(TierReport {
                 decision: np.decision(),
                 detail: TierDetail::NetworkPolicy(np),
             });
         }
-        if tiers.iter().all(|t| t.decision.is_none())
-            && cluster::has_tier(self, Tier::Baseline, direction, *i)
-        {
+        let mut after = Vec::new();
+        if baseline && tiers.iter().all(|t| t.decision.is_none()) {
             tiers.push(cluster_tier(Tier::Baseline));
+            if tiers.iter().all(|t| t.decision.is_none()) {
+                // The NetworkPolicy tier handed the flow to the Baseline tier, which passed
+                // it on: the namespace profile decides.
+                after = netpol::profile_steps(self, direction, *i, flow.family);
+            }
         }
         let action = tiers
             .iter()
@@ -817,7 +824,7 @@ impl State {
             action,
             unpoliced: None,
             tiers,
-            after: Vec::new(),
+            after,
         }
     }
 

@@ -16,6 +16,7 @@ use crate::model::{
     IpFamily, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch, PortSpec,
 };
 use crate::rules::chains::profile_chains_traced;
+use crate::rules::cluster::BASELINE_TIER_NAME;
 use crate::rules::policy::{plan_policy, policy_chains_traced};
 use crate::rules::provenance::{
     describe_peer, describe_port, describe_port_entries, ChainRole, PolicyRuleRole, PolicyStep,
@@ -316,6 +317,24 @@ impl Chains<'_> {
             .find(|c| matches!(&c.role, ChainRole::Profile { direction, .. } if *direction == self.dir))
     }
 
+    /// The jump to the namespace profile and the profile's allow: what decides for a pod no
+    /// tier decided for.
+    fn profile_steps(&self, workload: &Option<TracedChain>) -> Vec<KernelRef> {
+        let mut steps = vec![self.workload_ref(
+            workload,
+            &RuleRole::JumpToProfile,
+            "not isolated: the workload chain goes to the namespace profile",
+        )];
+        if let Some(profile) = self.profile() {
+            steps.push(rule_ref(
+                &profile,
+                |r| *r == RuleRole::ProfileAllow,
+                "the namespace profile allows",
+            ));
+        }
+        steps
+    }
+
     /// The workload chain's rule with `role`, or a reference saying the chain is unknown.
     fn workload_ref(&self, chain: &Option<TracedChain>, role: &RuleRole, what: &str) -> KernelRef {
         match chain {
@@ -337,6 +356,23 @@ impl Chains<'_> {
             }
         }
     }
+}
+
+/// What decides when no tier did: the workload chain's jump to the namespace profile and the
+/// profile's allow.
+pub(super) fn profile_steps(
+    state: &State,
+    dir: Direction,
+    pod: usize,
+    family: IpFamily,
+) -> Vec<KernelRef> {
+    let chains = Chains {
+        state,
+        family,
+        dir,
+        pod,
+    };
+    chains.profile_steps(&chains.workload())
 }
 
 /// The first rule of `chain` whose role satisfies `pick`.
@@ -427,11 +463,15 @@ fn role_matches(
 }
 
 /// The full report of the NetworkPolicy tier for one direction of `pod`.
+/// The NetworkPolicy tier's report. `baseline_follows`: a ClusterNetworkPolicy Baseline tier
+/// selects the pod in this direction, so a pod no NetworkPolicy isolates goes on to it (not
+/// straight to its namespace profile, see [`profile_steps`]).
 pub(super) fn report(
     state: &State,
     dir: Direction,
     pod: usize,
     flow: &ResolvedFlow,
+    baseline_follows: bool,
 ) -> NetworkPolicyReport {
     let isolating = &state.selected[pod][dir_index(dir)];
     let chains = Chains {
@@ -449,18 +489,17 @@ pub(super) fn report(
         .collect();
     let workload = chains.workload();
     if isolating.is_empty() {
-        let mut steps = vec![chains.workload_ref(
-            &workload,
-            &RuleRole::JumpToProfile,
-            "not isolated: the workload chain goes to the namespace profile",
-        )];
-        if let Some(profile) = chains.profile() {
-            steps.push(rule_ref(
-                &profile,
-                |r| *r == RuleRole::ProfileAllow,
-                "the namespace profile allows",
-            ));
-        }
+        let steps = if baseline_follows {
+            vec![chains.workload_ref(
+                &workload,
+                &RuleRole::StartOfTier {
+                    tier: BASELINE_TIER_NAME,
+                },
+                "not isolated: the workload chain goes on to the Baseline tier",
+            )]
+        } else {
+            chains.profile_steps(&workload)
+        };
         return NetworkPolicyReport {
             policies,
             outcome: NpOutcome::NotIsolated { steps },

@@ -477,7 +477,13 @@ fn matched_hashes(t: &kernel::Trace) -> Vec<&str> {
 fn deciding_hash(d: &DirectionVerdict) -> Option<String> {
     let np = match &d.tiers.last()?.detail {
         TierDetail::NetworkPolicy(np) => np,
-        TierDetail::Cluster(c) => return c.matched.as_ref()?.steps.first()?.hash.clone(),
+        TierDetail::Cluster(c) => {
+            return match &c.matched {
+                Some(m) => m.steps.first()?.hash.clone(),
+                // The last tier passed the flow on: the namespace profile's allow decided.
+                None => d.after.last()?.hash.clone(),
+            };
+        }
     };
     match &np.outcome {
         NpOutcome::Allowed(m) => m.steps[1].hash.clone(),
@@ -806,6 +812,39 @@ fn cluster_tiers_run_around_the_network_policies() {
     let base = cluster_tier(&v.ingress, Tier::Baseline);
     assert_eq!(base.matched.as_ref().unwrap().policy, "floor");
     assert_eq!(v.ingress.tiers.len(), 3);
+    // The NetworkPolicy tier hands the flow to the Baseline tier (the rule that starts it in
+    // the workload chain), not to the namespace profile, which never sees it.
+    let NpOutcome::NotIsolated { steps } = &np(&v.ingress).outcome else {
+        panic!("x/a is not isolated: {}", v.to_text());
+    };
+    assert_eq!(steps.len(), 1, "{}", v.to_text());
+    assert!(steps[0].what.contains("on to the Baseline tier"));
+    assert!(steps[0].chain.as_deref().unwrap().starts_with("cali-tw-"));
+    assert!(steps[0].hash.is_some(), "{}", v.to_text());
+    assert!(v.ingress.after.is_empty(), "{}", v.to_text());
+    let text = v.to_text();
+    let ingress_text = text.split("ingress of x/a").nth(1).unwrap();
+    assert!(!ingress_text.contains("namespace profile"), "{text}");
+    // From outside the cluster the Baseline tier matches nothing: then the profile decides,
+    // and the report ends with its allow.
+    let v = explain(&s, "192.0.2.7", "x/a", Tcp, 80);
+    assert_eq!(v.ingress.action, Action::Allow, "{}", v.to_text());
+    assert!(cluster_tier(&v.ingress, Tier::Baseline).matched.is_none());
+    let profile: Vec<&str> = v.ingress.after.iter().map(|r| r.what.as_str()).collect();
+    assert_eq!(
+        profile,
+        [
+            "not isolated: the workload chain goes to the namespace profile",
+            "the namespace profile allows"
+        ]
+    );
+    assert!(v.ingress.after.iter().all(|r| r.hash.is_some()));
+    assert!(
+        v.to_text()
+            .contains("no ingress rule of these policies matches: on to the namespace profile"),
+        "{}",
+        v.to_text()
+    );
     // Egress to networks, pod addresses included: x/a -> z/d (10.0.3.1) is denied by Admin
     // before x/a-egress's own-namespace-only rules are consulted.
     let v = explain(&s, "x/a", "z/d", Tcp, 80);

@@ -8,7 +8,7 @@ use super::{
     tier_name, Action, ClusterTierReport, DirectionVerdict, KernelRef, MissKind, NpOutcome,
     TierDetail, Unpoliced, Verdict,
 };
-use crate::model::{IpFamily, RuleAction};
+use crate::model::{IpFamily, RuleAction, Tier};
 use crate::rules::Direction;
 
 /// `cali-pi-knp/x/p #3 cali:AbCdEf0123456789  what`.
@@ -186,9 +186,13 @@ fn cluster_text(out: &mut String, c: &ClusterTierReport, direction: Direction) {
     );
     match &c.matched {
         None => {
+            let next = match c.tier {
+                Tier::Admin => "on to the next tier",
+                Tier::Baseline => "on to the namespace profile",
+            };
             let _ = writeln!(
                 out,
-                "  no {} rule of these policies matches: on to the next tier",
+                "  no {} rule of these policies matches: {next}",
                 direction.as_str()
             );
         }
