@@ -693,7 +693,10 @@ impl Harness {
             }
         }
         for pid in processes_in(&format!("/run/netns/{}", netns.name))? {
-            if Some(pid) != agent {
+            // The running agent and what it runs now (a restarted agent's first reads can
+            // still be going when its rules already converged); a killed agent's leftovers
+            // have lost it as their ancestor.
+            if !agent.is_some_and(|a| descends_from(pid, a)) {
                 let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
                     .unwrap_or_default()
                     .replace('\0', " ");
@@ -797,6 +800,30 @@ fn indent(text: &str) -> String {
 }
 
 /// Processes whose network namespace is the one bound at `ns_path`.
+/// Whether `pid` is `ancestor` or one of its descendants (by parent process ids in /proc).
+fn descends_from(pid: u32, ancestor: u32) -> bool {
+    let mut at = pid;
+    // A chain of parents is short; the bound only guards against a /proc read racing exits.
+    for _ in 0..64 {
+        if at == ancestor {
+            return true;
+        }
+        match parent_of(at) {
+            Some(p) if p > 1 => at = p,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The parent process id from /proc/<pid>/stat (the field after the `(comm)`, which may hold
+/// spaces and parentheses itself).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn processes_in(ns_path: &str) -> anyhow::Result<Vec<u32>> {
     use std::os::unix::fs::MetadataExt;
     let target = std::fs::metadata(ns_path)?;
@@ -974,5 +1001,49 @@ impl Report {
             .collect();
         println!("kill windows (hit/aimed): {}", windows.join(", "));
         self.failed_rounds > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::descends_from;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_grandchild_descends_from_us_and_init_does_not() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        // The grandchild: a process whose parent is the shell.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let grandchild = loop {
+            let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                (super::parent_of(pid) == Some(child.id())).then_some(pid)
+            });
+            if let Some(pid) = found {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the shell started no sleep");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(descends_from(grandchild, me));
+        assert!(descends_from(grandchild, child.id()));
+        assert!(!descends_from(child.id(), grandchild));
+        assert!(!descends_from(1, me));
+        let _ = child.kill();
+        let _ = child.wait();
+        // The orphaned sleep: reparented away from us, no longer ours.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while descends_from(grandchild, me) {
+            assert!(Instant::now() < deadline, "the orphan still counts as ours");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(grandchild as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
