@@ -562,17 +562,23 @@ pub fn cri(data: &[u8]) {
     }
 }
 
+/// A target: takes any bytes, panics when a check fails.
+pub type Target = fn(&[u8]);
+
+/// Every target by name, as `scripts/fuzz.sh` and `fuzz_targets/` name them.
+pub const TARGETS: [(&str, Target); 11] = [
+    ("iptables_save", iptables_save),
+    ("ipset_save", ipset_save),
+    ("manifests", manifests),
+    ("validate", validate),
+    ("compile", compile),
+    ("rtnetlink", rtnetlink),
+    ("xtables", xtables),
+    ("nft_events", nft_events),
+    ("ipset_list", ipset_list),
+    ("nflog", nflog),
+    ("cri", cri),
+];
+
 #[cfg(test)]
-mod tests {
-    /// The `iptables_save` crashes found so far, replayed without libFuzzer (a plain test
-    /// build: `cd fuzz && cargo test --lib`); `scripts/fuzz.sh` replays them too.
-    #[test]
-    fn iptables_save_regressions() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions/iptables_save");
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let data = std::fs::read(entry.unwrap().path()).unwrap();
-            super::iptables_save(&data);
-        }
-    }
-}
+mod short_run;
