@@ -25,6 +25,7 @@
 //! - the manifest directory removed for a while, then created again holding the changed
 //!   objects: nothing changes while it is gone, and the agent follows the new directory.
 
+use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -106,6 +107,20 @@ fn frozen(before: &[OwnedState], now: &[OwnedState]) -> Option<String> {
     None
 }
 
+/// Someone else holding the xtables lock: `flock` and its command, in a process group of
+/// their own, killed together when dropped (also when the scenario fails half-way).
+struct LockHolder(std::process::Child);
+
+impl Drop for LockHolder {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.0.wait();
+    }
+}
+
 fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::Result<FaultResult> {
     h.flush_conntrack();
     let old = h.builder.world.clone();
@@ -136,9 +151,12 @@ fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::R
         Fault::Hang(k) => h.shims.hang(k, true)?,
         Fault::Lock => {
             let lock = h.cluster.work_dir().join("xtables-node-0.lock");
+            // Held until the fault ends (the holder and its sleep are killed as a group), not
+            // on a clock of its own that could run out before the harness's window does.
             let child = std::process::Command::new("flock")
                 .arg(&lock)
-                .args(["sleep", &hold.as_secs().to_string()])
+                .args(["sleep", &(hold.as_secs() + 600).to_string()])
+                .process_group(0)
                 .spawn()?;
             // Taken once a non-blocking attempt fails.
             let deadline = Instant::now() + Duration::from_secs(5);
@@ -159,7 +177,7 @@ fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::R
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
-            holder = Some(child);
+            holder = Some(LockHolder(child));
         }
         Fault::DirRemoved => std::fs::remove_dir_all(h.cluster.manifests_dir())?,
     }
@@ -169,8 +187,15 @@ fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::R
     }
     let want = h.cluster.want(VICTIM).ok();
     let mut applied_during = None;
+    // On legacy the loop is sampled halfway: by the end of the hold the agent's current try
+    // may be 10 s old or just begun (tries end on the lock's 10 s clock, not the hold's).
+    let legacy_lock = fault == Fault::Lock && h.backend == Backend::Legacy;
+    let mut live_halfway = None;
     while began.elapsed() < hold {
         std::thread::sleep(Duration::from_millis(100));
+        if legacy_lock && live_halfway.is_none() && began.elapsed() >= hold / 2 {
+            live_halfway = Some(h.health("/liveness"));
+        }
         if h.cluster.agent_pid(VICTIM).is_none() {
             problems.push("the agent exited during the fault".into());
             break;
@@ -212,9 +237,10 @@ fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::R
         // default watchdog (90 s) the loop turns between applies (a family's apply gives up
         // after six tries, about 60 s), and a single-family agent stays live however long
         // someone holds the lock.
-        Fault::Lock if h.backend == Backend::Legacy => {
+        Fault::Lock if legacy_lock => {
+            let live = live_halfway.flatten();
             notes.push(format!(
-                "/liveness during the hold: {live:?} (the loop waits 10 s a try for the lock, the watchdog here is 5 s)"
+                "/liveness halfway through the hold: {live:?} (the loop waits 10 s a try for the lock, the watchdog here is 5 s)"
             ));
             if live != Some(503) {
                 problems.push(format!(
@@ -237,10 +263,7 @@ fn one(h: &mut Harness, fault: Fault, hold: Duration, index: usize) -> anyhow::R
         Fault::Fail(k) => h.shims.fail(k, false)?,
         Fault::Hang(k) => h.shims.hang(k, false)?,
         Fault::Lock => {
-            if let Some(mut c) = holder.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            drop(holder.take());
         }
         Fault::DirRemoved => h.cluster.rewrite_all(&new)?,
     }
