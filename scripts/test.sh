@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up a fresh Debian machine (as root) and runs every check CI runs:
-# formatting, clippy, all unit, property, golden and real-kernel (network namespace) tests,
+# formatting, clippy, all unit, property, golden and real-kernel (network namespace) tests, the
+# fuzz targets' short run (tests/fuzz_short.rs),
 # and the end-to-end scenario suite (e2e/scenarios) on simulated nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
