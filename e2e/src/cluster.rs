@@ -867,13 +867,26 @@ impl Cluster {
     /// The deny lines (JSON, target `deny_log`) each node's agent wrote since `marks`, with
     /// the name of the node whose log held them.
     pub fn deny_lines_since(&self, marks: &[u64]) -> Vec<(String, serde_json::Value)> {
+        self.deny_lines(marks, |text, mark| &text[mark.min(text.len())..])
+    }
+
+    /// The deny lines each node wrote before its mark.
+    pub fn deny_lines_before(&self, marks: &[u64]) -> Vec<(String, serde_json::Value)> {
+        self.deny_lines(marks, |text, mark| &text[..mark.min(text.len())])
+    }
+
+    fn deny_lines(
+        &self,
+        marks: &[u64],
+        part: impl Fn(&[u8], usize) -> &[u8],
+    ) -> Vec<(String, serde_json::Value)> {
         let mut out = Vec::new();
         for (node, mark) in self.nodes.iter().zip(marks) {
             let Ok(text) = std::fs::read(&node.log) else {
                 continue;
             };
-            let start = (*mark as usize).min(text.len());
-            for line in String::from_utf8_lossy(&text[start..]).lines() {
+            let mark = usize::try_from(*mark).unwrap_or(usize::MAX);
+            for line in String::from_utf8_lossy(part(&text, mark)).lines() {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
                     if v["target"] == "deny_log" {
                         out.push((node.name.clone(), v));

@@ -105,6 +105,19 @@ fn flow_of(v: &serde_json::Value) -> Option<FlowKey> {
     })
 }
 
+/// A line for `flow` written before `marks` (a previous step's), to tell a reused flow
+/// from a missing line.
+fn logged_before(
+    cluster: &Cluster,
+    marks: &[u64],
+    flow: &FlowKey,
+) -> Option<(String, serde_json::Value)> {
+    cluster
+        .deny_lines_before(marks)
+        .into_iter()
+        .find(|(_, line)| flow_of(line).as_ref() == Some(flow))
+}
+
 /// What the check found for one step.
 pub struct Checked {
     /// Empty: all good.
@@ -220,7 +233,14 @@ pub fn check(
         }
         let [(file_node, line)] = lines else {
             problems.push(if lines.is_empty() {
-                format!("{what}: denied, but no node logged it")
+                match logged_before(cluster, marks, flow) {
+                    Some((node, line)) => format!(
+                        "{what}: denied, but not logged in this step: {node} logged the same \
+                         flow before it (within the agent's dedup window the flow is not \
+                         logged again; the probe reused a source port): {line}"
+                    ),
+                    None => format!("{what}: denied, but no node logged it"),
+                }
             } else {
                 format!("{what}: denied and logged {} times: {lines:?}", lines.len())
             });

@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -115,6 +116,43 @@ fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> (Outcome, Option<u16>)
     }
 }
 
+/// Source ports the probes take in turn, across the whole process. Left to the kernel, a
+/// bound port is chosen at random, so a flow (source pod, destination, port) probed in two
+/// steps a few seconds apart sometimes leaves from the same port again, and the agent rightly
+/// writes one deny line for both (its dedup window is per 5-tuple): the later step's probe
+/// then has no line of its own. Taken in turn, a flow's source port comes back only after
+/// the whole range has been used (tens of thousands of probes later).
+const SOURCE_PORTS: std::ops::RangeInclusive<u16> = 32768..=60999;
+
+/// A port taken by a socket of the pod (a server, a lingering connection) is skipped.
+const BIND_TRIES: usize = 64;
+
+fn next_source_port() -> u16 {
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let span = u32::from(SOURCE_PORTS.end() - SOURCE_PORTS.start()) + 1;
+    let next = NEXT.get_or_init(|| {
+        // A random start, so two runs back to back do not reuse each other's ports either.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        AtomicU32::new(nanos ^ std::process::id())
+    });
+    let offset = next.fetch_add(1, Ordering::Relaxed) % span;
+    SOURCE_PORTS.start() + u16::try_from(offset).expect("offset is below the span")
+}
+
+/// The unspecified address of `addr`'s family with a source port taken in turn; the
+/// kernel's choice (port 0) only when every try is taken.
+fn bind_in_turn(addr: SocketAddr, mut bind: impl FnMut(SocketAddr) -> bool) -> bool {
+    let any = match addr {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    (0..BIND_TRIES).any(|_| bind(SocketAddr::new(any, next_source_port())))
+        || bind(SocketAddr::new(any, 0))
+}
+
 fn local_port(socket: &Socket) -> Option<u16> {
     socket.local_addr().ok()?.as_socket().map(|a| a.port())
 }
@@ -129,14 +167,7 @@ fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) 
         return (Outcome::WrongPeer("cannot open a TCP socket".into()), None);
     };
     // Bound first, so the source port is known even when the connection never completes.
-    let any = SocketAddr::new(
-        match addr {
-            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        },
-        0,
-    );
-    if socket.bind(&any.into()).is_err() {
+    if !bind_in_turn(addr, |local| socket.bind(&local.into()).is_ok()) {
         return (Outcome::WrongPeer("cannot bind a TCP socket".into()), None);
     }
     let port = local_port(&socket);
@@ -158,12 +189,12 @@ fn tcp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) 
 }
 
 fn udp(addr: SocketAddr, to: &str, timeout: Duration) -> (Outcome, Option<u16>) {
-    let local = if addr.is_ipv6() {
-        "[::]:0"
-    } else {
-        "0.0.0.0:0"
-    };
-    let Ok(socket) = std::net::UdpSocket::bind(local) else {
+    let mut bound = None;
+    bind_in_turn(addr, |local| {
+        bound = std::net::UdpSocket::bind(local).ok();
+        bound.is_some()
+    });
+    let Some(socket) = bound else {
         return (Outcome::WrongPeer("cannot open a UDP socket".into()), None);
     };
     let port = socket.local_addr().ok().map(|a| a.port());
@@ -233,4 +264,35 @@ fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> (Outcome, Option<u1
         Outcome::Blocked
     };
     (outcome, Some(src_port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ports_come_in_turn_and_skip_taken_ones() {
+        let addr: SocketAddr = "[fd00::1]:80".parse().expect("an address");
+        let mut tried = Vec::new();
+        // The first three ports tried are taken: the fourth is bound.
+        assert!(bind_in_turn(addr, |local| {
+            assert!(local.is_ipv6() && local.ip().is_unspecified());
+            tried.push(local.port());
+            tried.len() > 3
+        }));
+        assert_eq!(tried.len(), 4);
+        assert!(tried.iter().all(|p| SOURCE_PORTS.contains(p)));
+        // In turn (other tests may take ports in between, never the same one twice in a row).
+        assert!(tried.windows(2).all(|w| w[0] != w[1]));
+        let distinct: std::collections::BTreeSet<u16> = tried.iter().copied().collect();
+        assert_eq!(distinct.len(), 4);
+
+        // Every try taken: the kernel's choice is the last resort.
+        let mut last = None;
+        assert!(!bind_in_turn(addr, |local| {
+            last = Some(local.port());
+            false
+        }));
+        assert_eq!(last, Some(0));
+    }
 }
