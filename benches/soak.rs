@@ -5,7 +5,8 @@
 //! `cargo bench --bench soak` (root; `-- --secs 600` for the ten minutes, default 60;
 //! `--backends legacy,nft`; `--writer-hz 50`; `--change-ms 100`; `--keep DIR` keeps the
 //! agent's log, the reads that found something lost and, on nft, an `nft monitor` record of
-//! every commit, for finding out why) runs, per backend, in a
+//! every commit, for finding out why; Ctrl-C or SIGTERM ends the churn early and still
+//! reports and cleans up) runs, per backend, in a
 //! network namespace of its own:
 //! - the agent (`netpol-agent run --datastore dir:…`, IPv4) on a small synthetic cluster
 //!   (`support/synthetic.rs`: 400 pods, 40 of them local, 40 policies);
@@ -343,6 +344,8 @@ fn quantile(page: &str, name: &str, p: f64) -> String {
 
 struct Options {
     secs: u64,
+    /// Set by SIGINT or SIGTERM: the run ends early, still cleaning up and reporting.
+    interrupted: Arc<AtomicBool>,
     backends: Vec<String>,
     writer_hz: u64,
     change_ms: u64,
@@ -358,6 +361,7 @@ fn options() -> Options {
     };
     Options {
         secs: value("--secs").and_then(|v| v.parse().ok()).unwrap_or(60),
+        interrupted: Arc::new(AtomicBool::new(false)),
         backends: value("--backends")
             .unwrap_or("legacy,nft".into())
             .split(',')
@@ -559,7 +563,7 @@ fn soak(agent_bin: &Path, backend: &str, opts: &Options) -> bool {
     let mut changes = 0u64;
     let run = Duration::from_secs(opts.secs);
     let began = Instant::now();
-    while began.elapsed() < run {
+    while began.elapsed() < run && !opts.interrupted.load(Ordering::Relaxed) {
         changes += 1;
         let tmp = manifests.join(".churn.tmp");
         std::fs::write(&tmp, churn_policy(changes)).unwrap();
@@ -688,10 +692,24 @@ fn main() {
         return;
     }
     let opts = options();
+    // Interrupted, the run stops its churn and still settles, reports and removes its
+    // namespace (a default SIGINT would leave it behind, as Drop never runs).
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(signal, opts.interrupted.clone()) {
+            eprintln!("soak: cannot catch signal {signal}: {e}");
+        }
+    }
     let agent = PathBuf::from(env!("CARGO_BIN_EXE_netpol-agent"));
     let mut ok = true;
     for backend in &opts.backends {
+        if opts.interrupted.load(Ordering::Relaxed) {
+            break;
+        }
         ok &= soak(&agent, backend, &opts);
+    }
+    if opts.interrupted.load(Ordering::Relaxed) {
+        eprintln!("soak: interrupted; what ran is reported above, and its namespace is gone");
+        ok = false;
     }
     if !ok {
         std::process::exit(1);
