@@ -482,7 +482,13 @@ fn failed_restore_returns_err_and_keeps_the_rules() {
             first: Duration::from_millis(10),
             ..Policy::IPTABLES_RESTORE
         });
+        let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = tries.clone();
+        w.on_each_try(std::sync::Arc::new(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }));
         w.apply(&desired, &all_dirty()).unwrap();
+        assert_eq!(tries.load(std::sync::atomic::Ordering::Relaxed), 1);
         let good = save(&ns, backend, family);
 
         let mut broken = desired.clone();
@@ -503,6 +509,8 @@ fn failed_restore_returns_err_and_keeps_the_rules() {
             "{err:#}"
         );
         assert_eq!(w.stats().restore_errors, 3);
+        // The hook (the dataplane loop's liveness turn) ran as each of the three tries began.
+        assert_eq!(tries.load(std::sync::atomic::Ordering::Relaxed), 1 + 3);
         // The first attempt used the cache; each retry re-read the kernel.
         assert_eq!(w.stats().save_calls, 1 + 2);
         assert_eq!(strip_dates(&save(&ns, backend, family)), strip_dates(&good));

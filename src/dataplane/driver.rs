@@ -68,6 +68,8 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let m = metrics::global();
     let mut dp = Dataplane::new(&cfg)?;
+    let turned = health.clone();
+    dp.on_each_try(Arc::new(move || turned.turn(Loop::Dataplane)));
     let watching = timers.kernel_check.is_some() || timers.kernel_verify.is_some();
     let mut sentinel = if watching {
         let (sentinel, problems) =

@@ -208,6 +208,14 @@ impl Dataplane {
         Ok(())
     }
 
+    /// `hook` runs as each try of an iptables update starts, in every family (see
+    /// [`TableWriter::on_each_try`]).
+    pub fn on_each_try(&mut self, hook: iptables::TryHook) {
+        for w in self.writers.values_mut() {
+            w.on_each_try(hook.clone());
+        }
+    }
+
     /// Re-reads iptables on the next apply (post-write check).
     pub fn invalidate_iptables(&mut self) {
         for w in self.writers.values_mut() {

@@ -3,7 +3,8 @@
 //! - live: both agent loops (the calculation loop and the dataplane loop) have turned within
 //!   the watchdog timeout (felix's `DataplaneWatchdogTimeout`). Both loops wake at least every
 //!   200 ms when idle, so only a loop stuck in one step (a hung `iptables-restore`, a
-//!   deadlock) goes stale.
+//!   deadlock) goes stale. Each try of an iptables update counts as a turn too: tries that
+//!   fail (a lock someone else holds) are progress, one that never returns is not.
 //! - ready: the datastore delivered its first complete listing AND the first full apply
 //!   after it has completed; before that the node's pods are not yet protected as the
 //!   policies say.

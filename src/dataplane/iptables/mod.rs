@@ -110,7 +110,12 @@ pub struct TableWriter {
     metrics: IptablesMetrics,
     /// Process ids of the restores run since `take_restore_pids`.
     restore_pids: Vec<u32>,
+    /// Called as each try starts (see [`TableWriter::on_each_try`]).
+    on_try: Option<TryHook>,
 }
+
+/// What a writer calls as each try of an apply starts.
+pub type TryHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 impl TableWriter {
     /// A writer of the chains and rules `ownership` says are ours, and nothing else.
@@ -126,7 +131,16 @@ impl TableWriter {
             stats: WriterStats::default(),
             metrics: crate::telemetry::metrics::global().iptables(family, TABLE),
             restore_pids: Vec::new(),
+            on_try: None,
         }
+    }
+
+    /// `hook` runs as each try of an apply starts: the dataplane loop counts it as a turn,
+    /// so an agent retrying against a lock someone else holds stays live (every family's
+    /// tries together can outlast the watchdog), while a single restore that hangs still
+    /// goes stale.
+    pub fn on_each_try(&mut self, hook: TryHook) {
+        self.on_try = Some(hook);
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
@@ -170,6 +184,9 @@ impl TableWriter {
         let mut backoff = Backoff::new(self.retry);
         let mut attempt = 0;
         loop {
+            if let Some(hook) = &self.on_try {
+                hook();
+            }
             match self.try_apply(desired, dirty, &mut written) {
                 Ok(()) => return Ok(written),
                 Err(e) => {
