@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole end-to-end matrix: every scenario (e2e/scenarios, e2e/regressions) on every cell
-# of CNI topology × IP family × kube-proxy mode (4 × 3 × 2 = 24 cells; about 25 minutes on
+# of CNI topology × IP family × kube-proxy mode (4 × 3 × 2 = 24 cells; about an hour on
 # 2 cores). Sets up the machine like the test command; ends with `N passed, M failed`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
