@@ -196,6 +196,18 @@ pub fn parse_nflog_group(text: &str) -> Result<u16, String> {
         .map_err(|_| "accepted values: an NFLOG group number from 0 to 65535".into())
 }
 
+/// felix's WorkloadSourceSpoofing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceSpoofing {
+    /// No pod may send from an address not its own (the source check is rendered).
+    #[value(name = "Disabled")]
+    Disabled,
+    /// No source check (felix's Any lets each pod opt in by an annotation; we have no
+    /// per-pod opt-in, so Any turns the check off for every pod).
+    #[value(name = "Any")]
+    Any,
+}
+
 /// Where objects come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Datastore {
@@ -601,6 +613,17 @@ pub struct RuleOptions {
     /// Deny logging: packets logged per pod and direction in a burst before the rate applies.
     #[arg(long, env = "FELIX_DENYLOGBURST", default_value = "20", value_parser = parse_deny_log_burst)]
     pub deny_log_burst: u32,
+    /// Anti-spoofing: Disabled (pods may send only from their own addresses; packets from a
+    /// pod's interface with another source are dropped) or Any (no source check, for CNIs
+    /// whose pods legitimately send from other addresses).
+    #[arg(
+        long,
+        env = "FELIX_WORKLOADSOURCESPOOFING",
+        value_enum,
+        ignore_case = true,
+        default_value = "Disabled"
+    )]
+    pub workload_source_spoofing: SourceSpoofing,
 }
 
 impl RuleOptions {
@@ -638,6 +661,7 @@ impl RuleOptions {
             },
             bridge: self.bridge(),
             deny_log: self.deny_log()?,
+            workload_source_check: self.workload_source_spoofing == SourceSpoofing::Disabled,
         })
     }
 

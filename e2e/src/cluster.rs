@@ -61,6 +61,11 @@ pub struct ClusterConfig {
     pub family: FamilyMode,
     /// Who DNATs ClusterIPs: kube-proxy's iptables or nftables mode.
     pub proxy: ServiceProxy,
+    /// Raw TCP/UDP observers in every pod, for the spoofing check (`--check-spoofing`).
+    pub spoof_observers: bool,
+    /// The agents' anti-spoofing (`FELIX_WORKLOADSOURCESPOOFING=Disabled`, their default);
+    /// off only to show what the spoofing check catches without it.
+    pub source_check: bool,
 }
 
 struct Node {
@@ -90,6 +95,8 @@ pub struct Cluster {
     pub pods: BTreeMap<String, PodNet>,
     written: World,
     pub sctp: Arc<SctpLog>,
+    /// Tags of the spoofing check's packets the pods' observers saw.
+    pub spoof_tags: Arc<crate::spoof::TagLog>,
     /// Pods whose kube-proxy chains exist (iptables mode deletes the chains of pods gone);
     /// `None` before kube-proxy's first write.
     proxied: Option<std::collections::BTreeSet<usize>>,
@@ -209,6 +216,7 @@ impl Cluster {
             pods: BTreeMap::new(),
             written: World::default(),
             sctp: Arc::new(SctpLog::default()),
+            spoof_tags: Arc::new(crate::spoof::TagLog::default()),
             proxied: None,
         };
         let families = cluster.cfg.family.families();
@@ -644,7 +652,9 @@ impl Cluster {
             runtime.add_pod(&self.tag, pod)?;
         }
         let handle = Arc::new(netns.handle.try_clone()?);
-        let servers = PodServers::start(&netns.handle, pod, families, self.sctp.clone())?;
+        let observers = self.cfg.spoof_observers.then(|| self.spoof_tags.clone());
+        let servers =
+            PodServers::start(&netns.handle, pod, families, self.sctp.clone(), observers)?;
         self.pods.insert(
             pod.key(),
             PodNet {
@@ -950,6 +960,9 @@ fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
     ];
     if cfg.cni.wiring() == Wiring::Bridged {
         env.push(("FELIX_BRIDGEINTERFACE", BRIDGE.into()));
+    }
+    if !cfg.source_check {
+        env.push(("FELIX_WORKLOADSOURCESPOOFING", "Any".into()));
     }
     if cfg.deny_logs {
         // Every denied probe must be logged: a step's probes come in a burst, so the

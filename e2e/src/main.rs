@@ -20,6 +20,7 @@ mod scenario;
 mod sctp;
 mod servers;
 mod services;
+mod spoof;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -109,6 +110,15 @@ struct RunArgs {
     /// objects) against the expectation and the packets; a disagreement fails the step.
     #[arg(long)]
     check_explain: bool,
+    /// After each step every pod also sends packets with the source address of a pod the
+    /// destination allows, to every other pod, per probed protocol and family; none may
+    /// arrive (and the same packets with the sender's own address, where allowed, must).
+    #[arg(long)]
+    check_spoofing: bool,
+    /// The agents' FELIX_WORKLOADSOURCESPOOFING: `Disabled` (their default, the source
+    /// check on) or `Any` (off: shows what --check-spoofing catches without it).
+    #[arg(long, default_value = "Disabled", value_parser = ["Disabled", "Any"])]
+    workload_source_spoofing: String,
     /// Scenario files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -231,6 +241,8 @@ fn run(args: RunArgs) -> ExitCode {
             deny_logs: args.check_deny_logs,
             family: args.ip_family,
             proxy: args.service_proxy,
+            spoof_observers: args.check_spoofing,
+            source_check: args.workload_source_spoofing == "Disabled",
         },
         jobs: args.jobs,
         probe_workers: args.probe_workers,
@@ -239,11 +251,13 @@ fn run(args: RunArgs) -> ExitCode {
         verbose: args.verbose,
         check_deny_logs: args.check_deny_logs,
         check_explain: args.check_explain,
+        check_spoofing: args.check_spoofing,
     };
     let total = scenarios.len();
     let checks: Vec<&str> = [
         (cfg.check_explain, "every probe checked against explain"),
         (args.check_deny_logs, "checking deny logs"),
+        (args.check_spoofing, "checking spoofed sources"),
     ]
     .into_iter()
     .filter_map(|(on, what)| on.then_some(what))
@@ -304,6 +318,8 @@ fn demo(args: DemoArgs) -> ExitCode {
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(20),
             deny_logs: false,
+            spoof_observers: false,
+            source_check: true,
             family: FamilyMode::Ipv4,
             proxy: ServiceProxy::Iptables,
         },

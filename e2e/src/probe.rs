@@ -36,7 +36,7 @@ pub type Results = BTreeMap<(IpFamily, PortKey), Observed>;
 
 static NONCE: AtomicU32 = AtomicU32::new(0);
 
-fn nonce() -> u32 {
+pub fn nonce() -> u32 {
     // Unique within the process and never 0 (an SCTP initiate tag must not be 0).
     let seed = std::process::id().wrapping_mul(2_654_435_761);
     loop {

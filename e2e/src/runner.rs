@@ -31,6 +31,8 @@ pub struct RunConfig {
     pub check_deny_logs: bool,
     /// Hold explain's verdict for every probe against the expectation and the packets.
     pub check_explain: bool,
+    /// Send forged-source packets after each step; none may arrive (`spoof`).
+    pub check_spoofing: bool,
 }
 
 pub struct Outcome {
@@ -173,10 +175,29 @@ fn run_steps(
                 }
             );
         }
+        let mut spoof_text = String::new();
+        if cfg.check_spoofing && failing.is_empty() && converged.is_ok() && explain.is_empty() {
+            let checked = crate::spoof::check(&cluster, step, families, cfg.probe_timeout * 2);
+            if !checked.problems.is_empty() {
+                let _ = writeln!(
+                    report,
+                    "  FAIL {label}: {conv_text}; spoofing: {} problems",
+                    checked.problems.len()
+                );
+                for p in checked.problems.iter().take(20) {
+                    let _ = writeln!(report, "    {p}");
+                }
+                return Ok(false);
+            }
+            spoof_text = format!(
+                "; spoofing: {} forged packets dropped, {} controls arrived",
+                checked.forged, checked.controls
+            );
+        }
         if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
-                "  ok   {label}: {conv_text}{}{deny_text}",
+                "  ok   {label}: {conv_text}{}{deny_text}{spoof_text}",
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {

@@ -37,6 +37,15 @@ impl SctpLog {
         self.changed.notify_all();
     }
 
+    /// Whether an INIT with initiate tag `tag` reached any pod (tags are unique).
+    pub fn seen_tag(&self, tag: u32) -> bool {
+        self.seen
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|&(_, _, t)| t == tag)
+    }
+
     /// Waits until `entry` was seen or `timeout` passes.
     pub fn wait_for(&self, entry: (usize, u16, u32), timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
@@ -68,17 +77,26 @@ pub struct PodServers {
 impl PodServers {
     /// Serves the pod's ports on every family of `families` (one socket each, IPv6 sockets
     /// IPv6-only, so each family is served by its own).
+    /// With `spoof_tags`, also raw TCP and UDP observers for the spoofing check.
     pub fn start(
         netns: &File,
         pod: &Pod,
         families: &[IpFamily],
         sctp: Arc<SctpLog>,
+        spoof_tags: Option<Arc<crate::spoof::TagLog>>,
     ) -> anyhow::Result<PodServers> {
         let identity = pod.key();
         let sockets = crate::netns::in_netns(netns, || {
             let mut all = Vec::new();
             for &family in families {
                 all.extend(open_sockets(pod, family)?);
+                if spoof_tags.is_some() {
+                    for (s, protocol) in
+                        crate::spoof::observer_sockets(family).context("raw observer socket")?
+                    {
+                        all.push(Served::Observer(s, family, protocol));
+                    }
+                }
             }
             anyhow::Ok(all)
         })??;
@@ -94,6 +112,12 @@ impl PodServers {
                     let log = sctp.clone();
                     let uid = pod.uid;
                     std::thread::spawn(move || observe_sctp(s, family, uid, &ports, &log, &stop))
+                }
+                Served::Observer(s, family, protocol) => {
+                    let log = spoof_tags.clone().expect("observers only with a tag log");
+                    std::thread::spawn(move || {
+                        crate::spoof::observe(s, family, protocol, &log, &stop)
+                    })
                 }
             };
             threads.push(thread);
@@ -119,6 +143,8 @@ enum Served {
     Tcp(Socket),
     Udp(Socket),
     Sctp(Socket, Vec<u16>, IpFamily),
+    /// A raw TCP or UDP observer of the spoofing check.
+    Observer(Socket, IpFamily, u8),
 }
 
 /// A socket of `domain`; IPv6 TCP and UDP ones IPv6-only (the IPv4 family has sockets of

@@ -513,12 +513,15 @@ impl CalcGraph {
             .sets
             .pod(&key)
             .is_none_or(|old| !old.labels.same_as(&info.labels));
-        // Bridge mode dispatches routed traffic by the local pods' addresses.
-        if local
-            && self.cfg.rules.bridge.is_some()
-            && self.sets.pod(&key).is_some_and(|old| *old.ips != *info.ips)
-        {
-            self.dirty.mark(Owner::Dispatch);
+        // A local pod's addresses are in its source check, and bridge mode dispatches routed
+        // traffic by them.
+        if local && self.sets.pod(&key).is_some_and(|old| *old.ips != *info.ips) {
+            if self.endpoints.contains_key(&key) {
+                self.dirty.mark(Owner::Endpoint(key.clone()));
+            }
+            if self.cfg.rules.bridge.is_some() {
+                self.dirty.mark(Owner::Dispatch);
+            }
         }
         self.sets.upsert_pod(info);
         if !local {
@@ -891,10 +894,12 @@ impl CalcGraph {
         }
         let (ingress, egress) = self.isolating(ep);
         let [admin_in, admin_out, baseline_in, baseline_out] = self.endpoint_cluster_policies(key);
+        let addrs = self.sets.pod(key).map(|p| &*p.ips).unwrap_or_default();
         tiered_endpoint_chains(
             &self.cfg.rules,
             family,
             &ep.iface,
+            addrs,
             &key.namespace,
             &TierChains {
                 admin: &admin_in,

@@ -69,10 +69,12 @@ impl CalcGraph {
             let (ingress, egress) = self.endpoint_policies(key);
             let [admin_in, admin_out, baseline_in, baseline_out] =
                 self.endpoint_cluster_policies(key);
+            let addrs = self.sets.pod(key).map(|p| &*p.ips).unwrap_or_default();
             chains.extend(tiered_endpoint_chains_traced(
                 cfg,
                 family,
                 &ep.iface,
+                addrs,
                 key,
                 &key.namespace,
                 &TierChains {

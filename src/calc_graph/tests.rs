@@ -1134,7 +1134,7 @@ fn workload_chains_list_the_tiers_in_order_and_only_networkpolicies_isolate() {
     );
     let fw = bodies(&g, &format!("cali-fw-{iface}"));
     assert_eq!(
-        fw[3..fw.len() - 3],
+        fw[4..fw.len() - 3],
         [
             "-m comment --comment \"Start of tier kube-admin\" -j MARK --set-xmark 0x0/0x20000"
                 .to_string(),

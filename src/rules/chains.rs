@@ -2,6 +2,10 @@
 //! jumps in the kernel chains, the per-workload chains (`cali-tw-`/`cali-fw-`) and the
 //! per-namespace profile chains, in the order of felix's `iptables-save` output.
 
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
 use crate::model::{IpFamily, ObjectKey};
 
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
@@ -179,6 +183,7 @@ pub fn endpoint_chains(
     cfg: &RuleConfig,
     family: IpFamily,
     iface: &str,
+    addrs: &[IpAddr],
     namespace: &str,
     ingress: &[ObjectKey],
     egress: &[ObjectKey],
@@ -187,6 +192,7 @@ pub fn endpoint_chains(
         cfg,
         family,
         iface,
+        addrs,
         namespace,
         &TierChains::network_only(ingress),
         &TierChains::network_only(egress),
@@ -213,24 +219,35 @@ impl<'a> TierChains<'a> {
 }
 
 /// `cali-tw-<iface>` and `cali-fw-<iface>` with felix's tier layout: per direction, a
-/// section per tier that has policies there (see `endpoint_rules`).
+/// section per tier that has policies there (see `endpoint_rules`). `addrs` are the pod's
+/// addresses (any family: those of `family` are used) for the source check.
+#[allow(clippy::too_many_arguments)]
 pub fn tiered_endpoint_chains(
     cfg: &RuleConfig,
     family: IpFamily,
     iface: &str,
+    addrs: &[IpAddr],
     namespace: &str,
     ingress: &TierChains<'_>,
     egress: &TierChains<'_>,
 ) -> [Chain; 2] {
-    let [tw, fw] = render_endpoint(cfg, family, iface, None, namespace, ingress, egress, false);
+    let endpoint = Endpoint {
+        iface,
+        addrs,
+        pod: None,
+        namespace,
+    };
+    let [tw, fw] = render_endpoint(cfg, family, &endpoint, ingress, egress, false);
     [tw.0, fw.0]
 }
 
 /// [`endpoint_chains`] with provenance; `pod` is the pod owning `iface`.
+#[allow(clippy::too_many_arguments)]
 pub fn endpoint_chains_traced(
     cfg: &RuleConfig,
     family: IpFamily,
     iface: &str,
+    addrs: &[IpAddr],
     pod: &ObjectKey,
     namespace: &str,
     ingress: &[ObjectKey],
@@ -240,6 +257,7 @@ pub fn endpoint_chains_traced(
         cfg,
         family,
         iface,
+        addrs,
         pod,
         namespace,
         &TierChains::network_only(ingress),
@@ -248,56 +266,128 @@ pub fn endpoint_chains_traced(
 }
 
 /// [`tiered_endpoint_chains`] with provenance; `pod` is the pod owning `iface`.
+#[allow(clippy::too_many_arguments)]
 pub fn tiered_endpoint_chains_traced(
     cfg: &RuleConfig,
     family: IpFamily,
     iface: &str,
+    addrs: &[IpAddr],
     pod: &ObjectKey,
     namespace: &str,
     ingress: &TierChains<'_>,
     egress: &TierChains<'_>,
 ) -> Vec<TracedChain> {
-    traced(
-        render_endpoint(
-            cfg,
-            family,
-            iface,
-            Some(pod),
-            namespace,
-            ingress,
-            egress,
-            true,
-        )
-        .into(),
-    )
+    let endpoint = Endpoint {
+        iface,
+        addrs,
+        pod: Some(pod),
+        namespace,
+    };
+    traced(render_endpoint(cfg, family, &endpoint, ingress, egress, true).into())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The workload a pair of endpoint chains is rendered for.
+struct Endpoint<'a> {
+    iface: &'a str,
+    /// The pod's addresses, every family.
+    addrs: &'a [IpAddr],
+    pod: Option<&'a ObjectKey>,
+    namespace: &'a str,
+}
+
 fn render_endpoint(
     cfg: &RuleConfig,
     family: IpFamily,
-    iface: &str,
-    pod: Option<&ObjectKey>,
-    namespace: &str,
+    ep: &Endpoint<'_>,
     ingress: &TierChains<'_>,
     egress: &TierChains<'_>,
     traced: bool,
 ) -> [Rendered; 2] {
     let chain = |direction: Direction, name: String, tiers: &TierChains<'_>| {
-        endpoint_rules(cfg, &name, direction, namespace, tiers, traced).finish(
-            name.clone(),
-            family,
-            || ChainRole::Workload {
-                pod: pod.cloned(),
-                iface: iface.to_string(),
-                direction,
-            },
-        )
+        let mut rules = RuleList::new(traced);
+        if direction == Direction::Egress && cfg.workload_source_check {
+            source_check(cfg, family, ep.addrs, &mut rules);
+        }
+        endpoint_rules(cfg, &name, direction, ep.namespace, tiers, &mut rules);
+        rules.finish(name.clone(), family, || ChainRole::Workload {
+            pod: ep.pod.cloned(),
+            iface: ep.iface.to_string(),
+            direction,
+        })
     };
     [
-        chain(Direction::Ingress, to_workload_chain(iface), ingress),
-        chain(Direction::Egress, from_workload_chain(iface), egress),
+        chain(Direction::Ingress, to_workload_chain(ep.iface), ingress),
+        chain(Direction::Egress, from_workload_chain(ep.iface), egress),
     ]
+}
+
+/// Anti-spoofing, first in a pod's `cali-fw-` chain (before conntrack, so a forged packet
+/// cannot ride on another flow's entry): a packet that entered from the pod's interface (its
+/// veth, or its bridge port in bridge mode) must carry one of the pod's own addresses of
+/// this family, or it is dropped. Ingress rules match peers by source address (selector
+/// sets, ipBlocks), so without this a pod with `NET_RAW` could pass for any allowed pod.
+///
+/// Felix gets the same with strict `rp_filter` on workload interfaces (IPv4) and a raw-table
+/// `rpfilter` rule (IPv6). We check the address itself in the filter table instead: the rule
+/// is rendered by the pure renderer with the pod it protects, so `compile`, `audit`, `explain
+/// --kernel` and the drift repair see it like every other rule; it writes no sysctl; and it
+/// does not depend on the node's routing (policy routing, asymmetric cloud routes, or a
+/// bridge where every pod shares one route), which `rp_filter` does.
+///
+/// IPv6 link-local sources never reach this chain for neighbour discovery and MLD queries
+/// (accepted before policy, in `cali-wl-to-host` and, bridged, in `cali-FORWARD`); other
+/// link-local traffic from a pod to its host is dropped here. A pod without an address of
+/// the family sends nothing of that family past this rule.
+fn source_check(cfg: &RuleConfig, family: IpFamily, addrs: &[IpAddr], rules: &mut RuleList) {
+    const COMMENT: &str = "Drop if the source is not the workload address";
+    let own: Vec<IpNet> = addrs
+        .iter()
+        .filter(|a| IpFamily::of(a) == family)
+        .map(|a| IpNet::from(*a))
+        .collect();
+    let role = || RuleRole::DropSpoofedSource { own: own.clone() };
+    match own.as_slice() {
+        [] => rules.push(Rule::new(Action::Drop).comment(COMMENT), role),
+        [one] => rules.push(
+            Rule {
+                src: Some(*one),
+                src_negated: true,
+                ..Rule::new(Action::Drop).comment(COMMENT)
+            },
+            role,
+        ),
+        // The API server allows one address per family; other datastores are not held to
+        // that. Several addresses: scratch0 set, cleared by each own address, drop if still
+        // set (the scratch bits are free here: policy chains set them before they use them).
+        several => {
+            let scratch = cfg.marks.scratch0;
+            rules.push(
+                Rule::new(Action::SetMark {
+                    value: scratch,
+                    mask: scratch,
+                }),
+                role,
+            );
+            for net in several {
+                rules.push(
+                    Rule {
+                        src: Some(*net),
+                        ..Rule::new(Action::SetMark {
+                            value: 0,
+                            mask: scratch,
+                        })
+                    },
+                    role,
+                );
+            }
+            rules.push(
+                Rule::new(Action::Drop)
+                    .comment(COMMENT)
+                    .mark_match(scratch, scratch),
+                role,
+            );
+        }
+    }
 }
 
 /// One tier's section of a workload chain: what it jumps to.
@@ -320,11 +410,10 @@ fn endpoint_rules(
     direction: Direction,
     namespace: &str,
     tiers: &TierChains<'_>,
-    traced: bool,
-) -> RuleList {
+    rules: &mut RuleList,
+) {
     let m = cfg.marks;
     let established = "-m conntrack --ctstate RELATED,ESTABLISHED";
-    let mut rules = RuleList::new(traced);
     match cfg.allow_action {
         AllowAction::Accept => rules.push(Rule::new(Action::Accept).matching(established), || {
             RuleRole::AcceptEstablished
@@ -425,7 +514,7 @@ fn endpoint_rules(
                     );
                 }
                 deny_log::push_logged_drop(
-                    &mut rules,
+                    rules,
                     cfg.deny_log.as_ref(),
                     Rule::new(deny(cfg))
                         .comment("Drop if no policies passed packet")
@@ -452,7 +541,6 @@ fn endpoint_rules(
         Rule::new(deny(cfg)).comment("Drop if no profiles matched"),
         || RuleRole::DropIfNoProfileMatched,
     );
-    rules
 }
 
 /// `cali-pri-kns.<ns>` and `cali-pro-kns.<ns>`: the allow-everything profile that decides for
@@ -572,10 +660,12 @@ mod tests {
 
     #[test]
     fn unisolated_endpoint_goes_straight_to_the_profile() {
+        let ips = ["10.0.0.5".parse().unwrap()];
         let [tw, fw] = endpoint_chains(
             &RuleConfig::default(),
             IpFamily::V4,
             "cali1",
+            &ips,
             "ns",
             &[],
             &[],
@@ -593,7 +683,46 @@ mod tests {
                 "-m comment --comment \"Drop if no profiles matched\" -j DROP",
             ]
         );
-        assert!(bodies(&fw)[3].ends_with("cali-pro-kns.ns"));
+        // The egress chain starts with the source check, then the same layout.
+        assert_eq!(
+            bodies(&fw)[0],
+            "! -s 10.0.0.5/32 -m comment --comment \"Drop if the source is not the workload address\" -j DROP"
+        );
+        assert!(bodies(&fw)[4].ends_with("cali-pro-kns.ns"));
+    }
+
+    #[test]
+    fn source_check_per_family_and_switch() {
+        let ips: [IpAddr; 2] = ["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        let cfg = RuleConfig::default();
+        let fw6 = endpoint_chains(&cfg, IpFamily::V6, "c", &ips, "ns", &[], &[])[1].clone();
+        assert!(bodies(&fw6)[0].starts_with("! -s fd00::5/128 "));
+        // No address of the family: nothing of it passes.
+        let fw6 = endpoint_chains(&cfg, IpFamily::V6, "c", &ips[..1], "ns", &[], &[])[1].clone();
+        assert_eq!(
+            bodies(&fw6)[0],
+            "-m comment --comment \"Drop if the source is not the workload address\" -j DROP"
+        );
+        // Several addresses of one family (not from the API server): scratch-mark form.
+        let two: [IpAddr; 2] = ["10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap()];
+        let fw = endpoint_chains(&cfg, IpFamily::V4, "c", &two, "ns", &[], &[])[1].clone();
+        assert_eq!(
+            bodies(&fw)[..4],
+            [
+                "-j MARK --set-xmark 0x40000/0x40000",
+                "-s 10.0.0.5/32 -j MARK --set-xmark 0x0/0x40000",
+                "-s 10.0.0.6/32 -j MARK --set-xmark 0x0/0x40000",
+                "-m comment --comment \"Drop if the source is not the workload address\" -m mark --mark 0x40000/0x40000 -j DROP",
+            ]
+        );
+        // The ingress chain never checks sources; off, neither does the egress chain.
+        let off = RuleConfig {
+            workload_source_check: false,
+            ..RuleConfig::default()
+        };
+        let [tw, fw] = endpoint_chains(&off, IpFamily::V4, "c", &ips, "ns", &[], &[]);
+        assert!(bodies(&fw)[0].starts_with("-m conntrack"));
+        assert!(bodies(&tw)[0].starts_with("-m conntrack"));
     }
 
     #[test]
@@ -603,7 +732,7 @@ mod tests {
             allow_action: AllowAction::Return,
             ..RuleConfig::default()
         };
-        let [tw, _] = endpoint_chains(&cfg, IpFamily::V6, "c", "ns", &[], &[]);
+        let [tw, _] = endpoint_chains(&cfg, IpFamily::V6, "c", &[], "ns", &[], &[]);
         let b = bodies(&tw);
         assert_eq!(
             b[0],

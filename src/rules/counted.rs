@@ -89,7 +89,7 @@ mod tests {
                     };
                     let c = Classifier::new(&cfg, family);
                     let p = [ObjectKey::new("x", "p")];
-                    for chain in endpoint_chains(&cfg, family, "cali1", "x", &p, &p) {
+                    for chain in endpoint_chains(&cfg, family, "cali1", &[], "x", &p, &p) {
                         let drops: Vec<_> = chain
                             .rules
                             .iter()

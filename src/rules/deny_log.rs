@@ -772,7 +772,7 @@ mod tests {
             ..RuleConfig::default()
         };
         let policies = [ObjectKey::new("ns", "p")];
-        let [tw, fw] = endpoint_chains(&on, IpFamily::V4, "cali1", "ns", &policies, &policies);
+        let [tw, fw] = endpoint_chains(&on, IpFamily::V4, "cali1", &[], "ns", &policies, &policies);
         for (chain, dir) in [(&tw, "in"), (&fw, "eg")] {
             let b = bodies(chain);
             let drop = b
@@ -792,7 +792,7 @@ mod tests {
             assert_eq!(b.iter().filter(|r| r.contains("NFLOG")).count(), 1);
         }
         // An unisolated pod has no policy drop, so nothing to log.
-        let [tw, _] = endpoint_chains(&on, IpFamily::V4, "cali1", "ns", &[], &[]);
+        let [tw, _] = endpoint_chains(&on, IpFamily::V4, "cali1", &[], "ns", &[], &[]);
         assert!(!bodies(&tw).iter().any(|r| r.contains("NFLOG")));
 
         let ifaces: Vec<String> = ["cali12", "cali13", "cali2"]

@@ -153,6 +153,11 @@ pub struct RuleConfig {
     /// Deny logging: an NFLOG rule before every drop policy makes (see
     /// [`deny_log::logged_drop`]). `None` renders no log rule anywhere.
     pub deny_log: Option<deny_log::DenyLogConfig>,
+    /// Anti-spoofing: each pod's `cali-fw-` chain first drops packets whose source is not one
+    /// of the pod's own addresses (felix's `WorkloadSourceSpoofing=Disabled`, see
+    /// `chains::source_check`). Off only for CNIs whose pods legitimately send from other
+    /// addresses.
+    pub workload_source_check: bool,
 }
 
 impl Default for RuleConfig {
@@ -166,6 +171,7 @@ impl Default for RuleConfig {
             insert_mode: ChainInsertMode::Insert,
             bridge: None,
             deny_log: None,
+            workload_source_check: true,
         }
     }
 }
@@ -203,6 +209,8 @@ pub enum Action {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Rule {
     pub src: Option<IpNet>,
+    /// `! -s <src>`: the rule matches packets whose source is *not* in `src`.
+    pub src_negated: bool,
     pub dst: Option<IpNet>,
     pub in_iface: Option<String>,
     pub out_iface: Option<String>,
@@ -322,7 +330,11 @@ fn render_body(rule: &Rule, family: IpFamily, hash: Option<&str>) -> String {
         out.push_str(s);
     };
     if let Some(src) = rule.src.filter(|n| n.prefix_len() > 0) {
-        arg(&format!("-s {src}"));
+        if rule.src_negated {
+            arg(&format!("! -s {src}"));
+        } else {
+            arg(&format!("-s {src}"));
+        }
     }
     if let Some(dst) = rule.dst.filter(|n| n.prefix_len() > 0) {
         arg(&format!("-d {dst}"));

@@ -171,6 +171,9 @@ pub enum RuleRole {
     /// Deny logging: the rate-limited NFLOG copy of the drop right after it.
     DenyLog,
     // Workload chains.
+    /// Anti-spoofing: drops what a pod sends from an address not its own (`own`, this
+    /// family; the rule, or each rule of the several-address form).
+    DropSpoofedSource { own: Vec<IpNet> },
     /// Accepts packets of established connections (conntrack).
     AcceptEstablished,
     /// `FELIX_IPTABLESFILTERALLOWACTION=RETURN`: marks established packets accepted.
@@ -448,6 +451,17 @@ pub fn describe_rule<'a>(
         }
         RuleRole::UnknownAddress => "drop: routed to no local pod's address".into(),
         RuleRole::DenyLog => "deny log: NFLOG the packet the next rule drops (rate-limited)".into(),
+        RuleRole::DropSpoofedSource { own } => {
+            if own.is_empty() {
+                "anti-spoofing: drop, the pod has no address of this family".into()
+            } else {
+                let own: Vec<String> = own.iter().map(ToString::to_string).collect();
+                format!(
+                    "anti-spoofing: drop unless the source is the pod's ({})",
+                    own.join(", ")
+                )
+            }
+        }
         RuleRole::AcceptEstablished => "accept established and related connections".into(),
         RuleRole::MarkEstablished => "mark established and related connections accepted".into(),
         RuleRole::ReturnEstablished => "return established and related connections".into(),

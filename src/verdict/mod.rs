@@ -711,6 +711,7 @@ impl State {
             &self.cfg,
             family,
             iface,
+            &p.ips,
             &p.key,
             &p.key.namespace,
             &TierChains {

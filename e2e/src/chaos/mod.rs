@@ -312,6 +312,8 @@ impl Harness {
             family: args.ip_family,
             proxy: ServiceProxy::Iptables,
             deny_logs: false,
+            spoof_observers: false,
+            source_check: true,
         };
         let mut gen = Gen::new(XorShiftRng::seed_from_u64(seed), NODES);
         let builder = gen.initial()?;
