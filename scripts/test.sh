@@ -27,14 +27,15 @@ echo "cargo tests: $unit_passed passed, $unit_failed failed"
 # A cell may name extra checks after a fourth colon (comma-separated): `explain` holds
 # `netpol-agent explain`'s verdict against every probe (--check-explain), `deny-logs` turns
 # deny logging on in every node and checks that exactly the denied probes are logged, by the
-# node that dropped them (--check-deny-logs).
+# node that dropped them (--check-deny-logs), `spoofing` has every pod send forged-source
+# packets to every other pod after each step and fails on any that arrives (--check-spoofing).
 # The whole 24-cell matrix is `bash scripts/e2e-matrix.sh`.
 cargo build --release --locked --bins
 e2e_passed=0
 e2e_failed=0
 e2e_status=0
-default_cells="calico:ipv4:iptables:explain,deny-logs sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
-calico:dual:nftables:explain bridge:ipv6:nftables bridge:dual:iptables:deny-logs"
+default_cells="calico:ipv4:iptables:explain,deny-logs,spoofing sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
+calico:dual:nftables:explain bridge:ipv6:nftables bridge:dual:iptables:deny-logs,spoofing"
 for cell in ${NETPOL_E2E_CELLS:-$default_cells}; do
   IFS=: read -r cni family proxy checks <<< "$cell"
   extra=()
