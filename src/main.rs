@@ -4,9 +4,10 @@
 //!
 //! Exit status: 0 success; 1 a failure while running (or `compile --strict` with rejected
 //! objects); 2 invalid configuration (a bad flag or `FELIX_*` value, found before anything
-//! is done); 3 `run` refused the node because its dataplane bypasses host netfilter (the
-//! preflight checks): at once when the health server is off, else on SIGTERM/SIGINT after
-//! having served `/readiness` 503 with the reason meanwhile. `explain`: 0 allowed, 1 denied,
+//! is done); 3 `run` refused the node: at once when Calico's felix runs there (`host::felix`),
+//! or because its dataplane bypasses host netfilter (the preflight checks): at once when the
+//! health server is off, else on SIGTERM/SIGINT after having served `/readiness` 503 with the
+//! reason meanwhile. `explain`: 0 allowed, 1 denied,
 //! 2 bad input, 3 the kernel's answer differs from the policies'; `audit`: 0 clean, 1
 //! findings, 2 error.
 
@@ -40,6 +41,7 @@ use netpol_agent::dataplane::{self, DataplaneConfig};
 use netpol_agent::datastore::dir::DirSource;
 use netpol_agent::datastore::manifests;
 use netpol_agent::host::exec::Exec;
+use netpol_agent::host::felix;
 use netpol_agent::host::preflight::{self, PreflightConfig};
 use netpol_agent::host::rule_counters::Xtables;
 use netpol_agent::inspect;
@@ -229,6 +231,19 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         kernel_check: AgentOptions::timer(opts.kernel_check_interval),
         kernel_verify: AgentOptions::timer(opts.kernel_verify_interval),
     };
+    // Felix first: it holds our health port, and beside it neither agent could keep its rules.
+    let felix = felix::detect(&felix::snapshot(&Exec::default()));
+    if !felix.is_empty() {
+        let report = felix::report(&felix);
+        if !opts.preflight_override {
+            error!("{report}");
+            eprintln!("netpol-agent: {report}");
+            return Ok(ExitCode::from(EXIT_REFUSED));
+        }
+        warn!(
+            "FELIX_PREFLIGHTOVERRIDE (--preflight-override) is set, so running although: {report}"
+        );
+    }
     let health = Arc::new(Health::new(opts.dataplane_watchdog_timeout));
     // Bind the servers first: a port in use stops the agent before it touches the kernel.
     if opts.prometheus_metrics_enabled {

@@ -280,3 +280,93 @@ fn override_runs_anyway_with_a_warning() {
     assert!(save.contains("cali-FORWARD"), "{save}");
     assert_eq!(agent.terminate().code(), Some(0), "{log}");
 }
+
+/// A node as calico-node's felix leaves it, in iptables-nft mode: its static chains in `raw`
+/// and `nat`, its host-endpoint chain and a `cali-FORWARD` of its own (rules hashed `cali:`,
+/// not ours), its IP-pool set, and its health server on 127.0.0.1:9099.
+fn felix_node() -> NetNs {
+    let ns = NetNs::new("pf-felix");
+    ns.sh_ok(
+        "set -e
+         printf '%s\\n' '*raw' ':cali-PREROUTING - [0:0]' \
+           '-A PREROUTING -m comment --comment \"cali:6gwbT8clXdHdC1b1\" -j cali-PREROUTING' 'COMMIT' \
+           '*nat' ':cali-nat-outgoing - [0:0]' ':cali-POSTROUTING - [0:0]' \
+           '-A POSTROUTING -m comment --comment \"cali:O3lYWMrLQYEMJtB5\" -j cali-POSTROUTING' 'COMMIT' \
+           '*filter' ':cali-FORWARD - [0:0]' ':cali-from-host-endpoint - [0:0]' \
+           '-A FORWARD -m comment --comment \"cali:wUHhoiAYhphO9Mso\" -j cali-FORWARD' \
+           '-A cali-FORWARD -m comment --comment \"cali:vjrMJCRpqwy5oRoX\" -j MARK --set-xmark 0x0/0xe0000' \
+           'COMMIT' | iptables-nft-restore --noflush
+         ipset create cali40all-ipam-pools hash:net
+         ipset add cali40all-ipam-pools 10.244.0.0/16",
+    );
+    ns
+}
+
+#[test]
+fn felix_on_the_node_is_refused_naming_what_says_so() {
+    let ns = felix_node();
+    // Felix's health server holds the port ours would bind.
+    let mut felix_health = std::process::Command::new("ip");
+    felix_health.args([
+        "netns",
+        "exec",
+        &ns.name,
+        "python3",
+        "-c",
+        "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('127.0.0.1',9099))\ns.listen()\ntime.sleep(60)",
+    ]);
+    let mut holder = felix_health.spawn().expect("start the port holder");
+    let dir = TempDir::new("pf-felix");
+    let started = Instant::now();
+    while common::http_get(&ns.name, HEALTH_PORT, "/").is_err()
+        && started.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = ns.exec_ok(&["iptables-nft-save"]);
+
+    let mut agent = Agent::start(
+        &ns,
+        &dir,
+        &[
+            ("FELIX_HEALTHENABLED", "true"),
+            ("FELIX_IPTABLESBACKEND", "nft"),
+        ],
+    );
+    let status = agent.wait_exit(Duration::from_secs(20));
+    let log = agent.log();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("felix (calico-node) runs on this node"),
+        "{log}"
+    );
+    for found in [
+        "iptables-nft-save: chain cali-PREROUTING in table raw",
+        "iptables-nft-save: chain cali-nat-outgoing in table nat",
+        "iptables-nft-save: chain cali-from-host-endpoint in table filter",
+        "IP set cali40all-ipam-pools",
+    ] {
+        assert!(log.contains(found), "{found} not named: {log}");
+    }
+    // Refused before binding anything: no "Address already in use", and felix's state is as
+    // it was (nothing of ours added, nothing of felix's removed).
+    assert!(!log.contains("Address already in use"), "{log}");
+    assert_eq!(ns.exec_ok(&["iptables-nft-save"]), before);
+    drop(agent);
+    let _ = holder.kill();
+    let _ = holder.wait();
+
+    // The operator who knows it is leftover state overrides; the agent then runs.
+    let mut agent = Agent::start(
+        &ns,
+        &dir,
+        &[
+            ("FELIX_HEALTHENABLED", "true"),
+            ("FELIX_IPTABLESBACKEND", "nft"),
+            ("FELIX_PREFLIGHTOVERRIDE", "true"),
+        ],
+    );
+    wait_status(&ns, &agent, "/readiness", 200, Duration::from_secs(30));
+    assert!(agent.log().contains("running although"), "{}", agent.log());
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+}
