@@ -104,11 +104,22 @@ pub fn parse_max_ipset_size(text: &str) -> Result<u32, String> {
     }
 }
 
-/// A 32-bit mask with at least the 4 mark bits we need.
+/// kube-proxy's masquerade mark (`--iptables-masquerade-bit`, 14 by default) and the drop
+/// mark kubelet and kube-proxy used (bit 15): a mask of ours may not include them, or our
+/// accept bit could masquerade or drop other traffic and theirs could pass as our verdict.
+pub const KUBE_MARK_BITS: u32 = 0x4000 | 0x8000;
+
+/// A 32-bit mask with at least the 4 mark bits we need, clear of kube-proxy's bits.
 pub fn parse_mark_mask(text: &str) -> Result<u32, String> {
     let value = parse_u32_from(text, 10).map_err(|_| {
         "not a 32-bit number; accepted values: a 32-bit mask with at least 4 bits set, decimal or 0x-hex, e.g. 0xffff0000".to_string()
     })?;
+    if value & KUBE_MARK_BITS != 0 {
+        return Err(format!(
+            "{value:#x} overlaps kube-proxy's marks (masquerade 0x4000, drop 0x8000: {:#x}); accepted values: a 32-bit mask with at least 4 bits set and neither of those, e.g. 0xffff0000",
+            value & KUBE_MARK_BITS
+        ));
+    }
     MarkBits::from_mask(value).map_err(|e| {
         format!("{e}; accepted values: a 32-bit mask with at least 4 bits set, e.g. 0xffff0000")
     })?;
@@ -206,6 +217,122 @@ pub enum SourceSpoofing {
     /// per-pod opt-in, so Any turns the check off for every pod).
     #[value(name = "Any")]
     Any,
+}
+
+/// Felix configuration parameters we do not implement (as environment variables): named as
+/// ignored at start, as felix names unknown ones ("Ignoring unknown config param").
+const FELIX_ONLY_PARAMS: &[&str] = &[
+    "FELIX_ALLOWIPIPPACKETSFROMWORKLOADS",
+    "FELIX_ALLOWVXLANPACKETSFROMWORKLOADS",
+    "FELIX_BPFENABLED",
+    "FELIX_BPFLOGLEVEL",
+    "FELIX_BPFKUBEPROXYIPTABLESCLEANUPENABLED",
+    "FELIX_DEBUGMEMORYPROFILEPATH",
+    "FELIX_DEVICEROUTESOURCEADDRESS",
+    "FELIX_ENDPOINTREPORTINGENABLED",
+    "FELIX_ETCDADDR",
+    "FELIX_ETCDENDPOINTS",
+    "FELIX_FAILSAFEINBOUNDHOSTPORTS",
+    "FELIX_FAILSAFEOUTBOUNDHOSTPORTS",
+    "FELIX_FLOWLOGSENABLED",
+    "FELIX_FLOWLOGSFLUSHINTERVAL",
+    "FELIX_FLOWLOGSGOLDMANESERVER",
+    "FELIX_GENERICXDPENABLED",
+    "FELIX_HEALTHTIMEOUTOVERRIDES",
+    "FELIX_INTERFACEEXCLUDE",
+    "FELIX_INTERFACEREFRESHINTERVAL",
+    "FELIX_IPINIPENABLED",
+    "FELIX_IPINIPMTU",
+    "FELIX_IPTABLESLOCKFILEPATH",
+    "FELIX_IPTABLESLOCKPROBEINTERVALMILLIS",
+    "FELIX_IPTABLESLOCKTIMEOUTSECS",
+    "FELIX_IPTABLESMANGLEALLOWACTION",
+    "FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER",
+    "FELIX_KUBENODEPORTRANGES",
+    "FELIX_LOGFILEPATH",
+    "FELIX_LOGSEVERITYFILE",
+    "FELIX_LOGSEVERITYSYS",
+    "FELIX_METADATAADDR",
+    "FELIX_METADATAPORT",
+    "FELIX_NATOUTGOINGADDRESS",
+    "FELIX_NATPORTRANGE",
+    "FELIX_NETLINKTIMEOUTSECS",
+    "FELIX_NFTABLESMODE",
+    "FELIX_POLICYSYNCPATHPREFIX",
+    "FELIX_PROMETHEUSGOMETRICSENABLED",
+    "FELIX_PROMETHEUSPROCESSMETRICSENABLED",
+    "FELIX_PROMETHEUSWIREGUARDMETRICSENABLED",
+    "FELIX_REMOVEEXTERNALROUTES",
+    "FELIX_REPORTINGINTERVALSECS",
+    "FELIX_REPORTINGTTLSECS",
+    "FELIX_ROUTEREFRESHINTERVAL",
+    "FELIX_ROUTETABLERANGE",
+    "FELIX_ROUTETABLERANGES",
+    "FELIX_SERVICELOOPPREVENTION",
+    "FELIX_SIDECARACCELERATIONENABLED",
+    "FELIX_TYPHAADDR",
+    "FELIX_TYPHAK8SNAMESPACE",
+    "FELIX_TYPHAK8SSERVICENAME",
+    "FELIX_USAGEREPORTINGENABLED",
+    "FELIX_VXLANENABLED",
+    "FELIX_VXLANMTU",
+    "FELIX_VXLANPORT",
+    "FELIX_VXLANVNI",
+    "FELIX_WIREGUARDENABLED",
+    "FELIX_XDPENABLED",
+];
+
+/// Why a `FELIX_*` variable is ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Ignored {
+    /// Neither ours nor felix's (a typo?).
+    Unknown,
+    /// A felix parameter netpol-agent does not implement.
+    Unimplemented,
+}
+
+impl Ignored {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ignored::Unknown => "unknown",
+            Ignored::Unimplemented => "unimplemented",
+        }
+    }
+}
+
+/// Every environment variable any subcommand of `cmd` reads.
+pub fn known_env(cmd: &clap::Command) -> std::collections::BTreeSet<String> {
+    let mut out: std::collections::BTreeSet<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    for sub in cmd.get_subcommands() {
+        out.extend(known_env(sub));
+    }
+    out
+}
+
+/// The `FELIX_*` names among `vars` that no option reads, each with why, in name order.
+pub fn ignored_env(
+    known: &std::collections::BTreeSet<String>,
+    vars: impl IntoIterator<Item = String>,
+) -> Vec<(String, Ignored)> {
+    let mut out: Vec<(String, Ignored)> = vars
+        .into_iter()
+        .filter(|v| v.starts_with("FELIX_") && !known.contains(v))
+        .map(|v| {
+            let why = if FELIX_ONLY_PARAMS.contains(&v.as_str()) {
+                Ignored::Unimplemented
+            } else {
+                Ignored::Unknown
+            };
+            (v, why)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Where objects come from.
@@ -921,6 +1048,36 @@ mod tests {
             .unwrap_err()
             .contains("at least 4"));
         assert!(parse_mark_mask("zz").is_err());
+        // kube-proxy's masquerade and drop bits are refused, alone or in a wider mask.
+        for overlapping in ["0xf000", "0x4f0000", "0xffffffff", "0x8000f000"] {
+            let e = parse_mark_mask(overlapping).unwrap_err();
+            assert!(e.contains("kube-proxy"), "{overlapping}: {e}");
+        }
+        assert_eq!(parse_mark_mask("0xf0000000"), Ok(0xf0000000));
+    }
+
+    #[test]
+    fn unknown_and_felix_only_variables_are_told_apart() {
+        let known: std::collections::BTreeSet<String> =
+            ["FELIX_IPV6SUPPORT".to_string()].into_iter().collect();
+        let vars = [
+            "FELIX_IPV6SUPPORT",
+            "FELIX_IPINIPENABLED",
+            "FELIX_IPTABLESREFRESHINTERAVL",
+            "PATH",
+            "FELIX_IPINIPENABLED",
+        ]
+        .map(String::from);
+        assert_eq!(
+            ignored_env(&known, vars),
+            [
+                ("FELIX_IPINIPENABLED".to_string(), Ignored::Unimplemented),
+                (
+                    "FELIX_IPTABLESREFRESHINTERAVL".to_string(),
+                    Ignored::Unknown
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -64,10 +64,18 @@ const PREFLIGHT_RECHECK: Duration = Duration::from_secs(10);
 /// How often a refused agent repeats the full report in its log.
 const PREFLIGHT_RELOG: Duration = Duration::from_secs(300);
 
+/// The version and the git commit it was built from (`build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NETPOL_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "netpol-agent",
-    version,
+    version = VERSION,
     about = "Kubernetes NetworkPolicy enforcement with iptables and ipset, felix style"
 )]
 struct Cli {
@@ -136,15 +144,15 @@ struct CompileArgs {
 
 /// Parses the command line and the environment; an invalid value ends the program with
 /// status 2 and a message naming the environment variable, the flag and the accepted values.
-fn parse_cli() -> Cli {
+fn parse_cli() -> (Cli, clap::ArgMatches) {
     let argv: Vec<String> = std::env::args().collect();
     let cmd = Cli::command();
     let parsed = cmd
         .clone()
         .try_get_matches_from(&argv)
-        .and_then(|m| Cli::from_arg_matches(&m));
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
     match parsed {
-        Ok(cli) => cli,
+        Ok(parsed) => parsed,
         Err(e) => match explain_invalid_value(&cmd, &e, &argv) {
             Some(message) => {
                 eprintln!("netpol-agent: {message}");
@@ -156,10 +164,13 @@ fn parse_cli() -> Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = parse_cli();
+    let (cli, matches) = parse_cli();
     init_logging(&cli.log);
     let result = match cli.command {
-        Command::Run(args) => run(*args),
+        Command::Run(args) => {
+            log_start(&matches);
+            run(*args)
+        }
         Command::Cleanup(args) => cleanup(args),
         Command::Compile(args) => compile(args),
         Command::Explain(args) => return inspect::explain::run(&args),
@@ -178,6 +189,57 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+/// The start-up line: version, commit and the effective value of every option (with where it
+/// came from); then each `FELIX_*` variable no option reads, once (felix logs "Ignoring
+/// unknown config param" the same way), also as `netpol_config_ignored_variables`.
+fn log_start(matches: &clap::ArgMatches) {
+    let cmd = Cli::command();
+    let mut config = Vec::new();
+    if let (Some(run_cmd), Some(("run", run))) = (cmd.find_subcommand("run"), matches.subcommand())
+    {
+        for arg in run_cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            let name = arg
+                .get_env()
+                .map(|e| e.to_string_lossy().into_owned())
+                .unwrap_or_else(|| format!("--{id}"));
+            let Some(values) = run.get_raw(id) else {
+                continue;
+            };
+            let value: Vec<String> = values.map(|v| v.to_string_lossy().into_owned()).collect();
+            let source = match run.value_source(id) {
+                Some(clap::parser::ValueSource::DefaultValue) => "",
+                Some(clap::parser::ValueSource::EnvVariable) => " (env)",
+                _ => " (flag)",
+            };
+            config.push(format!("{name}={}{source}", value.join(",")));
+        }
+    }
+    info!(
+        version = VERSION,
+        config = config.join(" "),
+        "netpol-agent starting"
+    );
+    let known = netpol_agent::config::known_env(&cmd);
+    let vars = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    for (name, why) in netpol_agent::config::ignored_env(&known, vars) {
+        match why {
+            netpol_agent::config::Ignored::Unknown => warn!(
+                variable = name,
+                "ignoring unknown config param {name}: no option of netpol-agent or felix reads it (a typo?)"
+            ),
+            netpol_agent::config::Ignored::Unimplemented => warn!(
+                variable = name,
+                "ignoring config param {name}: a felix parameter netpol-agent does not implement"
+            ),
+        }
+        netpol_agent::telemetry::metrics::global()
+            .config_ignored_variables
+            .with_label_values(&[name.as_str(), why.as_str()])
+            .set(1);
     }
 }
 

@@ -1001,3 +1001,109 @@ fn readme_documents_every_variable_and_metric() {
         );
     }
 }
+
+/// One place for each default: the README's configuration table says what `--help` says.
+#[test]
+fn readme_defaults_are_the_binarys() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let mut help = String::new();
+    for sub in ["run", "cleanup", "compile"] {
+        let out = bin().args([sub, "--help"]).output().unwrap();
+        help.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let mut checked = 0;
+    for block in help.split("[env: ").skip(1) {
+        let Some((var, rest)) = block.split_once('=') else {
+            continue;
+        };
+        // The default printed right after the variable, before the next option.
+        let default = rest
+            .lines()
+            .take(3)
+            .find_map(|l| l.trim().strip_prefix("[default: "))
+            .map(|d| d.trim_end_matches(']').trim_matches('"').to_string());
+        let Some(row) = readme.lines().find(|l| {
+            l.starts_with(&format!("| `{var}` |"))
+                && l.split(" | ")
+                    .nth(1)
+                    .is_some_and(|flag| flag.starts_with("`--") || flag == "–")
+        }) else {
+            continue; // readme_documents_every_variable_and_metric names it
+        };
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let documented = cells[2].trim().trim_matches('`');
+        match &default {
+            Some(d) if d.is_empty() => assert!(
+                documented == "empty",
+                "{var}: --help's default is empty, the README says {documented:?}"
+            ),
+            Some(d) => assert_eq!(documented, d, "{var}: README default vs --help"),
+            None => assert!(
+                !documented
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit()),
+                "{var}: the README gives a default ({documented}) --help does not have"
+            ),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 40, "only {checked} variables compared");
+}
+
+/// The start-up line names the version, the commit and every option's effective value; each
+/// FELIX_* variable no option reads is named once, unknown ones apart from felix's.
+#[test]
+fn start_line_and_ignored_variables() {
+    let out = bin()
+        .args([
+            "run",
+            "--datastore",
+            "dir:/nonexistent-npa-dir",
+            "--node",
+            "n1",
+        ])
+        .env("FELIX_IPTABLESREFRESHINTERAVL", "10")
+        .env("FELIX_IPINIPENABLED", "true")
+        .env("FELIX_CHAININSERTMODE", "append")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let start = log
+        .lines()
+        .find(|l| l.contains("netpol-agent starting"))
+        .unwrap_or_else(|| panic!("no start line: {log}"));
+    assert!(
+        start.contains(concat!(
+            "version=\"",
+            env!("CARGO_PKG_VERSION"),
+            " (commit "
+        )),
+        "{start}"
+    );
+    assert!(
+        start.contains("FELIX_CHAININSERTMODE=append (env)"),
+        "{start}"
+    );
+    assert!(
+        start.contains("FELIX_IPTABLESREFRESHINTERVAL=300 "),
+        "{start}"
+    );
+    assert!(
+        start.contains("FELIX_WORKLOADSOURCESPOOFING=Disabled"),
+        "{start}"
+    );
+    assert!(
+        log.contains("ignoring unknown config param FELIX_IPTABLESREFRESHINTERAVL"),
+        "{log}"
+    );
+    assert!(
+        log.contains("ignoring config param FELIX_IPINIPENABLED: a felix parameter"),
+        "{log}"
+    );
+    assert_eq!(log.matches("FELIX_IPINIPENABLED:").count(), 1, "{log}");
+    let version = bin().arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(version.contains("(commit "), "{version}");
+}

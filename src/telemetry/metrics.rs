@@ -51,6 +51,11 @@ pub struct Metrics {
     pub datastore_dir_rescans: IntCounter,
     pub rejections: IntCounterVec,
     pub rejected_objects: IntGaugeVec,
+    /// Local running pods with an address whose interface could not be found for longer than
+    /// the grace period (a configuration that does not fit the node's CNI).
+    pub local_pods_without_interface: IntGauge,
+    /// Labels: name, reason (`unknown`: no such parameter; `unimplemented`: felix's, not ours).
+    pub config_ignored_variables: IntGaugeVec,
     // deny logging (FELIX_DENYLOGENABLED) and the kernel's rule counters
     pub deny_log_messages: IntCounter,
     pub deny_log_lost: IntCounter,
@@ -103,6 +108,8 @@ pub const NAMES: &[&str] = &[
     "netpol_datastore_dir_rescans_total",
     "netpol_rejections_total",
     "netpol_rejected_objects",
+    "netpol_local_pods_without_interface",
+    "netpol_config_ignored_variables",
 ];
 
 /// The metrics of deny logging and the rule counters: exported when those are on, the
@@ -312,6 +319,17 @@ impl Metrics {
                 "objects currently not enforced as written, by kind",
                 &["kind"],
             ),
+            local_pods_without_interface: gauge(
+                &r,
+                "netpol_local_pods_without_interface",
+                "local running pods with an address whose host interface was not found within the grace period (their traffic meets the dispatch chains' drop)",
+            ),
+            config_ignored_variables: gauge_vec(
+                &r,
+                "netpol_config_ignored_variables",
+                "FELIX_* environment variables ignored at start (1 each; reason: unknown, or unimplemented felix parameter)",
+                &["name", "reason"],
+            ),
             deny_log_messages: counter(
                 &r,
                 "netpol_deny_log_messages_total",
@@ -472,6 +490,8 @@ mod tests {
         m.ipsets.with_label_values(&["4"]);
         m.ipset_members.with_label_values(&["4"]);
         m.rejections.with_label_values(&["Pod", "invalid"]);
+        m.config_ignored_variables
+            .with_label_values(&["FELIX_X", "unknown"]);
         m.denied_packets.with_label_values(&["x", "a", "ingress"]);
         m.denied_unknown_interface_packets
             .with_label_values(&["ingress"]);
