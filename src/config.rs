@@ -562,6 +562,11 @@ pub struct AgentOptions {
     #[arg(long, env = "FELIX_KERNELVERIFYINTERVAL", default_value = "120", value_parser = parse_interval)]
     pub kernel_verify_interval: Duration,
     /// Seconds an agent loop may go without turning before /liveness fails.
+    /// Seconds a local pod with an address may be without an existing host interface before
+    /// it is reported (one warning per pod naming the interfaces that carry its address,
+    /// netpol_local_pods_without_interface; not ready when no local pod has one).
+    #[arg(long, env = "FELIX_INTERFACEGRACEPERIOD", default_value = "30", value_parser = parse_timeout)]
+    pub interface_grace_period: Duration,
     #[arg(long, env = "FELIX_DATAPLANEWATCHDOGTIMEOUT", default_value = "90", value_parser = parse_timeout)]
     pub dataplane_watchdog_timeout: Duration,
     /// Serve Prometheus metrics on /metrics.

@@ -392,7 +392,16 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         stop.clone(),
     )?;
     info!(node, datastore, "netpol-agent running");
-    agent::run(graph, dataplane_cfg, timers, rx, stop, health, traffic)?;
+    agent::run(
+        graph,
+        dataplane_cfg,
+        timers,
+        rx,
+        stop,
+        health,
+        traffic,
+        opts.interface_grace_period,
+    )?;
     info!("stopping; the rules stay in place");
     Ok(ExitCode::SUCCESS)
 }

@@ -35,6 +35,7 @@ pub(crate) mod tests;
 pub mod update;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -220,6 +221,33 @@ impl CalcGraph {
 
     pub fn local_endpoint_count(&self) -> usize {
         self.endpoints.len()
+    }
+
+    /// Every local pod with an address: its addresses and the interface it was named to
+    /// (`None`: the resolver found none). O(local pods), for the agent's check that the
+    /// named interfaces exist.
+    pub fn local_pod_interfaces(&self) -> Vec<(ObjectKey, Vec<IpAddr>, Option<String>)> {
+        let named = self
+            .endpoints
+            .iter()
+            .map(|(key, ep)| (key.clone(), Some(ep.iface.clone())));
+        let unnamed = self
+            .rejected
+            .iter()
+            .filter(|((kind, _), (why, _))| {
+                *kind == ObjectKind::Pod && *why == RejectKind::Interface
+            })
+            .filter_map(|((_, key), _)| {
+                let (namespace, name) = key.split_once('/')?;
+                Some((ObjectKey::new(namespace, name), None))
+            });
+        named
+            .chain(unnamed)
+            .filter_map(|(key, iface)| {
+                let ips = self.sets.pod(&key)?.ips.to_vec();
+                (!ips.is_empty()).then_some((key, ips, iface))
+            })
+            .collect()
     }
 
     pub fn active_policy_count(&self) -> usize {

@@ -13,3 +13,4 @@ pub mod nfnetlink;
 pub mod poll;
 pub mod preflight;
 pub mod rule_counters;
+pub mod wiring;

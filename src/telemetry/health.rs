@@ -34,6 +34,8 @@ pub struct Health {
     applied: AtomicBool,
     /// Why the agent refuses to run (the preflight checks), while it does.
     refused: Mutex<Option<String>>,
+    /// Why the configuration fits no local pod (`agent::unnamed`), while it does not.
+    misfit: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -47,6 +49,7 @@ impl Health {
             in_sync: AtomicBool::new(false),
             applied: AtomicBool::new(false),
             refused: Mutex::new(None),
+            misfit: Mutex::new(None),
         }
     }
 
@@ -82,6 +85,11 @@ impl Health {
         self.turn(Loop::Calc);
         self.turn(Loop::Dataplane);
         *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Not ready while `why` is set: the interface naming finds no local pod's interface.
+    pub fn set_misfit(&self, why: Option<String>) {
+        *self.misfit.lock().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
     fn refused(&self) -> Option<String> {
@@ -125,6 +133,14 @@ impl Health {
     /// `(ready, why)`.
     pub fn readiness(&self) -> (bool, String) {
         if let Some(why) = self.refused() {
+            return (false, format!("not ready: {why}"));
+        }
+        if let Some(why) = self
+            .misfit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
             return (false, format!("not ready: {why}"));
         }
         let in_sync = self.in_sync.load(Ordering::Relaxed);

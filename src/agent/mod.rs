@@ -22,7 +22,11 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::info;
+use tracing::{info, warn};
+
+use self::unnamed::Unnamed;
+
+pub mod unnamed;
 
 use crate::calc_graph::update::Update;
 use crate::calc_graph::{CalcGraph, GraphConfig, RejectKind};
@@ -136,9 +140,14 @@ impl std::ops::DerefMut for Calculation {
     }
 }
 
+/// How often the calculation loop checks that local pods' interfaces exist (`unnamed`).
+const INTERFACE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs until `stop` is set or the datastore goes away. Leaves the rules in place on exit:
 /// pods stay protected while the agent restarts. `traffic` hears of every event, flush and
 /// turn, and publishes what deny logging and the rule counters need (nothing when off).
+/// Local pods without an existing interface for `interface_grace` are reported (`unnamed`).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     mut graph: Calculation,
     dataplane_cfg: DataplaneConfig,
@@ -147,6 +156,7 @@ pub fn run(
     stop: Arc<AtomicBool>,
     health: Arc<Health>,
     mut traffic: Traffic,
+    interface_grace: std::time::Duration,
 ) -> anyhow::Result<()> {
     let m = metrics::global();
     let (update_tx, update_rx) = channel::<Batch>();
@@ -167,9 +177,15 @@ pub fn run(
     let mut in_sync = false;
     let started = Instant::now();
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
+    let mut unnamed = Unnamed::new(interface_grace);
+    let mut next_interface_check = Instant::now();
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
         traffic.tick(&graph);
+        if in_sync && Instant::now() >= next_interface_check {
+            next_interface_check = Instant::now() + INTERFACE_CHECK;
+            check_interfaces(&graph, &mut unnamed, &health);
+        }
         let first = match inputs.recv_timeout(IDLE_TURN) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -242,6 +258,47 @@ pub fn run(
         Ok(result) => result,
         Err(_) => anyhow::bail!("the dataplane thread panicked"),
     }
+}
+
+/// One check of the local pods' interfaces: warnings for pods newly past the grace period,
+/// the gauge, and readiness when the configuration fits no local pod.
+fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
+    let exists = |iface: &str| nix::net::if_::if_nametoindex(iface).is_ok();
+    let checked = unnamed.check(Instant::now(), graph.local_pod_interfaces(), exists);
+    if !checked.newly.is_empty() {
+        let wiring = crate::host::wiring::read();
+        let cfg = &graph.config().rules;
+        for report in &checked.newly {
+            let carriers: Vec<String> = match &wiring {
+                Ok(w) => report.ips.iter().flat_map(|ip| w.carriers(*ip)).collect(),
+                Err(e) => vec![format!("(the node could not be read: {e:#})")],
+            };
+            let ips: Vec<String> = report.ips.iter().map(ToString::to_string).collect();
+            warn!(
+                pod = %report.pod,
+                ips = ips.join(","),
+                interface = report.iface.as_deref().unwrap_or(""),
+                carriers = carriers.join("; "),
+                "local pod without a host interface for the grace period: {}; its address is reached through {}; FELIX_INTERFACEPREFIX={} and the naming scheme do not fit this node's CNI (README: Which resolver for my CNI), so its traffic meets none of its policy",
+                match &report.iface {
+                    Some(i) => format!("it was named {i}, and no such interface exists"),
+                    None => "no interface was found for it".into(),
+                },
+                if carriers.is_empty() { "no interface of this node".into() } else { carriers.join(", ") },
+                cfg.interface_prefixes.join(","),
+            );
+        }
+    }
+    metrics::global()
+        .local_pods_without_interface
+        .set(checked.without as i64);
+    health.set_misfit(checked.fits_nothing().then(|| {
+        format!(
+            "none of the {} local pods has a host interface the configuration finds (FELIX_INTERFACEPREFIX={}, see the log's warnings for where their addresses are)",
+            checked.local,
+            graph.config().rules.interface_prefixes.join(",")
+        )
+    }));
 }
 
 fn reason_label(r: &RejectKind) -> &'static str {

@@ -1,0 +1,164 @@
+//! A configuration that does not fit the node's CNI is reported, never silent (issue 20):
+//! pods wired by routed veths named `vethbar…` (a CNI that is not Calico), the agent run
+//! with the shipped DaemonSet's old settings (`calico` naming, prefix `cali`) and a
+//! default-deny policy. Within the grace period (2 s here) plus a check (2 s), the agent
+//! warns once per pod naming the interface that carries its address, counts both pods in
+//! `netpol_local_pods_without_interface`, and fails readiness (no local pod has an
+//! interface). With settings that fit, the same node is ready, counts none, warns of none,
+//! and the policy holds with real packets.
+
+mod common;
+mod pod_node;
+
+use std::time::{Duration, Instant};
+
+use pod_node::{PodNode, PodSpec};
+
+const HEALTH: u16 = 9099;
+const METRICS: u16 = 9091;
+
+fn node() -> PodNode {
+    let spec = |name, n, iface| PodSpec {
+        namespace: "x",
+        name,
+        labels: &[("app", "web")],
+        n,
+        iface: Some(iface),
+    };
+    let node = PodNode::new(
+        "misfit",
+        "nft",
+        vec![spec("a", 10, "vethbar01"), spec("b", 11, "vethbar02")],
+    );
+    node.write_policies(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {}, policyTypes: [Ingress]}\n",
+    );
+    node
+}
+
+fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut v = vec![
+        ("FELIX_INTERFACEGRACEPERIOD", "2"),
+        ("FELIX_IPV6SUPPORT", "false"),
+        ("FELIX_HEALTHENABLED", "true"),
+        ("FELIX_HEALTHHOST", "127.0.0.1"),
+        ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+        ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Polls until `f` holds (returns its value) or `limit` passes (panics with `what`).
+fn wait_for<T>(limit: Duration, what: &str, node: &PodNode, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}; log:\n{}", node.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn gauge(node: &PodNode) -> Option<i64> {
+    let (_, body) = common::http_get(&node.node.name, METRICS, "/metrics").ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("netpol_local_pods_without_interface "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_prefix_that_fits_no_pod_is_reported_within_the_grace_period() {
+    common::require_root();
+    let mut node = node();
+    node.start_agent(&env(&[
+        ("FELIX_INTERFACENAMESCHEME", "calico"),
+        ("FELIX_INTERFACEPREFIX", "cali"),
+    ]));
+    let started = Instant::now();
+    let body = wait_for(
+        Duration::from_secs(15),
+        "readiness never failed",
+        &node,
+        || {
+            let (status, body) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
+            (status == 503 && body.contains("none of the 2 local pods")).then_some(body)
+        },
+    );
+    let reported_after = started.elapsed();
+    assert!(body.contains("FELIX_INTERFACEPREFIX=cali"), "{body}");
+    let log = node.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("local pod without a host interface"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "one warning per pod: {log}");
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("x/a") && l.contains("vethbar01 (host route, table 254)")),
+        "{log}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .all(|l| l.contains("no such interface exists")),
+        "{log}"
+    );
+    assert_eq!(
+        wait_for(Duration::from_secs(5), "no gauge", &node, || gauge(&node)),
+        2
+    );
+    eprintln!(
+        "reported {:.1} s after the agent started",
+        reported_after.as_secs_f64()
+    );
+    // Once each, however long it goes on.
+    std::thread::sleep(Duration::from_secs(3));
+    let again = node
+        .log()
+        .matches("local pod without a host interface")
+        .count();
+    assert_eq!(again, 2, "{}", node.log());
+}
+
+#[test]
+fn settings_that_fit_report_nothing_and_enforce() {
+    common::require_root();
+    let mut node = node();
+    node.start_agent(&env(&[
+        ("FELIX_INTERFACENAMESCHEME", "routes"),
+        ("FELIX_INTERFACEPREFIX", "vethbar"),
+    ]));
+    wait_for(Duration::from_secs(15), "never ready", &node, || {
+        let (status, _) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
+        (status == 200).then_some(())
+    });
+    // Past the grace period and a check: still nothing to report.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(gauge(&node), Some(0));
+    assert!(
+        !node.log().contains("local pod without a host interface"),
+        "{}",
+        node.log()
+    );
+    let (status, _) = common::http_get(&node.node.name, HEALTH, "/readiness").unwrap();
+    assert_eq!(status, 200);
+    // The default-deny holds: b cannot reach a.
+    let a = node.pod("x/a").v4;
+    let out = node.pod("x/b").ns.exec(&[
+        "python3",
+        "-c",
+        &format!("import socket;s=socket.socket();s.settimeout(1);s.connect(('{a}',80))"),
+    ]);
+    assert!(
+        !out.status.success(),
+        "x/b reached x/a through a default-deny"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("timed out"),
+        "dropped, not refused: {stderr}"
+    );
+}
