@@ -384,6 +384,11 @@ pub enum NamingScheme {
     /// The port of FELIX_BRIDGEINTERFACE that holds the pod's address, learned from the
     /// bridge's neighbour table and forwarding database (veths with random names).
     Bridge,
+    /// `run` only: at start, read how this node wires its pods (`host::wiring`): veths that
+    /// are ports of a Linux bridge mean bridge mode with that bridge (the `bridge` scheme),
+    /// routed veths with host routes the `routes` scheme; the prefixes are what their names
+    /// share. Overrides FELIX_INTERFACEPREFIX and FELIX_BRIDGEINTERFACE.
+    Auto,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -817,7 +822,32 @@ impl RuleOptions {
     }
 
     /// Refuses schemes that need a running node (compile works offline).
+    /// Concrete options for a node wired as `wiring` (what `auto` resolves to).
+    pub fn with_wiring(&self, wiring: &crate::host::wiring::Wiring) -> RuleOptions {
+        use crate::host::wiring::Wiring;
+        let mut out = self.clone();
+        match wiring {
+            Wiring::Routed { prefixes } => {
+                out.interface_name_scheme = NamingScheme::Routes;
+                out.interface_prefix = prefixes.join(",");
+                out.bridge_interface = String::new();
+            }
+            Wiring::Bridged { bridge, prefixes } => {
+                out.interface_name_scheme = NamingScheme::Bridge;
+                out.interface_prefix = prefixes.join(",");
+                out.bridge_interface = bridge.clone();
+            }
+        }
+        out
+    }
+
     pub fn check_offline(&self) -> Result<(), ConfigError> {
+        if self.interface_name_scheme == NamingScheme::Auto {
+            return Err(ConfigError(
+                "FELIX_INTERFACENAMESCHEME=auto (--interface-name-scheme auto) reads how this                  node wires its pods while the agent runs; offline commands need the scheme it                  chose (the agent's start-up log says: routes or bridge, with its prefixes and                  bridge), or --interface-name-scheme static with a FELIX_INTERFACEMAPFILE"
+                    .into(),
+            ));
+        }
         if self.interface_name_scheme == NamingScheme::Routes {
             return Err(ConfigError(
                 "FELIX_INTERFACENAMESCHEME=routes (--interface-name-scheme routes) learns \
@@ -885,6 +915,12 @@ impl RuleOptions {
                     .into())
                 }
             },
+            NamingScheme::Auto => {
+                return Err(ConfigError(
+                    "FELIX_INTERFACENAMESCHEME=auto is resolved from the node when `run` starts; nothing else can use it".into(),
+                )
+                .into())
+            }
             NamingScheme::Bridge => match self.bridge() {
                 Some(bridge) => ResolverConfig::Bridge {
                     bridge,

@@ -33,7 +33,7 @@ use netpol_agent::agent::{self, Calculation, Input};
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::config::{
     explain_invalid_value, AgentOptions, ConfigError, DataplaneOptions, Datastore, LogFormat,
-    LogOptions, RuleOptions,
+    LogOptions, NamingScheme, RuleOptions,
 };
 use netpol_agent::dataplane::driver::Timers;
 use netpol_agent::dataplane::iptables::{detect_backend, Backend};
@@ -44,6 +44,7 @@ use netpol_agent::host::exec::Exec;
 use netpol_agent::host::felix;
 use netpol_agent::host::preflight::{self, PreflightConfig};
 use netpol_agent::host::rule_counters::Xtables;
+use netpol_agent::host::wiring as host_wiring;
 use netpol_agent::inspect;
 use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
 use netpol_agent::ipsets;
@@ -280,12 +281,12 @@ fn start_kubernetes_source(tx: Sender<Input>, stop: Arc<AtomicBool>) -> anyhow::
     Ok(())
 }
 
-fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
+    let node = args.agent.node_name()?;
+    if args.rules.interface_name_scheme != NamingScheme::Auto {
+        args.rules.rule_config()?;
+    }
     let opts = &args.agent;
-    let node = opts.node_name()?;
-    let rules = args.rules.rule_config()?;
-    // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
-    let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
     let timers = Timers {
         refresh: AgentOptions::timer(opts.iptables_refresh_interval),
         ipsets_refresh: AgentOptions::timer(opts.ipsets_refresh_interval),
@@ -321,6 +322,18 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
+    if args.rules.interface_name_scheme == NamingScheme::Auto {
+        match detect_wiring(&health, &stop) {
+            Some(wiring) => args.rules = args.rules.with_wiring(&wiring),
+            None => {
+                info!("stopping; the node's pod wiring was never seen, nothing was programmed");
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+    let rules = args.rules.rule_config()?;
+    // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
+    let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
     if !preflight_passes(opts, &rules, args.dataplane.ipv6_support, &health, &stop)? {
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
@@ -404,6 +417,52 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     )?;
     info!("stopping; the rules stay in place");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `FELIX_INTERFACENAMESCHEME=auto`: how this node wires its pods (`host::wiring`), read
+/// until the node shows it (a pod interface exists), every 2 s; meanwhile not ready, saying
+/// why. `None` when stopped first.
+fn detect_wiring(health: &Health, stop: &AtomicBool) -> Option<host_wiring::Wiring> {
+    const RECHECK: Duration = Duration::from_secs(2);
+    let mut logged: Option<Instant> = None;
+    loop {
+        match host_wiring::read().map(|w| w.detect()) {
+            Ok(Some(wiring)) => {
+                let (scheme, prefixes, bridge) = match &wiring {
+                    host_wiring::Wiring::Routed { prefixes } => ("routes", prefixes, ""),
+                    host_wiring::Wiring::Bridged { bridge, prefixes } => {
+                        ("bridge", prefixes, bridge.as_str())
+                    }
+                };
+                info!(
+                    scheme,
+                    prefixes = prefixes.join(","),
+                    bridge,
+                    "FELIX_INTERFACENAMESCHEME=auto: this node wires pods {}; using FELIX_INTERFACENAMESCHEME={scheme} FELIX_INTERFACEPREFIX={} FELIX_BRIDGEINTERFACE={bridge}",
+                    if bridge.is_empty() { "on routed veths with host routes".to_string() } else { format!("on the ports of bridge {bridge}") },
+                    prefixes.join(",")
+                );
+                health.clear_refused();
+                return Some(wiring);
+            }
+            Ok(None) => {
+                let why = "FELIX_INTERFACENAMESCHEME=auto: no pod interface on this node yet (neither a veth with a host route nor a bridge port), so how pods are wired is not known; nothing is programmed until one appears";
+                if logged.is_none_or(|t| t.elapsed() >= PREFLIGHT_RELOG) {
+                    warn!("{why}; looking again every {} s", RECHECK.as_secs());
+                    logged = Some(Instant::now());
+                }
+                health.set_refused(why.into());
+            }
+            Err(e) => warn!("FELIX_INTERFACENAMESCHEME=auto: reading the node failed: {e:#}"),
+        }
+        let wake = Instant::now() + RECHECK;
+        while Instant::now() < wake {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// The preflight checks (see `preflight`): `Ok(true)` when the node's dataplane lets

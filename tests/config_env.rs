@@ -1107,3 +1107,20 @@ fn start_line_and_ignored_variables() {
     let version = String::from_utf8_lossy(&version.stdout);
     assert!(version.contains("(commit "), "{version}");
 }
+
+/// `auto` is resolved from the node by `run`; offline commands refuse it, naming why.
+#[test]
+fn auto_naming_is_refused_offline() {
+    let dir = std::env::temp_dir().join(format!("npa-auto-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = bin()
+        .args(["compile", "--node", "n1", "--manifests"])
+        .arg(&dir)
+        .env("FELIX_INTERFACENAMESCHEME", "auto")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("FELIX_INTERFACENAMESCHEME=auto"), "{err}");
+}

@@ -66,6 +66,10 @@ pub struct ClusterConfig {
     /// The agents' anti-spoofing (`FELIX_WORKLOADSOURCESPOOFING=Disabled`, their default);
     /// off only to show what the spoofing check catches without it.
     pub source_check: bool,
+    /// The agents run with no CNI setting at all (`FELIX_INTERFACENAMESCHEME=auto`, no
+    /// prefix, bridge or runtime), as the shipped DaemonSet does; `compile` still gets the
+    /// truth, so convergence proves the detection right.
+    pub auto_wiring: bool,
 }
 
 struct Node {
@@ -919,6 +923,14 @@ impl Cluster {
 /// What `netpol-agent run` on `node` is configured with.
 fn agent_env(cfg: &ClusterConfig, node: &Node) -> Vec<(&'static str, String)> {
     let mut env = common_env(cfg);
+    if cfg.auto_wiring {
+        env.retain(|(k, _)| !matches!(*k, "FELIX_INTERFACEPREFIX" | "FELIX_BRIDGEINTERFACE"));
+        env.push(("FELIX_INTERFACENAMESCHEME", "auto".into()));
+        if cfg.deny_logs {
+            env.push(("FELIX_LOGFORMAT", "json".into()));
+        }
+        return env;
+    }
     let scheme = match cfg.cni {
         Cni::Calico => "calico",
         Cni::Sandbox => "sandbox",

@@ -115,6 +115,11 @@ struct RunArgs {
     /// arrive (and the same packets with the sender's own address, where allowed, must).
     #[arg(long)]
     check_spoofing: bool,
+    /// Run the agents with no CNI setting (FELIX_INTERFACENAMESCHEME=auto, no prefix, bridge
+    /// or runtime endpoint), as the shipped DaemonSet does: they must find how the nodes wire
+    /// pods themselves.
+    #[arg(long)]
+    auto_wiring: bool,
     /// The agents' FELIX_WORKLOADSOURCESPOOFING: `Disabled` (their default, the source
     /// check on) or `Any` (off: shows what --check-spoofing catches without it).
     #[arg(long, default_value = "Disabled", value_parser = ["Disabled", "Any"])]
@@ -243,6 +248,7 @@ fn run(args: RunArgs) -> ExitCode {
             proxy: args.service_proxy,
             spoof_observers: args.check_spoofing,
             source_check: args.workload_source_spoofing == "Disabled",
+            auto_wiring: args.auto_wiring,
         },
         jobs: args.jobs,
         probe_workers: args.probe_workers,
@@ -258,6 +264,7 @@ fn run(args: RunArgs) -> ExitCode {
         (cfg.check_explain, "every probe checked against explain"),
         (args.check_deny_logs, "checking deny logs"),
         (args.check_spoofing, "checking spoofed sources"),
+        (args.auto_wiring, "agents detect the CNI's wiring (auto)"),
     ]
     .into_iter()
     .filter_map(|(on, what)| on.then_some(what))
@@ -320,6 +327,7 @@ fn demo(args: DemoArgs) -> ExitCode {
             deny_logs: false,
             spoof_observers: false,
             source_check: true,
+            auto_wiring: false,
             family: FamilyMode::Ipv4,
             proxy: ServiceProxy::Iptables,
         },

@@ -314,6 +314,7 @@ impl Harness {
             deny_logs: false,
             spoof_observers: false,
             source_check: true,
+            auto_wiring: false,
         };
         let mut gen = Gen::new(XorShiftRng::seed_from_u64(seed), NODES);
         let builder = gen.initial()?;
