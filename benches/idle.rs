@@ -18,7 +18,16 @@
 //! `-- --previous PATH` runs another agent binary (say, the previous release) through the
 //! same scenarios in the same run, for ratios on this noisy machine. Options: `--idle SECS`
 //! (default 60), `--rounds N` (tampers per kind, default 10), `--local 110,1500`,
-//! `--backends legacy,nft`.
+//! `--backends legacy,nft`, `--wide N` (N more policies with large peer sets,
+//! `synthetic::wide_policy`: 300 give about 550 sets with 60k members at 1500 local pods, the
+//! size of issue 20's cluster; default 0, the cluster above), `--wide-apps K` (apps per wide
+//! peer, default 3: about 200 members each), `--env NAME=VALUE` (repeatable: set in the
+//! agent's environment, for experiments such as `FELIX_KERNELCHECKINTERVAL=0`), `--jitter SECS`
+//! (before each tamper, wait a further 0 to SECS seconds, drawn from a fixed seed: the tampers
+//! then fall at any phase of the agent's check intervals, so p99 includes the longest wait
+//! for a check; without it every round starts 1.5 s after the last repair, which lines up
+//! with the checks the same way each time). Each run
+//! prints the rules, and the sets and members of ours the kernel holds (`ipset list -t`).
 
 #[path = "support/synthetic.rs"]
 mod synthetic;
@@ -28,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use synthetic::{namespace, pod, policy, Rng, Scale, APPS};
+use synthetic::{namespace, pod, policy, wide_policy, Rng, Scale, APPS};
 
 const NETNS_PREFIX: &str = "npa-bench-";
 const SEED: u64 = 42;
@@ -108,7 +117,7 @@ fn ticks_per_second() -> f64 {
 }
 
 /// The synthetic cluster as manifests in `dir` (one file per kind).
-fn write_cluster(dir: &Path, local: usize) {
+fn write_cluster(dir: &Path, local: usize, wide: usize, wide_apps: usize) {
     let scale = Scale {
         pods: 10_000,
         policies: 1_000,
@@ -144,6 +153,15 @@ fn write_cluster(dir: &Path, local: usize) {
             pol,
             "---\n{}",
             serde_yaml_ng::to_string(&policy(k, scale, &mut rng)).unwrap()
+        )
+        .unwrap();
+    }
+    // Drawn after everything else: without `--wide` the cluster is the one it always was.
+    for k in 0..wide {
+        write!(
+            pol,
+            "---\n{}",
+            serde_yaml_ng::to_string(&wide_policy(k, scale, &mut rng, wide_apps)).unwrap()
         )
         .unwrap();
     }
@@ -284,6 +302,10 @@ struct Options {
     rounds: usize,
     locals: Vec<usize>,
     backends: Vec<&'static str>,
+    wide: usize,
+    wide_apps: usize,
+    env: Vec<(String, String)>,
+    jitter: Duration,
 }
 
 fn options() -> Options {
@@ -311,6 +333,21 @@ fn options() -> Options {
                     .collect()
             })
             .unwrap_or(vec!["legacy", "nft"]),
+        wide: value("--wide").and_then(|v| v.parse().ok()).unwrap_or(0),
+        wide_apps: value("--wide-apps")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3),
+        env: args
+            .windows(2)
+            .filter(|w| w[0] == "--env")
+            .filter_map(|w| w[1].split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        jitter: Duration::from_secs_f64(
+            value("--jitter")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0),
+        ),
     }
 }
 
@@ -332,6 +369,7 @@ fn measure(
         .arg(format!("dir:{}", dir.join("cluster").display()))
         .env("FELIX_IPTABLESBACKEND", backend)
         .env("FELIX_LOGSEVERITYSCREEN", "Info")
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -358,24 +396,44 @@ fn measure(
         "{} -t filter | grep -c '^-A'",
         tool(backend, "save")
     ));
-    let members = ns.sh("ipset save | grep -c '^add cali'");
+    // Our sets and their members, from the headers the kernel lists.
+    let sets = ns.sh(
+        "ipset list -t | awk '/^Name: cali/ { ours = 1; n++; next } /^Name:/ { ours = 0 } \
+         ours && /^Number of entries/ { m += $4 } END { print n + 0, m + 0 }'",
+    );
+    let (sets, members) = sets.trim().split_once(' ').unwrap_or(("?", "?"));
     let (t0, _) = usage(pid);
     let w0 = Instant::now();
-    std::thread::sleep(opts.idle);
+    // The first 60 s hold no exact verify (FELIX_KERNELVERIFYINTERVAL, 120 s after the first
+    // apply); a window past 120 s holds one, and reports its first 60 s apart.
+    let steady = opts.idle.min(Duration::from_secs(60));
+    std::thread::sleep(steady);
+    let (ts, _) = usage(pid);
+    let ws = w0.elapsed();
+    std::thread::sleep(opts.idle - steady);
     let (t1, rss) = usage(pid);
     let cpu = (t1 - t0) as f64 / ticks_per_second() / w0.elapsed().as_secs_f64() * 100.0;
+    let first = if opts.idle > steady {
+        let pct = (ts - t0) as f64 / ticks_per_second() / ws.as_secs_f64() * 100.0;
+        format!(" ({pct:.3} % over its first 60 s)")
+    } else {
+        String::new()
+    };
     println!(
-        "{label} {backend:6} local={local:4}: cold start {:5.2} s, {} rules, {} set members; idle CPU {cpu:6.3} % of a core over {} s (agent + children), RSS {:.1} MiB",
+        "{label} {backend:6} local={local:4}: cold start {:5.2} s, {} rules, {sets} sets with {members} members; idle CPU {cpu:6.3} % of a core over {} s{first} (agent + children), RSS {:.1} MiB",
         cold.as_secs_f64(),
         rules.trim(),
-        members.trim(),
         opts.idle.as_secs(),
         rss as f64 / 1024.0
     );
+    let mut phase = Rng(SEED);
     for t in tampers(backend, &ns) {
         let mut times = Vec::new();
         let mut missed = 0;
         for _ in 0..opts.rounds {
+            if !opts.jitter.is_zero() {
+                std::thread::sleep(opts.jitter.mul_f64(phase.below(1000) as f64 / 1000.0));
+            }
             (t.act)(&ns);
             let at = Instant::now();
             while !(t.repaired)(&ns) {
@@ -428,7 +486,7 @@ fn main() {
         let work =
             std::env::temp_dir().join(format!("npa-bench-idle-{}-{local}", std::process::id()));
         std::fs::create_dir_all(work.join("cluster")).unwrap();
-        write_cluster(&work.join("cluster"), local);
+        write_cluster(&work.join("cluster"), local, opts.wide, opts.wide_apps);
         for &backend in &opts.backends {
             for (label, bin) in &agents {
                 measure(&format!("[{label:8}]"), bin, &work, backend, local, &opts);

@@ -585,3 +585,52 @@ pub fn policies(scale: Scale, seed: u64) -> impl Iterator<Item = NetworkPolicy> 
     }
     (0..scale.policies).map(move |k| policy(k, scale, &mut rng))
 }
+
+/// Policy `k` of a peer-heavy supplement (`wide-<k>` in namespace `ns-<k % namespaces>`),
+/// for a node whose IP sets are many and large (the idle benchmark's `--wide`): it applies
+/// to every pod of its namespace (so to that namespace's local pods) and admits TCP 8080 from
+/// pods of `apps` distinct apps (`app In [...]`) in the namespaces of one `env`: one set of
+/// about `pods / 3 * apps / APPS` members per policy (200 at 10k pods and 3 apps), nearly
+/// every one distinct. Nothing else draws from `rng` after these, so adding them leaves the
+/// rest of the cluster as it was.
+pub fn wide_policy(k: usize, scale: Scale, rng: &mut Rng, apps: usize) -> NetworkPolicy {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    let mut values: Vec<String> = Vec::new();
+    while values.len() < apps.clamp(1, APPS) {
+        let a = format!("app-{}", rng.below(APPS));
+        if !values.contains(&a) {
+            values.push(a);
+        }
+    }
+    values.sort();
+    let spec = NetworkPolicySpec {
+        pod_selector: Some(LabelSelector::default()),
+        ingress: Some(vec![NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                namespace_selector: Some(sel(&[(
+                    "env",
+                    ["prod", "dev", "staging"][k % 3].to_string(),
+                )])),
+                pod_selector: Some(LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: "app".into(),
+                        operator: "In".into(),
+                        values: Some(values),
+                    }]),
+                }),
+                ip_block: None,
+            }]),
+            ports: Some(vec![tcp(IntOrString::Int(8080), None)]),
+        }]),
+        ..Default::default()
+    };
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(format!("wide-{k}")),
+            namespace: Some(format!("ns-{}", k % scale.namespaces)),
+            ..Default::default()
+        },
+        spec: Some(spec),
+    }
+}

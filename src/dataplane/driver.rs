@@ -3,8 +3,9 @@
 //! update (which comes after the datastore's first complete listing).
 //!
 //! At rest it asks the kernel cheaply whether anything of ours changed (`sentinel`: every
-//! `FELIX_KERNELCHECKINTERVAL`, and exactly every `FELIX_KERNELVERIFYINTERVAL`) and reads
-//! and repairs only then. Behind that, slow timers: a full iptables refresh
+//! `FELIX_KERNELCHECKINTERVAL`, the IP sets on their own interval, stretched up to 1.5 s
+//! while their check is dear, see `sentinel::sets_check_interval`; and exactly every
+//! `FELIX_KERNELVERIFYINTERVAL`) and reads and repairs only then. Behind that, slow timers: a full iptables refresh
 //! (IptablesRefreshInterval) and an IP set refresh (IpsetsRefreshInterval), the safety net;
 //! and a post-write check (re-read iptables a short while after writes, felix's
 //! IptablesPostWriteCheckIntervalSecs) where the kernel does not announce every commit
@@ -93,7 +94,9 @@ pub fn run(
     let far = Duration::from_secs(365 * 24 * 3600);
     let mut next_refresh = Instant::now() + refresh.unwrap_or(far);
     let mut next_ipsets_refresh = Instant::now() + ipsets_refresh.unwrap_or(far);
+    // The cheap check of the tables, and of the IP sets (its own interval).
     let mut next_kernel_check: Option<Instant> = None;
+    let mut next_sets_check: Option<Instant> = None;
     let mut next_kernel_verify: Option<Instant> = None;
     // Whether the next apply starts from a full read of the rules (the fingerprint is then
     // taken just before it); the first one does.
@@ -111,9 +114,15 @@ pub fn run(
         let mut deadline = next_refresh
             .min(next_ipsets_refresh)
             .min(Instant::now() + IDLE_TURN);
-        for t in [next_check, retry_at, next_kernel_check, next_kernel_verify]
-            .into_iter()
-            .flatten()
+        for t in [
+            next_check,
+            retry_at,
+            next_kernel_check,
+            next_sets_check,
+            next_kernel_verify,
+        ]
+        .into_iter()
+        .flatten()
         {
             deadline = deadline.min(t);
         }
@@ -138,12 +147,28 @@ pub fn run(
         }
         let now = Instant::now();
         let mut verdict = Verdict::default();
+        let tables_due = next_kernel_check.is_some_and(|t| now >= t);
+        let sets_due = next_sets_check.is_some_and(|t| now >= t);
         if next_kernel_verify.is_some_and(|t| now >= t) {
             next_kernel_verify = timers.kernel_verify.map(|d| now + d);
             verdict = sentinel.verify();
-        } else if next_kernel_check.is_some_and(|t| now >= t) {
-            next_kernel_check = timers.kernel_check.map(|d| now + d);
-            verdict = sentinel.check();
+            // The verify read the sets too.
+            if sets_due {
+                next_sets_check = timers
+                    .kernel_check
+                    .map(|d| now + sentinel.sets_check_interval(d));
+            }
+        } else if tables_due || sets_due {
+            if tables_due {
+                next_kernel_check = timers.kernel_check.map(|d| now + d);
+            }
+            verdict = sentinel.check(tables_due, sets_due);
+            if sets_due {
+                // Spaced by what this check cost (see `sentinel::sets_check_interval`).
+                next_sets_check = timers
+                    .kernel_check
+                    .map(|d| now + sentinel.sets_check_interval(d));
+            }
         }
         if let Some(why) = &verdict.iptables {
             info!("re-reading iptables: {why}");
@@ -196,6 +221,9 @@ pub fn run(
                 let now = Instant::now();
                 if next_kernel_check.is_none() {
                     next_kernel_check = timers.kernel_check.map(|d| now + d);
+                }
+                if next_sets_check.is_none() {
+                    next_sets_check = timers.kernel_check.map(|d| now + d);
                 }
                 if next_kernel_verify.is_none() {
                     next_kernel_verify = timers.kernel_verify.map(|d| now + d);

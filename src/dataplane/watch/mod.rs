@@ -16,7 +16,9 @@
 //! - [`ipset`]: the headers of every set without members (name, type, family, size limits,
 //!   references, entry count, memory) in one netlink dump; a change in one of our sets' headers
 //!   is something to re-read. A member swapped for another leaves the header as it was, so a
-//!   member digest of our sets (also over netlink) is the safety net.
+//!   member digest of our sets (also over netlink) is the safety net. Not free on a large
+//!   node: the kernel counts each hash set's entries by walking all its buckets, so the dump
+//!   costs CPU in proportion to the sets' hash sizes and members (the sentinel spaces it).
 //!
 //! Every primitive works in the network namespace of the thread that opens its socket (the
 //! agent runs in the node's; tests open them on a thread that entered a test namespace), and
