@@ -28,18 +28,23 @@ echo "cargo tests: $unit_passed passed, $unit_failed failed"
 # `netpol-agent explain`'s verdict against every probe (--check-explain), `deny-logs` turns
 # deny logging on in every node and checks that exactly the denied probes are logged, by the
 # node that dropped them (--check-deny-logs), `spoofing` has every pod send forged-source
-# packets to every other pod after each step and fails on any that arrives (--check-spoofing).
+# packets to every other pod after each step and fails on any that arrives (--check-spoofing),
+# `auto` runs the agents with no CNI setting, as the shipped DaemonSet does (--auto-wiring:
+# FELIX_INTERFACENAMESCHEME=auto; the other cells keep the explicit per-CNI settings, the
+# sandbox cell with its CRI runtime).
 # The whole 24-cell matrix is `bash scripts/e2e-matrix.sh`.
 cargo build --release --locked --bins
 e2e_passed=0
 e2e_failed=0
 e2e_status=0
-default_cells="calico:ipv4:iptables:explain,deny-logs,spoofing sandbox:ipv4:iptables hybridnet:ipv4:iptables bridge:ipv4:iptables \
-calico:dual:nftables:explain bridge:ipv6:nftables bridge:dual:iptables:deny-logs,spoofing"
+default_cells="calico:ipv4:iptables:explain,deny-logs,spoofing sandbox:ipv4:iptables hybridnet:ipv4:iptables:auto bridge:ipv4:iptables:auto \
+calico:dual:nftables:explain,auto bridge:ipv6:nftables bridge:dual:iptables:deny-logs,spoofing"
 for cell in ${NETPOL_E2E_CELLS:-$default_cells}; do
   IFS=: read -r cni family proxy checks <<< "$cell"
   extra=()
-  for check in ${checks//,/ }; do extra+=("--check-$check"); done
+  for check in ${checks//,/ }; do
+    if [ "$check" = auto ]; then extra+=(--auto-wiring); else extra+=("--check-$check"); fi
+  done
   log="target/e2e-$cni-$family-$proxy.txt"
   set +e
   target/release/netpol-e2e run --cni "$cni" --ip-family "$family" --service-proxy "$proxy" "${extra[@]}" \

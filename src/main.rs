@@ -539,6 +539,17 @@ fn preflight_passes(
 
 fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
     let exec = Exec::default();
+    // Our names are felix's: on a node where felix runs, "ours" would be felix's state.
+    let felix = felix::detect(&felix::snapshot(&exec));
+    if !felix.is_empty() {
+        let report = format!(
+            "cleanup refused: Calico's felix runs on this node, or did, and the cali- chains and              IP sets cleanup removes would be felix's too; remove Calico with its own clean-up              first. Found: {}",
+            felix.join("; ")
+        );
+        error!("{report}");
+        eprintln!("netpol-agent: {report}");
+        return Ok(ExitCode::from(EXIT_REFUSED));
+    }
     dataplane::cleanup(
         &exec,
         detect(&args.dataplane, &exec),

@@ -387,6 +387,11 @@ fn the_binary_accepts_the_daemonsets_configuration() {
     let ds = &objects().daemonsets[0];
     let env = container(ds).env.clone().unwrap_or_default();
     let ns = NetNs::new("deploy-env");
+    // A routed pod interface, so FELIX_INTERFACENAMESCHEME=auto finds the node's wiring and
+    // the agent goes on to its datastore.
+    ns.sh_ok(
+        "ip link add cali1a2b3c4d5e6 type veth peer name pod0 && ip link set cali1a2b3c4d5e6 up          && ip link set pod0 up && ip route add 10.0.0.5/32 dev cali1a2b3c4d5e6",
+    );
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &ns.name, BIN]);
     cmd.args(container(ds).args.as_deref().unwrap_or_default());
@@ -581,6 +586,11 @@ fn is_default(value: &str, default: &str) -> bool {
 /// Every FELIX_* setting of the shipped DaemonSets that is not the binary's default, and why:
 /// the binary's default is the one place for everything else (issue 20, config hygiene).
 const NOT_DEFAULT: &[(&str, &str, &str)] = &[
+    (
+        "FELIX_INTERFACENAMESCHEME",
+        "auto",
+        "the DaemonSet finds each node's pod wiring itself (auto works only with run, so the binary's default stays the offline-capable calico)",
+    ),
     (
         "FELIX_IPV6SUPPORT",
         "false",

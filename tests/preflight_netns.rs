@@ -323,7 +323,15 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let before = ns.exec_ok(&["iptables-nft-save"]);
+    // iptables-save's rules without its dated comment lines.
+    let save = |ns: &NetNs| -> String {
+        ns.exec_ok(&["iptables-nft-save"])
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let before = save(&ns);
 
     let mut agent = Agent::start(
         &ns,
@@ -351,10 +359,23 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     // Refused before binding anything: no "Address already in use", and felix's state is as
     // it was (nothing of ours added, nothing of felix's removed).
     assert!(!log.contains("Address already in use"), "{log}");
-    assert_eq!(ns.exec_ok(&["iptables-nft-save"]), before);
+    assert_eq!(save(&ns), before);
     drop(agent);
     let _ = holder.kill();
     let _ = holder.wait();
+
+    // cleanup removes nothing where felix's names are everywhere.
+    let out = ns.exec(&[
+        env!("CARGO_BIN_EXE_netpol-agent"),
+        "cleanup",
+        "--iptables-backend",
+        "nft",
+        "--ipv6-support",
+        "false",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cleanup refused"));
+    assert_eq!(save(&ns), before);
 
     // The operator who knows it is leftover state overrides; the agent then runs.
     let mut agent = Agent::start(
