@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The real-kernel tests on Debian's kernels (issue 21): for each kernel (5.10, 6.1, 6.12) and
+# userspace (this machine's, and the kernel's own release's: bullseye for 5.10, trixie for
+# 6.12; bookworm's is this machine's, so 6.1 runs once), boot a VM with scripts/vm.sh and run
+# the test binaries of tests/*_netns.rs, ipsets_kernel and iptables_writer in it, then print a
+# table: kernel, userspace, test, passed, failed, seconds; and every failing test's output.
+#
+#   bash scripts/kernel-matrix.sh [--kernels "5.10 6.1 6.12"] [--userspaces "host own"]
+#                                 [--tests "ipsets_kernel iptables_writer ..."] [--test-timeout SECS]
+#
+# The test binaries are built once on the host (cargo test --no-run) and run directly in the
+# guest (no cargo there: nothing can trigger a rebuild under emulation), each in the project's
+# directory as cargo would, one VM per cell, each binary under its own timeout (default 1200 s).
+# Logs: target/vm/matrix/<kernel>-<userspace>/<test>.log; the table: target/vm/matrix/table.txt.
+# Exit status: 0 when every test passed.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+proj="$(cd "$here/.." && pwd)"
+out="$proj/target/vm/matrix"
+
+# ---- inside the guest: run the binaries of one cell --------------------------------------------
+if [ "${1:-}" = --in-guest ]; then
+	celldir="$2" tt="$3"
+	shift 3
+	cd "$proj"
+	for spec in "$@"; do
+		name="${spec%%=*}" bin="${spec#*=}"
+		s=$(date +%s.%N)
+		timeout -k 10 "$tt" "$bin" >"$celldir/$name.log" 2>&1
+		rc=$?
+		e=$(date +%s.%N)
+		passed=$(grep -h '^test result:' "$celldir/$name.log" | sed -n 's/.* \([0-9]\+\) passed.*/\1/p' | awk '{s+=$1} END {print s+0}')
+		failed=$(grep -h '^test result:' "$celldir/$name.log" | sed -n 's/.* \([0-9]\+\) failed.*/\1/p' | awk '{s+=$1} END {print s+0}')
+		note=""
+		[ "$rc" = 124 ] && note="timeout after ${tt}s"
+		[ "$rc" != 0 ] && [ "$failed" = 0 ] && [ -z "$note" ] && note="exit $rc"
+		printf '%s\t%s\t%s\t%.1f\t%s\n' "$name" "$passed" "$failed" "$(echo "$e - $s" | awk '{print $1 - $3}')" "$note" >>"$celldir/results.tsv"
+	done
+	exit 0
+fi
+
+kernels="5.10 6.1 6.12"
+userspaces="host own"
+tests=""
+test_timeout=1200
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--kernels) kernels="$2"; shift 2 ;;
+	--userspaces) userspaces="$2"; shift 2 ;;
+	--tests) tests="$2"; shift 2 ;;
+	--test-timeout) test_timeout="$2"; shift 2 ;;
+	*) echo "usage: bash scripts/kernel-matrix.sh [--kernels \"5.10 6.1 6.12\"] [--userspaces \"host own\"] [--tests \"...\"] [--test-timeout SECS]" >&2; exit 2 ;;
+	esac
+done
+if [ -z "$tests" ]; then
+	tests="ipsets_kernel iptables_writer"
+	for f in "$proj"/tests/*_netns.rs; do tests="$tests $(basename "$f" .rs)"; done
+fi
+
+cd "$proj"
+echo "kernel-matrix: building the test binaries on the host" >&2
+args=()
+for t in $tests; do args+=(--test "$t"); done
+cargo test --locked --no-run --message-format=json "${args[@]}" >"$proj/target/vm-matrix-build.json" 2>"$proj/target/vm-matrix-build.log" ||
+	{ tail -30 "$proj/target/vm-matrix-build.log" >&2; echo "kernel-matrix: build failed" >&2; exit 1; }
+mkdir -p "$out"
+specs=()
+for t in $tests; do
+	exe="$(grep '"reason":"compiler-artifact"' "$proj/target/vm-matrix-build.json" | grep "\"kind\":\[\"test\"\],\"crate_types\":\[\"bin\"\],\"name\":\"$t\"" |
+		grep -o '"executable":"[^"]*"' | head -1 | sed 's/"executable":"\(.*\)"/\1/')"
+	[ -n "$exe" ] || { echo "kernel-matrix: no test binary for $t" >&2; exit 1; }
+	# A private copy: a rebuild on the host during the matrix does not change what runs.
+	mkdir -p "$out/bin"
+	cp "$exe" "$out/bin/$t"
+	specs+=("$t=$out/bin/$t")
+done
+
+table="$out/table.txt"
+: >"$out/rows.tsv"
+status=0
+for k in $kernels; do
+	case "$k" in 5.10) own=bullseye ;; 6.1) own=bookworm ;; 6.12) own=trixie ;; *) echo "kernel-matrix: unknown kernel $k" >&2; exit 2 ;; esac
+	for u in $userspaces; do
+		usarg=()
+		label=host
+		if [ "$u" = own ]; then
+			[ "$own" = bookworm ] && continue # this machine is bookworm: same as host
+			usarg=(--userspace "$own")
+			label="$own"
+		elif [ "$u" != host ]; then
+			usarg=(--userspace "$u")
+			label="$u"
+		fi
+		cell="$out/$k-$label"
+		rm -rf "$cell"
+		mkdir -p "$cell"
+		echo "kernel-matrix: kernel $k, userspace $label: ${#specs[@]} test binaries" >&2
+		s=$(date +%s)
+		set +e
+		NPA_VM_QUIET=1 bash "$here/vm.sh" --kernel "$k" "${usarg[@]}" --timeout $((test_timeout * ${#specs[@]} + 300)) -- \
+			bash "$here/kernel-matrix.sh" --in-guest "$cell" "$test_timeout" "${specs[@]}" >"$cell/vm.log" 2>&1
+		vrc=$?
+		set -e
+		echo "kernel-matrix: kernel $k, userspace $label: done in $(($(date +%s) - s)) s (vm.sh status $vrc)" >&2
+		[ "$vrc" = 0 ] || { status=1; tail -20 "$cell/vm.log" >&2; }
+		for t in $tests; do
+			line="$(grep -P "^$t\t" "$cell/results.tsv" 2>/dev/null || true)"
+			[ -n "$line" ] || line="$(printf '%s\t-\t-\t-\tnot run' "$t")"
+			printf '%s\t%s\t%s\n' "$k" "$label" "$line" >>"$out/rows.tsv"
+		done
+	done
+done
+
+{
+	printf '%-6s %-9s %-26s %7s %7s %8s  %s\n' kernel userspace test passed failed seconds note
+	while IFS=$'\t' read -r k u t p f sec note; do
+		printf '%-6s %-9s %-26s %7s %7s %8s  %s\n' "$k" "$u" "$t" "$p" "$f" "$sec" "$note"
+		if [ "$f" != 0 ] || [ -n "$note" ]; then status=1; fi
+	done <"$out/rows.tsv"
+} >"$table"
+cat "$table"
+# Every failing test's own output (libtest's "---- name stdout ----" sections).
+for log in "$out"/*/*.log; do
+	case "$log" in */vm.log) continue ;; esac
+	if grep -q -e '^failures:$' -e 'panicked' "$log" 2>/dev/null; then
+		echo
+		echo "==== ${log#"$out"/}"
+		sed -n '/^failures:$/,/^test result:/p' "$log"
+	fi
+done
+exit "$status"
