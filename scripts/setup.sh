@@ -12,6 +12,11 @@ command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
 # The k8s-cri crate generates the CRI gRPC bindings at build time with protoc.
 command -v protoc >/dev/null 2>&1 || need_pkgs+=(protobuf-compiler)
+# tests/containerd_netns.rs: containerd (its CRI plugin), runc, the CNI reference plugins;
+# gcc with a static libc builds the pause image (no registry is reachable).
+command -v containerd >/dev/null 2>&1 || need_pkgs+=(containerd)
+[ -x /usr/lib/cni/ptp ] || need_pkgs+=(containernetworking-plugins)
+{ command -v gcc >/dev/null 2>&1 && [ -e "/usr/lib/$(gcc -print-multiarch)/libc.a" ]; } || need_pkgs+=(gcc libc6-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

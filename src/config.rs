@@ -1090,7 +1090,7 @@ mod tests {
             .contains("at least 4"));
         assert!(parse_mark_mask("zz").is_err());
         // kube-proxy's masquerade and drop bits are refused, alone or in a wider mask.
-        for overlapping in ["0xf000", "0x4f0000", "0xffffffff", "0x8000f000"] {
+        for overlapping in ["0xf000", "0x7c000", "0xffffffff", "0x8000f000"] {
             let e = parse_mark_mask(overlapping).unwrap_err();
             assert!(e.contains("kube-proxy"), "{overlapping}: {e}");
         }

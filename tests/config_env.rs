@@ -994,7 +994,10 @@ fn readme_documents_every_variable_and_metric() {
             "{var} is not in the README's configuration table"
         );
     }
-    for name in netpol_agent::telemetry::metrics::NAMES {
+    for name in netpol_agent::telemetry::metrics::NAMES
+        .iter()
+        .chain(netpol_agent::telemetry::metrics::WHEN_SET_NAMES)
+    {
         assert!(
             readme.contains(&format!("| `{name}")),
             "{name} is not in the README's metrics table"

@@ -273,9 +273,18 @@ fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
                 Ok(w) => report.ips.iter().flat_map(|ip| w.carriers(*ip)).collect(),
                 Err(e) => vec![format!("(the node could not be read: {e:#})")],
             };
-            let ips: Vec<String> = report.ips.iter().map(ToString::to_string).collect();
+            // Bounded: a pod from a datastore that does not hold it to one address per
+            // family could bring thousands.
+            let carriers = first_few(&carriers);
+            let ips = first_few(
+                &report
+                    .ips
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+            );
             warn!(
-                pod = %report.pod,
+                pod = %crate::model::validate::shown_name(&report.pod.to_string()),
                 ips = ips.join(","),
                 interface = report.iface.as_deref().unwrap_or(""),
                 carriers = carriers.join("; "),
@@ -299,6 +308,16 @@ fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
             graph.config().rules.interface_prefixes.join(",")
         )
     }));
+}
+
+/// At most four items, then how many more.
+fn first_few(items: &[String]) -> Vec<String> {
+    const SHOWN: usize = 4;
+    let mut out: Vec<String> = items.iter().take(SHOWN).cloned().collect();
+    if items.len() > SHOWN {
+        out.push(format!("and {} more", items.len() - SHOWN));
+    }
+    out
 }
 
 fn reason_label(r: &RejectKind) -> &'static str {

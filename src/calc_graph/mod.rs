@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 use crate::ipsets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains, TierChains};
@@ -268,8 +268,11 @@ impl CalcGraph {
             RejectKind::Invalid => {
                 error!(kind = kind.as_str(), object = %object, "rejected: {message}")
             }
+            // A new pod lacks its interface for a moment (the CNI is still wiring it, the
+            // bridge has not learned its port): the agent warns once the grace period has
+            // passed (`agent::unnamed`), so this is not a warning.
             RejectKind::Interface => {
-                warn!(kind = kind.as_str(), object = %object, "no interface: {message}")
+                debug!(kind = kind.as_str(), object = %object, "no interface yet: {message}")
             }
         }
         *self

@@ -109,8 +109,10 @@ pub const NAMES: &[&str] = &[
     "netpol_rejections_total",
     "netpol_rejected_objects",
     "netpol_local_pods_without_interface",
-    "netpol_config_ignored_variables",
 ];
+
+/// Metrics with a series only once something happened (a variable was ignored at start).
+pub const WHEN_SET_NAMES: &[&str] = &["netpol_config_ignored_variables"];
 
 /// The metrics of deny logging and the rule counters: exported when those are on, the
 /// labelled ones once something was counted for a pod or policy.
@@ -499,7 +501,12 @@ mod tests {
         m.policy_bytes.with_label_values(&["x", "p", "ingress"]);
         m.conntrack_cuts.with_label_values(&["ingress"]);
         let text = m.encode();
-        for name in NAMES.iter().chain(TRAFFIC_NAMES).chain(CONNTRACK_NAMES) {
+        for name in NAMES
+            .iter()
+            .chain(TRAFFIC_NAMES)
+            .chain(CONNTRACK_NAMES)
+            .chain(WHEN_SET_NAMES)
+        {
             assert!(
                 text.contains(&format!("# TYPE {name} ")),
                 "{name} missing from\n{text}"
