@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use tracing::{debug, error, warn};
+use tracing::{debug, error};
 
 use crate::ipsets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains, TierChains};
