@@ -71,7 +71,7 @@ if [ "${1:-}" != stage2 ]; then
 	# with the release's loader and libraries (argv[0] through a symlink named like the tool).
 	if [ -n "$usroot" ]; then
 		R="$usroot"
-		ldso="$R/lib64/ld-linux-x86-64.so.2"
+		ldso="$R$(cat "$N$R/.npa-ldso")"
 		libs="$R/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu"
 		while read -r n; do
 			[ -n "$n" ] || continue

@@ -261,6 +261,11 @@ if [ -n "$userspace" ]; then
 			touch "$usroot/.npa-done"
 		) 8>"$vmdir/.lock-rootfs-$userspace" || exit 125
 	fi
+	# The release's dynamic loader, its symlinks resolved inside that root (they are absolute).
+	if [ ! -s "$usroot/.npa-ldso" ]; then
+		chroot "$usroot" /usr/bin/readlink -f /lib64/ld-linux-x86-64.so.2 >"$usroot/.npa-ldso.new" &&
+			mv "$usroot/.npa-ldso.new" "$usroot/.npa-ldso" || die "cannot find $userspace's dynamic loader"
+	fi
 fi
 
 # --- this run ---------------------------------------------------------------------------------
