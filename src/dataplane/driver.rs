@@ -5,14 +5,15 @@
 //! At rest it asks the kernel cheaply whether anything of ours changed (`sentinel`: every
 //! `FELIX_KERNELCHECKINTERVAL`, the IP sets on their own interval, stretched up to 1.5 s
 //! while their check is dear, see `sentinel::sets_check_interval`; and exactly every
-//! `FELIX_KERNELVERIFYINTERVAL`) and reads and repairs only then. Behind that, slow timers: a full iptables refresh
-//! (IptablesRefreshInterval) and an IP set refresh (IpsetsRefreshInterval), the safety net;
-//! and a post-write check (re-read iptables a short while after writes, felix's
-//! IptablesPostWriteCheckIntervalSecs) where the kernel does not announce every commit
-//! (legacy iptables; nft's change events do). A part whose watch cannot be opened is re-read
-//! every 10 s at most. A failed apply is retried with back-off (`crate::backoff`); the rules
-//! already in the kernel stay meanwhile. Each turn is reported to `Health`; each completed
-//! apply observes the programming latency of the updates it carried.
+//! `FELIX_KERNELVERIFYINTERVAL`) and reads and repairs only then. Behind that, slow timers:
+//! a full iptables refresh (IptablesRefreshInterval) and an IP set refresh
+//! (IpsetsRefreshInterval), the safety net; and a post-write check (re-read iptables a short
+//! while after writes, felix's IptablesPostWriteCheckIntervalSecs) where the kernel does not
+//! announce every commit (legacy iptables; nft's change events do). A part whose watch
+//! cannot be opened is re-read every 10 s at most. A failed apply is retried with back-off
+//! (`crate::backoff`); the rules already in the kernel stay meanwhile. Each turn is reported
+//! to `Health`; each completed apply observes the programming latency of the updates it
+//! carried.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
