@@ -973,8 +973,8 @@ fn change_checks_repair_tampering_without_refresh_timers_on_both_backends() {
     }
 }
 
-#[test]
-fn readme_documents_every_variable_and_metric() {
+/// The README and the `--help` of every subcommand that takes `FELIX_*` variables.
+fn readme_and_help() -> (String, String) {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     let mut help = String::new();
@@ -982,6 +982,12 @@ fn readme_documents_every_variable_and_metric() {
         let out = bin().args([sub, "--help"]).output().unwrap();
         help.push_str(&String::from_utf8_lossy(&out.stdout));
     }
+    (readme, help)
+}
+
+#[test]
+fn readme_documents_every_variable_and_metric() {
+    let (readme, help) = readme_and_help();
     let vars: Vec<&str> = help
         .split("[env: ")
         .skip(1)
@@ -1008,13 +1014,7 @@ fn readme_documents_every_variable_and_metric() {
 /// One place for each default: the README's configuration table says what `--help` says.
 #[test]
 fn readme_defaults_are_the_binarys() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let mut help = String::new();
-    for sub in ["run", "cleanup", "compile"] {
-        let out = bin().args([sub, "--help"]).output().unwrap();
-        help.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
+    let (readme, help) = readme_and_help();
     let mut checked = 0;
     for block in help.split("[env: ").skip(1) {
         let Some((var, rest)) = block.split_once('=') else {

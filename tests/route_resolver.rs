@@ -344,6 +344,9 @@ items:
             ("FELIX_INTERFACEPREFIX", "hybr"),
             ("FELIX_IPTABLESBACKEND", "legacy"),
             ("FELIX_IPV6SUPPORT", "false"),
+            // The resolver's reason for a pod it cannot name yet is a debug line (the agent
+            // warns once the grace period has passed).
+            ("FELIX_LOGSEVERITYSCREEN", "Debug"),
         ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
