@@ -138,7 +138,8 @@ fn full_save(ns: &NetNs, backend: Backend, family: IpFamily) -> String {
 
 fn by_chain(text: &str) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in text.lines() {
+    // iptables-nft-save 1.8.7 ends a rule without a target with a space.
+    for line in text.lines().map(str::trim_end) {
         if let Some(decl) = line.strip_prefix(':') {
             out.entry(decl.split(' ').next().unwrap().to_string())
                 .or_default();

@@ -28,7 +28,8 @@ impl OwnedState {
     /// Adds what an `iptables-save` or `iptables-restore` text holds of ours: the chains
     /// `ownership` names ours, and our rules (those carrying our hash) in other chains.
     pub fn add_iptables(&mut self, text: &str, ownership: &Ownership) {
-        for line in text.lines() {
+        // iptables-nft-save 1.8.7 (Debian 11) ends a rule without a target with a space.
+        for line in text.lines().map(str::trim_end) {
             if let Some(decl) = line.strip_prefix(':') {
                 let name = decl.split_whitespace().next().unwrap_or_default();
                 if ownership.owns_chain(name) {
@@ -356,6 +357,18 @@ mod tests {
         assert_eq!(a, b);
         b.add_ipsets("add cali40s:x 10.0.0.2\n", IpFamily::V4);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_trailing_space_after_a_rule_is_no_difference() {
+        // iptables-nft-save 1.8.7 prints a rule without a target followed by a space.
+        let text = |end: &str| {
+            format!(":cali-pi-x - [0:0]\n-A cali-pi-x -m comment --comment \"cali:abc\"{end}\n")
+        };
+        let (mut a, mut b) = (OwnedState::default(), OwnedState::default());
+        a.add_iptables(&text(" "), &OWNERSHIP);
+        b.add_iptables(&text(""), &OWNERSHIP);
+        assert_eq!(a, b);
     }
 
     #[test]
