@@ -16,7 +16,9 @@
 //! With 110 and with 1500 local pods, on the legacy and the nft backend.
 //!
 //! `-- --previous PATH` runs another agent binary (say, the previous release) through the
-//! same scenarios in the same run, for ratios on this noisy machine. Options: `--idle SECS`
+//! same scenarios in the same run, for ratios on this noisy machine; `--ours PATH` measures
+//! a copy of the binary instead of the one cargo built (so a build running meanwhile cannot
+//! swap it between runs). Options: `--idle SECS`
 //! (default 60), `--rounds N` (tampers per kind, default 10), `--local 110,1500`,
 //! `--backends legacy,nft`, `--wide N` (N more policies with large peer sets,
 //! `synthetic::wide_policy`: 300 give about 550 sets with 60k members at 1500 local pods, the
@@ -298,6 +300,7 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
 
 struct Options {
     previous: Option<PathBuf>,
+    ours: Option<PathBuf>,
     idle: Duration,
     rounds: usize,
     locals: Vec<usize>,
@@ -317,6 +320,7 @@ fn options() -> Options {
     };
     Options {
         previous: value("--previous").map(PathBuf::from),
+        ours: value("--ours").map(PathBuf::from),
         idle: Duration::from_secs(value("--idle").and_then(|v| v.parse().ok()).unwrap_or(60)),
         rounds: value("--rounds").and_then(|v| v.parse().ok()).unwrap_or(10),
         locals: value("--local")
@@ -477,7 +481,10 @@ fn main() {
         return;
     }
     let opts = options();
-    let ours = PathBuf::from(env!("CARGO_BIN_EXE_netpol-agent"));
+    let ours = opts
+        .ours
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_netpol-agent")));
     let mut agents = vec![("ours", ours)];
     if let Some(prev) = &opts.previous {
         agents.push(("previous", prev.clone()));

@@ -482,3 +482,57 @@ fn ipset_headers_and_member_digests_see_tampering_of_our_sets_only() {
     assert_eq!(w.check().unwrap(), Finding::Ours(names(&[spare])));
     assert_eq!(w.check().unwrap(), Finding::Unchanged);
 }
+
+/// After a write of our own, only the sets written are fingerprinted again: the verify stays
+/// exact (no "cannot tell", which made every verify after a busy minute re-read every set),
+/// sees a later swap in a set we wrote, and still sees one in a set we did not.
+#[test]
+fn own_writes_refingerprint_only_the_sets_written_and_the_verify_stays_exact() {
+    let ns = NetNs::new("cd-ipset-own");
+    program(&ns, false, "legacy");
+    let written = "cali40s:writtenByUsJustNow00";
+    let untouched = "cali40s:notWrittenThisTime00";
+    for set in [written, untouched] {
+        ns.exec_ok(&["ipset", "create", set, "hash:net", "family", "inet"]);
+        ns.exec_ok(&["ipset", "add", set, "10.251.0.1"]);
+    }
+    let mut w = in_netns(&ns.name, || {
+        IpsetWatch::open(netpol_agent::agent::ours()).expect("ipset netlink socket")
+    });
+    // Before any fingerprint, a write takes the full one.
+    w.rebase_after_write(&names(&[written])).unwrap();
+    assert_eq!(w.verify().unwrap(), Finding::Unchanged);
+
+    // Our write: a member swapped (same count) in `written`, and a set created.
+    let created = "cali40s:createdByUsJustNow00";
+    ns.exec_ok(&["ipset", "del", written, "10.251.0.1"]);
+    ns.exec_ok(&["ipset", "add", written, "10.251.0.2"]);
+    ns.exec_ok(&["ipset", "create", created, "hash:net", "family", "inet"]);
+    w.rebase_after_write(&names(&[written, created])).unwrap();
+    assert_eq!(w.check().unwrap(), Finding::Unchanged);
+    assert_eq!(
+        w.verify().unwrap(),
+        Finding::Unchanged,
+        "our own write is no change"
+    );
+
+    // Someone else's swaps, in the set we wrote and in the one we did not.
+    ns.exec_ok(&["ipset", "del", written, "10.251.0.2"]);
+    ns.exec_ok(&["ipset", "add", written, "10.251.0.3"]);
+    ns.exec_ok(&["ipset", "del", untouched, "10.251.0.1"]);
+    ns.exec_ok(&["ipset", "add", untouched, "10.251.0.4"]);
+    assert_eq!(
+        w.check().unwrap(),
+        Finding::Unchanged,
+        "counts are unchanged"
+    );
+    assert_eq!(
+        w.verify().unwrap(),
+        Finding::Ours(names(&[written, untouched]))
+    );
+
+    // Our write destroying a set drops its digest: no change reported for it.
+    ns.exec_ok(&["ipset", "destroy", created]);
+    w.rebase_after_write(&names(&[created])).unwrap();
+    assert_eq!(w.verify().unwrap(), Finding::Unchanged);
+}

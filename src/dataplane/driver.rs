@@ -5,7 +5,8 @@
 //! At rest it asks the kernel cheaply whether anything of ours changed (`sentinel`: every
 //! `FELIX_KERNELCHECKINTERVAL`, the IP sets on their own interval, stretched up to 1.5 s
 //! while their check is dear, see `sentinel::sets_check_interval`; and exactly every
-//! `FELIX_KERNELVERIFYINTERVAL`) and reads and repairs only then. Behind that, slow timers:
+//! `FELIX_KERNELVERIFYINTERVAL`, stretched up to 10 min while the verify is dear,
+//! `sentinel::verify_interval`) and reads and repairs only then. Behind that, slow timers:
 //! a full iptables refresh (IptablesRefreshInterval) and an IP set refresh
 //! (IpsetsRefreshInterval), the safety net; and a post-write check (re-read iptables a short
 //! while after writes, felix's IptablesPostWriteCheckIntervalSecs) where the kernel does not
@@ -151,8 +152,11 @@ pub fn run(
         let tables_due = next_kernel_check.is_some_and(|t| now >= t);
         let sets_due = next_sets_check.is_some_and(|t| now >= t);
         if next_kernel_verify.is_some_and(|t| now >= t) {
-            next_kernel_verify = timers.kernel_verify.map(|d| now + d);
             verdict = sentinel.verify();
+            // Spaced by what this verify cost (see `sentinel::verify_interval`).
+            next_kernel_verify = timers
+                .kernel_verify
+                .map(|d| now + sentinel.verify_interval(d));
             // The verify read the sets too.
             if sets_due {
                 next_sets_check = timers
@@ -214,7 +218,7 @@ pub fn run(
                 backoff.reset();
                 sentinel.after_apply(
                     report.iptables_lines > 0,
-                    report.ipset_lines > 0,
+                    &report.sets_written,
                     dp.take_restore_pids(),
                 );
                 tables_read = false;

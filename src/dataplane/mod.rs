@@ -55,6 +55,9 @@ pub struct ApplyReport {
     pub duration: Duration,
     /// Whether anything was dirty at all.
     pub wrote: bool,
+    /// The IP sets this apply wrote to (created, changed or destroyed), when it wrote any
+    /// `ipset restore` line.
+    pub sets_written: BTreeSet<String>,
 }
 
 pub struct Dataplane {
@@ -259,12 +262,18 @@ impl Dataplane {
         self.ipsets
             .apply_removals(&dirty_specs, &self.dirty_sets)
             .context("ipset removals")?;
-        self.dirty_sets.clear();
+        let ipset_lines = self.ipsets.stats().lines - ipset_lines_before;
+        let dirty_sets = std::mem::take(&mut self.dirty_sets);
         let report = ApplyReport {
             iptables_lines: lines,
-            ipset_lines: self.ipsets.stats().lines - ipset_lines_before,
+            ipset_lines,
             duration: start.elapsed(),
             wrote: true,
+            sets_written: if ipset_lines > 0 {
+                dirty_sets
+            } else {
+                BTreeSet::new()
+            },
         };
         debug!(lines, ms = report.duration.as_secs_f64() * 1e3, "applied");
         Ok(report)

@@ -34,7 +34,7 @@
 //! re-read). A watch that cannot be opened (an old kernel, no permission) is reported once;
 //! the driver then falls back to re-reading on a short timer.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use tracing::debug;
@@ -58,17 +58,37 @@ const SETS_CHECK_COST_FACTOR: u32 = 400;
 /// ...but are never further apart than this: a set changed behind our back is seen within
 /// it, and repaired within the 2 s goal.
 pub const SETS_CHECK_MAX_INTERVAL: Duration = Duration::from_millis(1500);
+/// The exact verify takes at most this inverse share of a core (2000: 0.05 %)...
+const VERIFY_COST_FACTOR: u32 = 2000;
+/// ...but runs at least this often (the IP set and iptables refreshes, 300 s by default,
+/// are the slower net behind it).
+pub const VERIFY_MAX_INTERVAL: Duration = Duration::from_secs(600);
 
 /// When the next IP set header dump is due after one that took `cost` of CPU: `base` (the
 /// cheap check's interval), stretched to `cost` × [`SETS_CHECK_COST_FACTOR`], at most
 /// [`SETS_CHECK_MAX_INTERVAL`]. A `base` beyond that maximum (configured so) is kept as is; an
 /// unknown cost keeps `base`.
 pub fn sets_check_interval(base: Duration, cost: Option<Duration>) -> Duration {
+    stretched(base, cost, SETS_CHECK_COST_FACTOR, SETS_CHECK_MAX_INTERVAL)
+}
+
+/// When the next exact verify is due after one that took `cost` of CPU: `base`
+/// (`FELIX_KERNELVERIFYINTERVAL`), stretched to `cost` × [`VERIFY_COST_FACTOR`], at most
+/// [`VERIFY_MAX_INTERVAL`]. The verify digests every rule of ours and every member of our
+/// sets: 0.2–0.35 s of CPU at 30k rules and 61k members, which every 120 s would be a
+/// quarter of a percent of a core, half the node's idle budget, for what catches only a
+/// rule replaced in place by one of the same size or a set member swapped for another.
+pub fn verify_interval(base: Duration, cost: Option<Duration>) -> Duration {
+    stretched(base, cost, VERIFY_COST_FACTOR, VERIFY_MAX_INTERVAL)
+}
+
+/// `base`, or `cost` × `factor` when that is longer, but not beyond `cap` (a `base` beyond
+/// `cap`, configured so, is kept). An unknown cost keeps `base`.
+fn stretched(base: Duration, cost: Option<Duration>, factor: u32, cap: Duration) -> Duration {
     let Some(cost) = cost else {
         return base;
     };
-    let by_cost = cost.saturating_mul(SETS_CHECK_COST_FACTOR);
-    by_cost.max(base).min(SETS_CHECK_MAX_INTERVAL.max(base))
+    cost.saturating_mul(factor).max(base).min(cap.max(base))
 }
 
 /// CPU time (user and system) the calling thread used so far; `None` where the clock is not
@@ -171,6 +191,8 @@ pub struct Sentinel {
     sets: Option<IpsetWatch>,
     /// CPU time the last IP set header dump of a check took.
     sets_cost: Option<Duration>,
+    /// CPU time the last exact verify took.
+    verify_cost: Option<Duration>,
     own_pids: VecDeque<u32>,
 }
 
@@ -223,6 +245,7 @@ impl Sentinel {
                 tables,
                 sets,
                 sets_cost: None,
+                verify_cost: None,
                 own_pids: VecDeque::new(),
             },
             problems,
@@ -235,6 +258,7 @@ impl Sentinel {
             tables: None,
             sets: None,
             sets_cost: None,
+            verify_cost: None,
             own_pids: VecDeque::new(),
         }
     }
@@ -253,6 +277,12 @@ impl Sentinel {
     /// interval of `base` (see [`sets_check_interval`]).
     pub fn sets_check_interval(&self, base: Duration) -> Duration {
         sets_check_interval(base, self.sets_cost)
+    }
+
+    /// How long after this verify the next one is due, for a configured interval of `base`
+    /// (see [`verify_interval`]).
+    pub fn verify_interval(&self, base: Duration) -> Duration {
+        verify_interval(base, self.verify_cost)
     }
 
     /// The cheap check, of the tables, of the IP sets, or both (each part has its own
@@ -310,6 +340,7 @@ impl Sentinel {
 
     /// The exact check: chain digests (legacy), the generation id (nft), member digests.
     pub fn verify(&mut self) -> Verdict {
+        let started = thread_cpu_time();
         let mut v = Verdict::default();
         let own = &self.own_pids;
         match &mut self.tables {
@@ -337,6 +368,10 @@ impl Sentinel {
                 Err(e) => Verdict::failed(&mut v.ipsets, "IP sets", e),
             }
         }
+        self.verify_cost = started
+            .zip(thread_cpu_time())
+            .map(|(a, b)| b.saturating_sub(a));
+        debug!(cost_ms = ?self.verify_cost.map(|c| c.as_secs_f64() * 1e3), "kernel verify");
         record(&v);
         v
     }
@@ -375,14 +410,16 @@ impl Sentinel {
         }
     }
 
-    /// After a successful apply: our own writes are not changes. A part we wrote to gets the
+    /// After a successful apply: our own writes are not changes. Tables we wrote to get the
     /// cheap new reference (legacy iptables is then read again by the driver's post-write
-    /// check, which takes the full fingerprint before it reads); a part we only read keeps
-    /// the fingerprint taken before the read.
+    /// check, which takes the full fingerprint before it reads); the IP sets get a new header
+    /// reference and the member digests of the sets written (`sets_written`, names), so the
+    /// verify stays exact without re-reading the rest; a part we only read keeps the
+    /// fingerprint taken before the read.
     pub fn after_apply(
         &mut self,
         tables_written: bool,
-        sets_written: bool,
+        sets_written: &BTreeSet<String>,
         restore_pids: Vec<u32>,
     ) {
         for pid in restore_pids {
@@ -403,8 +440,8 @@ impl Sentinel {
             _ => {}
         }
         if let Some(w) = &mut self.sets {
-            if sets_written {
-                if let Err(e) = w.rebase_headers() {
+            if !sets_written.is_empty() {
+                if let Err(e) = w.rebase_after_write(sets_written) {
                     debug!("IP set fingerprint: {e}");
                 }
             }
@@ -490,6 +527,25 @@ mod tests {
         assert_eq!(sets_check_interval(ms(200), None), ms(200));
         let slow = Duration::from_secs(5);
         assert_eq!(sets_check_interval(slow, Some(ms(50))), slow);
+    }
+
+    #[test]
+    fn verifies_are_spaced_by_their_cost_up_to_ten_minutes() {
+        let ms = Duration::from_millis;
+        let base = Duration::from_secs(120);
+        assert_eq!(verify_interval(base, None), base);
+        // 60 ms (a few thousand rules and members) keeps the configured 120 s.
+        assert_eq!(verify_interval(base, Some(ms(60))), base);
+        // 0.2 s (30k rules, 61k members): 400 s, 0.05 % of a core.
+        assert_eq!(
+            verify_interval(base, Some(ms(200))),
+            Duration::from_secs(400)
+        );
+        // Dearer still: never more than 10 minutes apart.
+        assert_eq!(verify_interval(base, Some(ms(2000))), VERIFY_MAX_INTERVAL);
+        // A configured interval beyond the cap is kept.
+        let hour = Duration::from_secs(3600);
+        assert_eq!(verify_interval(hour, Some(ms(2000))), hour);
     }
 
     #[test]

@@ -246,7 +246,8 @@ pub struct IpsetWatch {
     headers: Option<HeaderMap>,
     /// Our sets' member digests at the last `baseline` or `verify`.
     members: Option<BTreeMap<String, MemberDigest>>,
-    /// Writes of our own happened since `members` was taken (`rebase_headers`).
+    /// `members` may be missing a write of our own (a read after it failed): `verify` then
+    /// cannot tell our writes from others' and answers `Unknown`.
     members_stale: bool,
 }
 
@@ -335,12 +336,34 @@ impl IpsetWatch {
         Ok(())
     }
 
-    /// After a write of our own, the cheap way: one header dump becomes the reference for
-    /// `check`; the member digests stay behind. Until the next `baseline`, `verify` cannot
-    /// tell our writes from others' and answers `Unknown`.
-    pub fn rebase_headers(&mut self) -> io::Result<()> {
-        self.headers = Some(self.headers()?);
+    /// After a write of our own: one header dump becomes the reference for `check`, and the
+    /// member digests of the sets written (`written`: names; a set no longer there is
+    /// dropped) are read again, so `verify` keeps comparing exactly. The cost follows the
+    /// write's size, not the node's: a busy cluster writes a few sets every few seconds,
+    /// and re-fingerprinting all 60k members after each write (or re-reading every set at
+    /// the next verify, as when the digests were simply marked stale) would cost more than
+    /// the writes. Before the first fingerprint this takes the full one.
+    pub fn rebase_after_write(&mut self, written: &BTreeSet<String>) -> io::Result<()> {
+        if self.members.is_none() || self.members_stale {
+            return self.baseline();
+        }
+        let headers = self.headers()?;
+        // A failed read leaves the digests unknown (`verify` then answers `Unknown`) rather
+        // than half updated.
         self.members_stale = true;
+        for name in written {
+            if !self.interest.set_is_ours(name) {
+                continue;
+            }
+            let digest = self.member_digest(name)?;
+            let members = self.members.get_or_insert_with(BTreeMap::new);
+            match digest {
+                Some(d) => members.insert(name.clone(), d),
+                None => members.remove(name),
+            };
+        }
+        self.members_stale = false;
+        self.headers = Some(headers);
         Ok(())
     }
 
