@@ -973,10 +973,13 @@ fn change_checks_repair_tampering_without_refresh_timers_on_both_backends() {
     }
 }
 
-/// The README and the `--help` of every subcommand that takes `FELIX_*` variables.
+/// The configuration and metrics reference pages (docs/reference/, once the README's
+/// tables) and the `--help` of every subcommand that takes `FELIX_*` variables.
 fn readme_and_help() -> (String, String) {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference");
+    let readme = ["configuration.md", "metrics.md"]
+        .map(|page| std::fs::read_to_string(docs.join(page)).unwrap())
+        .join("\n");
     let mut help = String::new();
     for sub in ["run", "cleanup", "compile"] {
         let out = bin().args([sub, "--help"]).output().unwrap();
@@ -997,7 +1000,7 @@ fn readme_documents_every_variable_and_metric() {
     for var in vars {
         assert!(
             readme.contains(&format!("| `{var}` |")),
-            "{var} is not in the README's configuration table"
+            "{var} is not in docs/reference/configuration.md"
         );
     }
     for name in netpol_agent::telemetry::metrics::NAMES
@@ -1006,12 +1009,12 @@ fn readme_documents_every_variable_and_metric() {
     {
         assert!(
             readme.contains(&format!("| `{name}")),
-            "{name} is not in the README's metrics table"
+            "{name} is not in docs/reference/metrics.md"
         );
     }
 }
 
-/// One place for each default: the README's configuration table says what `--help` says.
+/// One place for each default: docs/reference/configuration.md says what `--help` says.
 #[test]
 fn readme_defaults_are_the_binarys() {
     let (readme, help) = readme_and_help();
@@ -1039,15 +1042,15 @@ fn readme_defaults_are_the_binarys() {
         match &default {
             Some(d) if d.is_empty() => assert!(
                 documented == "empty",
-                "{var}: --help's default is empty, the README says {documented:?}"
+                "{var}: --help's default is empty, configuration.md says {documented:?}"
             ),
-            Some(d) => assert_eq!(documented, d, "{var}: README default vs --help"),
+            Some(d) => assert_eq!(documented, d, "{var}: configuration.md default vs --help"),
             None => assert!(
                 !documented
                     .chars()
                     .next()
                     .is_some_and(|c| c.is_ascii_digit()),
-                "{var}: the README gives a default ({documented}) --help does not have"
+                "{var}: configuration.md gives a default ({documented}) --help does not have"
             ),
         }
         checked += 1;

@@ -417,12 +417,18 @@ fn the_binary_accepts_the_daemonsets_configuration() {
     // Every variable it sets is one the binary documents.
     let help = Command::new(BIN).args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/configuration.md"),
+    )
+    .unwrap();
     for e in &env {
         if e.name.starts_with("MIMALLOC_") {
-            // The allocator's own settings, read before `main`: the README names them.
-            assert!(readme.contains(&e.name), "{} is not in the README", e.name);
+            // The allocator's own settings, read before `main`: the configuration page names them.
+            assert!(
+                readme.contains(&e.name),
+                "{} is not in docs/reference/configuration.md",
+                e.name
+            );
             continue;
         }
         assert!(
@@ -441,9 +447,24 @@ fn dockerfile_builds_the_binary_with_both_iptables_backends() {
     assert!(
         froms[0].contains("rust:") && froms[1].contains("debian:") && froms[1].contains("slim")
     );
+    // Pinned images and tools (a tag with a version, `package=version`), one build per
+    // architecture, the commit passed in (.git stays out of the context).
+    assert!(
+        froms
+            .iter()
+            .all(|f| f.split_whitespace().nth(1).is_some_and(|image| image
+                .split(':')
+                .nth(1)
+                .is_some_and(|tag| tag.chars().next().is_some_and(|c| c.is_ascii_digit())))),
+        "base images pinned to a version: {froms:?}"
+    );
     for needle in [
         "cargo build --release --locked",
-        "iptables ipset",
+        "iptables=",
+        "ipset=",
+        "ARG TARGETARCH",
+        "ARG NETPOL_GIT_COMMIT",
+        "COPY Cargo.toml Cargo.lock build.rs",
         "iptables-legacy-save",
         "iptables-nft-save",
         "ENTRYPOINT [\"/usr/local/bin/netpol-agent\"]",

@@ -18,7 +18,7 @@ use prometheus::{
 
 use crate::model::IpFamily;
 
-/// Every metric, by field. The README's metrics table lists the same names.
+/// Every metric, by field. docs/reference/metrics.md lists the same names.
 pub struct Metrics {
     registry: Registry,
     // iptables writer (labels: ip_version, table)
@@ -78,6 +78,8 @@ pub struct Metrics {
     /// Labels: direction (the side whose policy denies the flow now).
     pub conntrack_cuts: IntCounterVec,
     pub conntrack_errors: IntCounter,
+    /// 1, labelled with the version and the git commit the binary was built from.
+    pub build_info: IntGaugeVec,
 }
 
 /// The names of every metric, for documentation checks and tests.
@@ -109,6 +111,13 @@ pub const NAMES: &[&str] = &[
     "netpol_rejections_total",
     "netpol_rejected_objects",
     "netpol_local_pods_without_interface",
+    "netpol_build_info",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
 ];
 
 /// Metrics with a series only once something happened (a variable was ignored at start).
@@ -418,8 +427,20 @@ impl Metrics {
                 "netpol_conntrack_errors_total",
                 "conntrack listings or deletions that failed",
             ),
+            build_info: gauge_vec(
+                &r,
+                "netpol_build_info",
+                "1, labelled with the version and the git commit the binary was built from",
+                &["version", "commit"],
+            ),
             registry: r,
         };
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("NETPOL_GIT_COMMIT")])
+            .set(1);
+        m.registry
+            .register(Box::new(crate::telemetry::process::ProcessCollector::new()))
+            .expect("unique metric");
         // Series that exist from the start, so a scrape shows them at zero.
         for kind in ["Pod", "Namespace", "NetworkPolicy", "ClusterNetworkPolicy"] {
             m.rejected_objects.with_label_values(&[kind]).set(0);

@@ -4,3 +4,4 @@
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod process;
