@@ -288,7 +288,7 @@ fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
                 ips = ips.join(","),
                 interface = report.iface.as_deref().unwrap_or(""),
                 carriers = carriers.join("; "),
-                "local pod without a host interface for the grace period: {}; its address is reached through {}; FELIX_INTERFACEPREFIX={} and the naming scheme do not fit this node's CNI (README: Which resolver for my CNI), so its traffic meets none of its policy",
+                "local pod without a host interface for the grace period: {}; its address is reached through {}; FELIX_INTERFACEPREFIX={} and the naming scheme do not fit this node's CNI (docs/install.md: Choosing the configuration for your CNI), so its traffic meets none of its policy",
                 match &report.iface {
                     Some(i) => format!("it was named {i}, and no such interface exists"),
                     None => "no interface was found for it".into(),
