@@ -105,6 +105,10 @@ fn cut_connection(family: &str, node: &str, peer: &str) {
     let (node, peer) = (addr(node), addr(peer));
     let (tool, save) = tools(node);
     pair.restore(tool, &policy_rules());
+    // The UDP entry below must outlive the whole test: an unreplied UDP entry expires after
+    // 30 s, and under emulation (a TCG guest) the test takes longer than that. Per namespace.
+    pair.node
+        .sh_ok("sysctl -qw net.netfilter.nf_conntrack_udp_timeout=600");
 
     let listener = in_netns(&pair.node.name, || {
         TcpListener::bind(SocketAddr::new(node, PORT)).unwrap()

@@ -318,7 +318,11 @@ fn referenced_set_is_destroyed_once_iptables_lets_go() {
     // Both other sets sort after the referenced one: the refused destroy must not stop them.
     let v2 = desired(vec![net_set("cali40s:c-kept", &["10.0.0.3"])]);
     let dirty = all_names(&v1);
+    // The refusal's instant lies between these two (the back-off is measured from it); the
+    // checks below call ipset, which takes longer than a back-off under emulation (TCG).
+    let before = std::time::Instant::now();
     mgr.apply_removals(&v2, &dirty).unwrap();
+    let after = std::time::Instant::now();
     let present = set_names(&ns);
     assert!(present.contains("cali40s:a-used"), "still referenced");
     assert!(!present.contains("cali40s:b-free"));
@@ -328,16 +332,17 @@ fn referenced_set_is_destroyed_once_iptables_lets_go() {
     assert!(mgr.cached_names().contains(&"cali40s:a-used".to_string()));
 
     // Due again after the first back-off wait (200 ms), not at once.
-    let refused_at = std::time::Instant::now();
-    assert!(!mgr.destroy_retry_due(refused_at));
-    assert!(mgr.destroy_retry_due(refused_at + std::time::Duration::from_millis(250)));
+    let ms = std::time::Duration::from_millis;
+    assert!(!mgr.destroy_retry_due(before + ms(190)));
+    assert!(mgr.destroy_retry_due(after + ms(250)));
 
-    // Still referenced: retried, still refused, still fine; the next try waits longer.
+    // Still referenced: retried, still refused, still fine; the next try waits longer (400 ms).
+    let before = std::time::Instant::now();
     mgr.apply_removals(&v2, &BTreeSet::new()).unwrap();
+    let after = std::time::Instant::now();
     assert!(set_names(&ns).contains("cali40s:a-used"));
-    let refused_again = std::time::Instant::now();
-    assert!(!mgr.destroy_retry_due(refused_again + std::time::Duration::from_millis(250)));
-    assert!(mgr.destroy_retry_due(refused_again + std::time::Duration::from_millis(450)));
+    assert!(!mgr.destroy_retry_due(before + ms(390)));
+    assert!(mgr.destroy_retry_due(after + ms(450)));
 
     ns.sh_ok(&format!("iptables-legacy -D {rule}"));
     let calls = mgr.stats().restore_calls;

@@ -82,7 +82,27 @@ fn denied_probes_are_read_with_prefix_and_flow_within_a_second_nft() {
     denied_probes("nft");
 }
 
+/// Receive timestamps on while it lives. The kernel stamps a received packet (and so NFLOG
+/// sends `NFULA_TIMESTAMP` for it) only while some socket anywhere asked for timestamps
+/// (`SO_TIMESTAMP`: the global `netstamp_needed` key). A busy host always has one (chrony,
+/// dhclient, ...); a fresh VM has none, and then no message carries a timestamp (the agent
+/// then uses the time it read the message). This socket makes the test's premise hold.
+fn receive_timestamps_on() -> std::os::fd::OwnedFd {
+    use nix::sys::socket::{setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType};
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("a UDP socket");
+    setsockopt(&fd, sockopt::ReceiveTimestamp, &true).expect("SO_TIMESTAMP");
+    fd
+}
+
 fn denied_probes(backend: &str) {
+    // First: the kernel switches stamping on from a work queue, shortly after.
+    let _stamps = receive_timestamps_on();
     let pair = Pair::new(&format!("nflog-probes-{backend}"));
     pair.restore(
         &format!("iptables-{backend}"),

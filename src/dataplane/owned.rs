@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::iptables::parse::normalize_save_line;
 use super::iptables::Ownership;
 use crate::ipsets::set_family;
 use crate::model::IpFamily;
@@ -28,8 +29,10 @@ impl OwnedState {
     /// Adds what an `iptables-save` or `iptables-restore` text holds of ours: the chains
     /// `ownership` names ours, and our rules (those carrying our hash) in other chains.
     pub fn add_iptables(&mut self, text: &str, ownership: &Ownership) {
-        // iptables-nft-save 1.8.7 (Debian 11) ends a rule without a target with a space.
-        for line in text.lines().map(str::trim_end) {
+        // Read as the writer reads saves: iptables 1.8.7's quirks (a trailing space, two
+        // spaces after --nflog-prefix) are no difference.
+        for line in text.lines().map(normalize_save_line) {
+            let line = line.as_ref();
             if let Some(decl) = line.strip_prefix(':') {
                 let name = decl.split_whitespace().next().unwrap_or_default();
                 if ownership.owns_chain(name) {
@@ -357,6 +360,20 @@ mod tests {
         assert_eq!(a, b);
         b.add_ipsets("add cali40s:x 10.0.0.2\n", IpFamily::V4);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn two_spaces_after_the_nflog_prefix_are_no_difference() {
+        // iptables 1.8.7's NFLOG extension prints `--nflog-prefix  P`.
+        let text = |sep: &str| {
+            format!(
+                ":cali-tw-x - [0:0]\n-A cali-tw-x -m comment --comment \"cali:abc\" -j NFLOG --nflog-prefix{sep}npa-pol-in-cali-tw-x --nflog-size 128\n"
+            )
+        };
+        let (mut a, mut b) = (OwnedState::default(), OwnedState::default());
+        a.add_iptables(&text("  "), &OWNERSHIP);
+        b.add_iptables(&text(" "), &OWNERSHIP);
+        assert_eq!(a, b);
     }
 
     #[test]

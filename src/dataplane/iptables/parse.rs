@@ -77,6 +77,26 @@ impl TableState {
     }
 }
 
+/// One line of `iptables-save` output in the form current iptables (1.8.8 and later) prints
+/// it, so that one rule reads the same whatever release printed it:
+/// - iptables 1.8.7 (Debian 11, and the `-nft` tools' save) ends a rule without a target
+///   with a space;
+/// - its `NFLOG` extension prints two spaces after `--nflog-prefix` (both backends); a
+///   prefix that starts with a space is printed quoted, so two spaces there are never part
+///   of a prefix.
+///
+/// Without this, every deny-log rule would differ from what we render on such a node: the
+/// writer would replace it on every resync and `audit` would report it as drift.
+pub fn normalize_save_line(line: &str) -> std::borrow::Cow<'_, str> {
+    const NFLOG_PREFIX_1_8_7: &str = " --nflog-prefix  ";
+    let line = line.trim_end();
+    if line.contains(NFLOG_PREFIX_1_8_7) {
+        std::borrow::Cow::Owned(line.replace(NFLOG_PREFIX_1_8_7, " --nflog-prefix "))
+    } else {
+        std::borrow::Cow::Borrowed(line)
+    }
+}
+
 /// Parses the `*<table>` section of `iptables-save` output: `:NAME` lines declare chains,
 /// `-A NAME ...` lines are rules (a `[packets:bytes]` counter prefix is skipped). Output
 /// without the table (nft before the table exists) is an empty table. felix treats the nft
@@ -99,7 +119,8 @@ pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Re
             Ok(line) => (std::borrow::Cow::Borrowed(line), false),
             Err(_) => (String::from_utf8_lossy(raw), true),
         };
-        let line = line.trim_end();
+        let line = normalize_save_line(&line);
+        let line = line.as_ref();
         if line.starts_with('#') {
             if line.contains("incompatible") {
                 return Err(anyhow!("save output says: {line}"));
@@ -163,6 +184,27 @@ mod tests {
     use super::*;
 
     use crate::agent::OWNERSHIP as OURS;
+
+    #[test]
+    fn iptables_1_8_7_save_quirks_read_as_current_releases_print_them() {
+        // iptables 1.8.7 (Debian 11): two spaces after --nflog-prefix, a space after a rule
+        // without a target.
+        let body = "-m comment --comment \"cali:pg3uRULqBTW_Hg5S\" -m limit --limit 10/sec \
+                    --limit-burst 20 -j NFLOG --nflog-prefix npa-pol-in-cali-tw-x --nflog-group 1 \
+                    --nflog-size 128";
+        let old = body.replace("--nflog-prefix ", "--nflog-prefix  ");
+        let quoted = "-j NFLOG --nflog-prefix \" x\" --nflog-group 2";
+        let save = format!(
+            "*filter\n:cali-tw-x - [0:0]\n-A cali-tw-x {old}\n-A cali-tw-x -m comment --comment \"cali:abc\" \n-A cali-tw-x {quoted}\nCOMMIT\n"
+        );
+        let state = parse_save(save.as_bytes(), "filter", OURS).unwrap();
+        let bodies: Vec<&str> = state.chains["cali-tw-x"]
+            .iter()
+            .map(|r| r.body.as_str())
+            .collect();
+        assert_eq!(bodies, [body, "-m comment --comment \"cali:abc\"", quoted]);
+        assert_eq!(normalize_save_line(body), body);
+    }
 
     #[test]
     fn garbage_in_the_counters_does_not_make_our_rule_foreign() {
