@@ -29,6 +29,7 @@ use crate::iface_naming::{
 };
 use crate::model::IpFamily;
 use crate::rules::deny_log::{DenyLogConfig, Rate, RateUnit, DEFAULT_SNAP_LEN};
+use crate::rules::flow_log::FlowLogConfig;
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
 };
@@ -200,6 +201,31 @@ pub fn parse_deny_log_burst(text: &str) -> Result<u32, String> {
     }
 }
 
+/// A flow-log rate: `N` new connections per second per pod and direction (or `N/sec`),
+/// 1 ..= 10000. Only per second: `iptables-save` prints hashlimit's other units with extra
+/// options (see `rules::flow_log`).
+pub fn parse_flow_log_rate(text: &str) -> Result<u32, String> {
+    const FORMS: &str =
+        "accepted values: new connections per second per pod, 1 to 10000 (100, or 100/sec)";
+    let t = text.trim();
+    let count = match t.split_once('/') {
+        Some((n, u))
+            if matches!(
+                u.trim().to_ascii_lowercase().as_str(),
+                "s" | "sec" | "second"
+            ) =>
+        {
+            n.trim()
+        }
+        Some(_) => return Err(format!("only a rate per second is accepted; {FORMS}")),
+        None => t,
+    };
+    match count.parse::<u32>() {
+        Ok(n) if (1..=crate::rules::flow_log::MAX_RATE).contains(&n) => Ok(n),
+        _ => Err(FORMS.into()),
+    }
+}
+
 /// An NFLOG group: 0 ..= 65535.
 pub fn parse_nflog_group(text: &str) -> Result<u16, String> {
     text.trim()
@@ -234,8 +260,6 @@ const FELIX_ONLY_PARAMS: &[&str] = &[
     "FELIX_ETCDENDPOINTS",
     "FELIX_FAILSAFEINBOUNDHOSTPORTS",
     "FELIX_FAILSAFEOUTBOUNDHOSTPORTS",
-    "FELIX_FLOWLOGSENABLED",
-    "FELIX_FLOWLOGSFLUSHINTERVAL",
     "FELIX_FLOWLOGSGOLDMANESERVER",
     "FELIX_GENERICXDPENABLED",
     "FELIX_HEALTHTIMEOUTOVERRIDES",
@@ -610,6 +634,10 @@ pub struct AgentOptions {
     /// the flow within the window are counted, not logged.
     #[arg(long, env = "FELIX_DENYLOGDEDUPWINDOW", default_value = "5", value_parser = parse_timeout)]
     pub deny_log_dedup_window: Duration,
+    /// Flow logs: seconds of traffic one flow record aggregates (felix's
+    /// FlowLogsFlushInterval, same default).
+    #[arg(long, env = "FELIX_FLOWLOGSFLUSHINTERVAL", default_value = "300", value_parser = parse_timeout)]
+    pub flow_logs_flush_interval: Duration,
     /// Export per-policy packet and byte counters of the allow rules, read from the kernel's
     /// rule counters on a timer.
     #[arg(long, env = "FELIX_POLICYCOUNTERSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
@@ -751,6 +779,22 @@ pub struct RuleOptions {
     /// Deny logging: packets logged per pod and direction in a burst before the rate applies.
     #[arg(long, env = "FELIX_DENYLOGBURST", default_value = "20", value_parser = parse_deny_log_burst)]
     pub deny_log_burst: u32,
+    /// Flow logs: an NFLOG copy of the first packet of each new connection at the rule that
+    /// decides it (allowed and denied), aggregated into flow records (docs/operations/flow-logs.md).
+    #[arg(long, env = "FELIX_FLOWLOGSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub flow_logs_enabled: bool,
+    /// Flow logs: the NFLOG group their rules send to and the agent reads (netpol-agent's own
+    /// setting; not the deny log's group, and no other program may hold it).
+    #[arg(long, env = "FELIX_FLOWLOGSNFLOGGROUP", default_value = "21", value_parser = parse_nflog_group)]
+    pub flow_logs_nflog_group: u16,
+    /// Flow logs: new connections logged per pod and direction per second, on average
+    /// (netpol-agent's own setting; -m hashlimit keyed by the pod's address).
+    #[arg(long, env = "FELIX_FLOWLOGSPERPODRATE", default_value = "100", value_parser = parse_flow_log_rate)]
+    pub flow_logs_per_pod_rate: u32,
+    /// Flow logs: new connections logged per pod and direction in a burst before the rate
+    /// applies (netpol-agent's own setting).
+    #[arg(long, env = "FELIX_FLOWLOGSPERPODBURST", default_value = "200", value_parser = parse_deny_log_burst)]
+    pub flow_logs_per_pod_burst: u32,
     /// Anti-spoofing: Disabled (pods may send only from their own addresses; packets from a
     /// pod's interface with another source are dropped) or Any (no source check, for CNIs
     /// whose pods legitimately send from other addresses).
@@ -799,7 +843,48 @@ impl RuleOptions {
             },
             bridge: self.bridge(),
             deny_log: self.deny_log()?,
+            flow_log: self.flow_log()?,
             workload_source_check: self.workload_source_spoofing == SourceSpoofing::Disabled,
+        })
+    }
+
+    /// The flow-log rule settings, `None` when flow logs are off.
+    pub fn flow_log(&self) -> Result<Option<FlowLogConfig>, ConfigError> {
+        if !self.flow_logs_enabled {
+            return Ok(None);
+        }
+        if self.deny_log_enabled && self.deny_log_nflog_group == self.flow_logs_nflog_group {
+            return Err(ConfigError(format!(
+                "FELIX_FLOWLOGSNFLOGGROUP (--flow-logs-nflog-group) {} is also FELIX_DENYLOGNFLOGGROUP; flow logs need a group of their own",
+                self.flow_logs_nflog_group
+            )));
+        }
+        FlowLogConfig::new(
+            self.flow_logs_nflog_group,
+            self.flow_logs_per_pod_rate,
+            self.flow_logs_per_pod_burst,
+            DEFAULT_SNAP_LEN,
+        )
+        .map(Some)
+        .map_err(|e| {
+            ConfigError(format!(
+                "FELIX_FLOWLOGSPERPODRATE (--flow-logs-per-pod-rate) with FELIX_FLOWLOGSPERPODBURST (--flow-logs-per-pod-burst): {e}"
+            ))
+        })
+    }
+
+    /// The IPVS rule settings, with the endpoint-mark bits carved from the mark mask (refused
+    /// when too few are left).
+    pub fn kube_ipvs_config(&self, marks: &MarkBits) -> Result<IpvsConfig, ConfigError> {
+        IpvsConfig::new(
+            self.iptables_mark_mask,
+            marks,
+            self.kube_node_port_ranges.0.clone(),
+        )
+        .map_err(|e| {
+            ConfigError(format!(
+                "FELIX_IPTABLESMARKMASK (--iptables-mark-mask) with kube-proxy IPVS support: {e}"
+            ))
         })
     }
 

@@ -56,7 +56,7 @@ use netpol_agent::telemetry::http;
 use netpol_agent::traffic::counters::CounterSettings;
 use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
-use netpol_agent::traffic::{Traffic, TrafficConfig};
+use netpol_agent::traffic::{flow_log, Traffic, TrafficConfig};
 
 /// Exit status of `run` when the preflight checks refuse the node.
 const EXIT_REFUSED: u8 = 3;
@@ -93,7 +93,7 @@ enum Command {
     /// Remove every chain, kernel-chain rule and IP set netpol-agent owns, and nothing else.
     Cleanup(CleanupArgs),
     /// Print the ipset and iptables-restore input a node needs for a set of manifests.
-    Compile(CompileArgs),
+    Compile(Box<CompileArgs>),
     /// Why a flow is allowed or denied: per side, the policy, rule, peer and port that decided
     /// (or the closest misses), and the rules implementing it; --kernel follows the packet
     /// through what a node's kernel holds.
@@ -173,7 +173,7 @@ fn main() -> ExitCode {
             run(*args)
         }
         Command::Cleanup(args) => cleanup(args),
-        Command::Compile(args) => compile(args),
+        Command::Compile(args) => compile(*args),
         Command::Explain(args) => return inspect::explain::run(&args),
         Command::Audit(args) => return inspect::audit::run(&args),
     };
@@ -312,8 +312,20 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     if opts.prometheus_metrics_enabled {
         http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
     }
+    // Flow logs: GET /flows on the health server, answered once the reader runs.
+    let flows_slot: Arc<flow_log::FlowsSlot> = Arc::default();
     if opts.health_enabled {
-        http::serve_health(&opts.health_host, opts.health_port, health.clone())?;
+        if args.rules.flow_logs_enabled {
+            let slot = flows_slot.clone();
+            http::serve_health_with(
+                &opts.health_host,
+                opts.health_port,
+                health.clone(),
+                move |path, query| flow_log::route(&slot, path, query),
+            )?;
+        } else {
+            http::serve_health(&opts.health_host, opts.health_port, health.clone())?;
+        }
     }
 
     // The datastore starts before anything reads the kernel: a source that cannot start
@@ -387,6 +399,12 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
                 snap_len: d.snap_len(),
                 dedup_window: opts.deny_log_dedup_window,
             }),
+            flow_log: args.rules.flow_log()?.map(|f| flow_log::FlowLogSettings {
+                node: node.clone(),
+                group: f.group(),
+                snap_len: f.snap_len(),
+                flush_interval: opts.flow_logs_flush_interval,
+            }),
             counters: Some(CounterSettings {
                 xtables: match dataplane_cfg.backend {
                     Backend::Legacy => Xtables::Legacy,
@@ -404,6 +422,9 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         stop.clone(),
     )?;
+    if let Some(flows) = traffic.flows() {
+        let _ = flows_slot.set(flows);
+    }
     info!(node, datastore, "netpol-agent running");
     agent::run(
         graph,

@@ -10,6 +10,7 @@ use crate::model::{IpFamily, ObjectKey};
 
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
 use super::deny_log::{self, DropKind};
+use super::flow_log::{FlowAction, FlowPrefix};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
@@ -399,6 +400,25 @@ enum Section<'a> {
     Network(&'a [ObjectKey]),
 }
 
+/// The flow-log copy of a workload chain's decision (`None` with flow logs off).
+fn flow_log_copy(
+    cfg: &RuleConfig,
+    rule: &Rule,
+    action: FlowAction,
+    direction: Direction,
+    chain: &str,
+) -> Option<Rule> {
+    cfg.flow_log.as_ref()?.copy_of(
+        rule,
+        &FlowPrefix {
+            action,
+            direction,
+            rule: None,
+            chain: chain.to_string(),
+        },
+    )
+}
+
 /// A workload chain: conntrack, then per tier that has policies in this direction felix's
 /// section (clear the pass bit, each policy's jump guarded by "not passed" and followed by
 /// "Return if policy accepted"), the NetworkPolicy section ending with its drop (the pod is
@@ -513,12 +533,17 @@ fn endpoint_rules(
                         || RuleRole::ReturnIfPolicyAccepted { policy: p.clone() },
                     );
                 }
+                let drop = Rule::new(deny(cfg))
+                    .comment("Drop if no policies passed packet")
+                    .mark_match(0, m.pass);
+                // Flow logs: "isolated, no rule allowed" (ahead of the deny log's copy).
+                if let Some(copy) = flow_log_copy(cfg, &drop, FlowAction::Deny, direction, chain) {
+                    rules.push(copy, || RuleRole::FlowLog);
+                }
                 deny_log::push_logged_drop(
                     rules,
                     cfg.deny_log.as_ref(),
-                    Rule::new(deny(cfg))
-                        .comment("Drop if no policies passed packet")
-                        .mark_match(0, m.pass),
+                    drop,
                     DropKind::Policy,
                     direction,
                     chain,
@@ -527,10 +552,15 @@ fn endpoint_rules(
             }
         }
     }
-    rules.push(
-        Rule::new(Action::Jump(profile_chain(direction, namespace))),
-        || RuleRole::JumpToProfile,
-    );
+    let to_profile = Rule::new(Action::Jump(profile_chain(direction, namespace)));
+    // Flow logs: no NetworkPolicy isolates the pod in this direction, so the profile decides.
+    if tiers.network.is_empty() {
+        if let Some(copy) = flow_log_copy(cfg, &to_profile, FlowAction::NoPolicy, direction, chain)
+        {
+            rules.push(copy, || RuleRole::FlowLog);
+        }
+    }
+    rules.push(to_profile, || RuleRole::JumpToProfile);
     rules.push(
         Rule::new(Action::Return)
             .comment("Return if profile accepted")

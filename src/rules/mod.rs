@@ -18,6 +18,7 @@ pub mod chains;
 pub mod cluster;
 pub mod counted;
 pub mod deny_log;
+pub mod flow_log;
 pub mod dispatch;
 pub mod policy;
 pub mod provenance;
@@ -153,6 +154,9 @@ pub struct RuleConfig {
     /// Deny logging: an NFLOG rule before every drop policy makes (see
     /// [`deny_log::logged_drop`]). `None` renders no log rule anywhere.
     pub deny_log: Option<deny_log::DenyLogConfig>,
+    /// Flow logging: an NFLOG copy of each new connection at the rule that decides it (see
+    /// [`flow_log`]). `None` renders no flow-log rule anywhere.
+    pub flow_log: Option<flow_log::FlowLogConfig>,
     /// Anti-spoofing: each pod's `cali-fw-` chain first drops packets whose source is not one
     /// of the pod's own addresses (felix's `WorkloadSourceSpoofing=Disabled`, see
     /// `chains::source_check`). Off only for CNIs whose pods legitimately send from other
@@ -171,6 +175,7 @@ impl Default for RuleConfig {
             insert_mode: ChainInsertMode::Insert,
             bridge: None,
             deny_log: None,
+            flow_log: None,
             workload_source_check: true,
         }
     }

@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::ipsets::SetDef;
 use crate::model::{IpFamily, NamespaceScope, Peer, PolicyInfo, PolicyRule, PortMatch, Protocol};
 
+use super::flow_log::{self, FlowAction, FlowPrefix};
 use super::provenance::{
     traced, ChainRole, PolicyRuleRole, PolicyStep, PortsRole, Rendered, RuleList, RuleRole,
     TracedChain,
@@ -320,7 +321,7 @@ fn render_policy(
         let mut rules = RuleList::new(traced);
         for rule in &dplan.rules {
             let source = krules.as_ref().and_then(|r| r.get(rule.source.rule));
-            render_rule(cfg, family, dir, rule, source, set_name, &mut rules);
+            render_rule(cfg, family, dir, &name, rule, source, set_name, &mut rules);
         }
         let description = format!(
             "KubernetesNetworkPolicy {}/{} {}",
@@ -395,10 +396,12 @@ fn ports_role(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn render_rule(
     cfg: &RuleConfig,
     family: IpFamily,
     dir: Direction,
+    chain: &str,
     rule: &PlannedRule,
     source: Option<&PolicyRule>,
     set_name: &dyn Fn(&SetDef) -> String,
@@ -491,11 +494,23 @@ fn render_rule(
         if needs_scratch {
             allow = allow.mark_match(marks.scratch0, marks.scratch0);
         }
-        out.push(allow, || {
-            role(PolicyStep::Allow {
-                ports: ports_role(rule.protocol, ports, source),
-            })
-        });
+        // Flow logs: the copy before the allow matches exactly what the allow matches.
+        flow_log::push_with_copy(
+            out,
+            cfg.flow_log.as_ref(),
+            allow,
+            || FlowPrefix {
+                action: FlowAction::Allow,
+                direction: dir,
+                rule: Some(rule.source.rule),
+                chain: chain.to_string(),
+            },
+            || {
+                role(PolicyStep::Allow {
+                    ports: ports_role(rule.protocol, ports, source),
+                })
+            },
+        );
         out.push(
             Rule::new(Action::Return).mark_match(marks.accept, marks.accept),
             || role(PolicyStep::ReturnIfAllowed),

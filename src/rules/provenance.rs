@@ -170,6 +170,9 @@ pub enum RuleRole {
     UnknownAddress,
     /// Deny logging: the rate-limited NFLOG copy of the drop right after it.
     DenyLog,
+    /// Flow logging: the rate-limited NFLOG copy of the decision right after it
+    /// (`rules::flow_log`).
+    FlowLog,
     // Workload chains.
     /// Anti-spoofing: drops what a pod sends from an address not its own (`own`, this
     /// family; the rule, or each rule of the several-address form).
@@ -451,6 +454,9 @@ pub fn describe_rule<'a>(
         }
         RuleRole::UnknownAddress => "drop: routed to no local pod's address".into(),
         RuleRole::DenyLog => "deny log: NFLOG the packet the next rule drops (rate-limited)".into(),
+        RuleRole::FlowLog => {
+            "flow log: NFLOG the new connection the next rule decides (rate-limited per pod)".into()
+        }
         RuleRole::DropSpoofedSource { own } => {
             if own.is_empty() {
                 "anti-spoofing: drop, the pod has no address of this family".into()

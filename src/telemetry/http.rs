@@ -23,7 +23,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn text(status: u16, body: impl Into<String>) -> Reply {
+    pub fn text(status: u16, body: impl Into<String>) -> Reply {
         let mut body = body.into();
         body.push('\n');
         Reply {
@@ -34,11 +34,11 @@ impl Reply {
     }
 }
 
-/// Binds `host:port` and answers requests from a background thread with `route(path)`
+/// Binds `host:port` and answers requests from a background thread with `route(path, query)`
 /// (`None`: 404). Returns the bound address (port 0 picks a free one).
 pub fn serve<F>(name: &str, host: &str, port: u16, route: F) -> anyhow::Result<SocketAddr>
 where
-    F: Fn(&str) -> Option<Reply> + Send + 'static,
+    F: Fn(&str, &str) -> Option<Reply> + Send + 'static,
 {
     let addr = (host, port)
         .to_socket_addrs()
@@ -57,8 +57,9 @@ where
             for request in server.incoming_requests() {
                 let reply = match request.method() {
                     Method::Get | Method::Head => {
-                        let path = request.url().split('?').next().unwrap_or_default();
-                        route(path).unwrap_or_else(|| Reply::text(404, "not found"))
+                        let (path, query) =
+                            request.url().split_once('?').unwrap_or((request.url(), ""));
+                        route(path, query).unwrap_or_else(|| Reply::text(404, "not found"))
                     }
                     _ => Reply::text(405, "only GET and HEAD"),
                 };
@@ -78,7 +79,7 @@ where
 
 /// `/metrics` in Prometheus' text format.
 pub fn serve_metrics(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
-    serve("metrics", host, port, |path| {
+    serve("metrics", host, port, |path, _| {
         (path == "/metrics").then(|| Reply {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
@@ -89,11 +90,21 @@ pub fn serve_metrics(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
 
 /// `/liveness` and `/readiness`: 200 or 503 with a line saying why.
 pub fn serve_health(host: &str, port: u16, health: Arc<Health>) -> anyhow::Result<SocketAddr> {
-    serve("health", host, port, move |path| {
+    serve_health_with(host, port, health, |_, _| None)
+}
+
+/// [`serve_health`] plus the paths `extra` answers (the flows API, `traffic::flow_log`).
+pub fn serve_health_with(
+    host: &str,
+    port: u16,
+    health: Arc<Health>,
+    extra: impl Fn(&str, &str) -> Option<Reply> + Send + 'static,
+) -> anyhow::Result<SocketAddr> {
+    serve("health", host, port, move |path, query| {
         let (ok, why) = match path {
             "/liveness" => health.liveness(),
             "/readiness" => health.readiness(),
-            _ => return None,
+            _ => return extra(path, query),
         };
         Some(Reply::text(if ok { 200 } else { 503 }, why))
     })

@@ -63,6 +63,10 @@ pub struct Metrics {
     pub deny_log_undecodable: IntCounter,
     pub deny_log_lines: IntCounter,
     pub deny_log_suppressed: IntCounter,
+    // flow logs (FELIX_FLOWLOGSENABLED)
+    pub flow_log_messages: IntCounter,
+    pub flow_log_lost: IntCounter,
+    pub flow_log_overruns: IntCounter,
     /// Labels: namespace, pod, direction (local pods only; series of pods gone are removed).
     pub denied_packets: IntCounterVec,
     /// Labels: direction.
@@ -132,6 +136,9 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_deny_log_undecodable_total",
     "netpol_deny_log_lines_total",
     "netpol_deny_log_suppressed_total",
+    "netpol_flow_log_messages_total",
+    "netpol_flow_log_lost_total",
+    "netpol_flow_log_overruns_total",
     "netpol_denied_packets_total",
     "netpol_denied_unknown_interface_packets_total",
     "netpol_policy_packets_total",
@@ -355,6 +362,21 @@ impl Metrics {
                 &r,
                 "netpol_deny_log_overruns_total",
                 "receive-buffer overruns (ENOBUFS) on the deny-log socket",
+            ),
+            flow_log_messages: counter(
+                &r,
+                "netpol_flow_log_messages_total",
+                "NFLOG messages (logged first packets of new connections) read from the flow-log group",
+            ),
+            flow_log_lost: counter(
+                &r,
+                "netpol_flow_log_lost_total",
+                "flow-log NFLOG messages the kernel sent that never arrived (gaps in the group's sequence numbers)",
+            ),
+            flow_log_overruns: counter(
+                &r,
+                "netpol_flow_log_overruns_total",
+                "receive-buffer overruns (ENOBUFS) on the flow-log socket",
             ),
             deny_log_undecodable: counter(
                 &r,

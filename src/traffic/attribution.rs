@@ -13,12 +13,13 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::calc_graph::EndpointView;
 use crate::model::{ObjectKey, Tier};
 use crate::rules::cluster::cluster_policy_chain;
-use crate::rules::{from_workload_chain, to_workload_chain, Direction};
+use crate::rules::{from_workload_chain, policy_chain, to_workload_chain, Direction};
 
 /// The local pod a `cali-tw-`/`cali-fw-` chain belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +44,8 @@ pub struct ClusterChainOwner {
 pub struct LocalChains {
     by_chain: HashMap<String, ChainOwner>,
     cluster: HashMap<String, ClusterChainOwner>,
+    /// Policy chain (`cali-pi-`/`cali-po-`) → its NetworkPolicy (flow logs; empty otherwise).
+    policies: HashMap<String, ObjectKey>,
 }
 
 impl LocalChains {
@@ -69,7 +72,25 @@ impl LocalChains {
         LocalChains {
             by_chain,
             cluster: HashMap::new(),
+            policies: HashMap::new(),
         }
+    }
+
+    /// Adds the chains of these NetworkPolicies, both directions (their names may be hashed,
+    /// so only this map reads them back).
+    pub fn with_policies(mut self, policies: impl IntoIterator<Item = ObjectKey>) -> LocalChains {
+        for p in policies {
+            for dir in [Direction::Ingress, Direction::Egress] {
+                self.policies
+                    .insert(policy_chain(dir, &p.namespace, &p.name), p.clone());
+            }
+        }
+        self
+    }
+
+    /// The NetworkPolicy whose chain this is.
+    pub fn policy_of_chain(&self, chain: &str) -> Option<&ObjectKey> {
+        self.policies.get(chain)
     }
 
     /// Adds the chains of these ClusterNetworkPolicies (tier, name), both directions.
@@ -168,6 +189,9 @@ impl Addresses {
 pub struct Attribution {
     chains: RwLock<Arc<LocalChains>>,
     addresses: RwLock<Addresses>,
+    /// Bumped by every address update: a reader holding lines back for an unknown address
+    /// looks again only when this moved.
+    address_generation: AtomicU64,
 }
 
 impl Attribution {
@@ -193,6 +217,12 @@ impl Attribution {
         for (pod, old, new) in changes {
             addresses.set(pod, old, new);
         }
+        self.address_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many address updates were applied so far.
+    pub fn address_generation(&self) -> u64 {
+        self.address_generation.load(Ordering::Acquire)
     }
 
     pub fn pod_of(&self, ip: &IpAddr) -> Option<ObjectKey> {

@@ -44,6 +44,86 @@ use super::attribution::{Attribution, LocalChains};
 /// pods denied at once; past it, lines are written without being deduplicated.
 pub const DEDUP_CAPACITY: usize = 65_536;
 
+/// How long a line whose peer address names no pod waits for the agent to learn one. The
+/// kernel's decision does not wait for the agent: a policy that denies everything drops
+/// packets to a pod created a moment ago on another node before this agent has read the new
+/// pod from the datastore (issue 22: the source's node named a new destination by its
+/// address in 2 of 6 runs, because nothing on that node's kernel changes for the new pod, so
+/// it counted as converged before its agent had seen the pod). Lines for known pods are not
+/// delayed; lines for addresses that are no pod are written this much later.
+pub const NAME_GRACE: Duration = Duration::from_millis(500);
+/// The most lines held back at once; past it, lines are written as they are.
+pub const HOLD_CAPACITY: usize = 4096;
+
+/// Lines held back until their unknown peer address is named or [`NAME_GRACE`] passed. The
+/// lines are attributed again (with the agent's current knowledge) only when the address map
+/// changed or a deadline passed. Generic over what is held so the reader and tests share it.
+#[derive(Debug)]
+pub struct HoldBack<T> {
+    held: std::collections::VecDeque<(Instant, T)>,
+    generation: u64,
+    grace: Duration,
+}
+
+impl<T> HoldBack<T> {
+    pub fn new(grace: Duration) -> HoldBack<T> {
+        HoldBack {
+            held: std::collections::VecDeque::new(),
+            generation: 0,
+            grace,
+        }
+    }
+
+    /// Holds `item` if there is room (`Err(item)` back when not: write it now).
+    pub fn hold(&mut self, item: T, now: Instant) -> Result<(), T> {
+        if self.held.len() >= HOLD_CAPACITY {
+            return Err(item);
+        }
+        self.held.push_back((now + self.grace, item));
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Hands out, in arrival order, the items `named` now accepts (the address map moved since
+    /// the last look, `generation`) and the ones whose grace ran out (`named` is then told
+    /// `expired`). `named` returns true when the item is ready to be written.
+    pub fn release(
+        &mut self,
+        now: Instant,
+        generation: u64,
+        mut ready: impl FnMut(&T, bool) -> bool,
+        mut write: impl FnMut(T),
+    ) {
+        let moved = generation != self.generation;
+        self.generation = generation;
+        if self.held.is_empty() || (!moved && self.held.front().is_some_and(|(d, _)| *d > now)) {
+            return;
+        }
+        let mut keep = std::collections::VecDeque::with_capacity(self.held.len());
+        for (deadline, item) in self.held.drain(..) {
+            let expired = deadline <= now;
+            if (moved || expired) && ready(&item, expired) {
+                write(item);
+            } else {
+                keep.push_back((deadline, item));
+            }
+        }
+        self.held = keep;
+    }
+}
+
+/// Whether both ends of a line are named (a pod), so holding it back would gain nothing.
+pub fn fully_named(d: &DeniedFlow) -> bool {
+    matches!((&d.src, &d.dst), (Peer::Pod(_), Peer::Pod(_)))
+}
+
 /// The `tracing` target of deny lines.
 pub const TARGET: &str = "deny_log";
 
@@ -194,6 +274,15 @@ pub fn emit(node: &str, d: &DeniedFlow, suppressed_before: u64) {
     );
 }
 
+/// A line waiting for its peer to be named.
+#[derive(Debug)]
+struct Held {
+    prefix: LogPrefix,
+    flow: Flow,
+    at: SystemTime,
+    suppressed_before: u64,
+}
+
 /// What the sink keeps between packets (on the reader thread).
 struct Sink {
     node: String,
@@ -201,6 +290,39 @@ struct Sink {
     dedup: Dedup<(DropKind, Direction, String, Flow)>,
     foreign: Arc<AtomicU64>,
     undecodable: Arc<AtomicU64>,
+    held: HoldBack<Held>,
+}
+
+impl nflog::PacketSink for Sink {
+    fn packet(&mut self, packet: LogPacket) {
+        Sink::packet(self, packet)
+    }
+
+    fn tick(&mut self) {
+        let generation = self.attribution.address_generation();
+        let attribution = &self.attribution;
+        let node = &self.node;
+        self.held.release(
+            Instant::now(),
+            generation,
+            |h, expired| {
+                expired || {
+                    let chains = attribution.chains();
+                    fully_named(&attribute(&h.prefix, h.flow, h.at, &chains, |ip| {
+                        attribution.pod_of(ip)
+                    }))
+                }
+            },
+            |h| {
+                let chains = attribution.chains();
+                let denied = attribute(&h.prefix, h.flow, h.at, &chains, |ip| {
+                    attribution.pod_of(ip)
+                });
+                emit(node, &denied, h.suppressed_before);
+                metrics::global().deny_log_lines.inc();
+            },
+        );
+    }
 }
 
 impl Sink {
@@ -231,6 +353,17 @@ impl Sink {
         let chains = self.attribution.chains();
         let at = packet.timestamp.unwrap_or_else(SystemTime::now);
         let denied = attribute(&prefix, flow, at, &chains, |ip| self.attribution.pod_of(ip));
+        if !fully_named(&denied) {
+            let held = Held {
+                prefix,
+                flow,
+                at,
+                suppressed_before,
+            };
+            if self.held.hold(held, Instant::now()).is_ok() {
+                return;
+            }
+        }
         emit(&self.node, &denied, suppressed_before);
         m.deny_log_lines.inc();
     }
@@ -249,20 +382,21 @@ impl DenyLog {
         settings: &DenyLogSettings,
         attribution: Arc<Attribution>,
     ) -> Result<DenyLog, nflog::Error> {
-        let mut sink = Sink {
+        let sink = Sink {
             node: settings.node.clone(),
             attribution,
             dedup: Dedup::new(settings.dedup_window, DEDUP_CAPACITY),
             foreign: Arc::new(AtomicU64::new(0)),
             undecodable: Arc::new(AtomicU64::new(0)),
+            held: HoldBack::new(NAME_GRACE),
         };
-        let reader = Reader::spawn(
+        let reader = Reader::spawn_sink(
             Config {
                 group: settings.group,
                 snap_len: settings.snap_len,
                 ..Config::default()
             },
-            move |packet| sink.packet(packet),
+            sink,
         )?;
         Ok(DenyLog {
             reader,
@@ -468,5 +602,110 @@ mod tests {
             lookup,
         );
         assert_eq!(d.reason, Reason::ChainGone);
+    }
+}
+
+#[cfg(test)]
+mod hold_tests {
+    use super::*;
+
+    #[test]
+    fn held_lines_wait_for_a_name_or_their_grace_and_keep_their_order() {
+        let t0 = Instant::now();
+        let mut h = HoldBack::new(Duration::from_millis(500));
+        h.hold("a", t0).unwrap();
+        h.hold("b", t0 + Duration::from_millis(100)).unwrap();
+        let mut out = Vec::new();
+        // Nothing moved and no deadline passed: nobody is looked at.
+        h.release(
+            t0 + Duration::from_millis(10),
+            0,
+            |_, _| panic!("looked"),
+            |x| out.push(x),
+        );
+        assert!(out.is_empty());
+        // The address map moved and named "b" only.
+        h.release(
+            t0 + Duration::from_millis(200),
+            1,
+            |x, _| *x == "b",
+            |x| out.push(x),
+        );
+        assert_eq!(out, vec!["b"]);
+        assert_eq!(h.len(), 1);
+        // "a"'s grace ran out: written whatever it is.
+        h.release(
+            t0 + Duration::from_millis(500),
+            1,
+            |_, expired| expired,
+            |x| out.push(x),
+        );
+        assert_eq!(out, vec!["b", "a"]);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn a_full_hold_writes_at_once() {
+        let t0 = Instant::now();
+        let mut h = HoldBack::new(NAME_GRACE);
+        for i in 0..HOLD_CAPACITY {
+            h.hold(i, t0).unwrap();
+        }
+        assert_eq!(h.hold(HOLD_CAPACITY, t0), Err(HOLD_CAPACITY));
+    }
+
+    #[test]
+    fn a_new_remote_pod_learned_after_the_drop_is_named_in_the_line() {
+        // The source's node: x/c's egress chain dropped a packet to 10.244.2.11 before the
+        // agent had read y/c; the address arrives while the line is held.
+        use crate::calc_graph::EndpointView;
+        let client = ObjectKey::new("x", "c");
+        let attribution = Attribution::default();
+        attribution.publish_chains(LocalChains::from_views(vec![EndpointView {
+            key: &client,
+            iface: "cali1",
+            ingress: vec![],
+            egress: vec![ObjectKey::new("x", "deny-egress")],
+        }]));
+        let prefix = LogPrefix::parse("npa-pol-eg-cali-fw-cali1").unwrap();
+        let flow = Flow {
+            src: "10.244.1.5".parse().unwrap(),
+            dst: "10.244.2.11".parse().unwrap(),
+            protocol: 6,
+            l4: L4::Ports {
+                src: 40000,
+                dst: 80,
+            },
+        };
+        let at = SystemTime::UNIX_EPOCH;
+        let now = || {
+            let chains = attribution.chains();
+            attribute(&prefix, flow, at, &chains, |ip| attribution.pod_of(ip))
+        };
+        let first = now();
+        assert_eq!(first.dst.to_string(), "10.244.2.11");
+        assert!(!fully_named(&first));
+        let t0 = Instant::now();
+        let mut h = HoldBack::new(NAME_GRACE);
+        h.hold((), t0).unwrap();
+        let mut written = Vec::new();
+        h.release(
+            t0,
+            attribution.address_generation(),
+            |_, e| e || fully_named(&now()),
+            |_| written.push(now()),
+        );
+        assert!(written.is_empty(), "held while unknown");
+        let y = ObjectKey::new("y", "c");
+        attribution.update_addresses([(&y, &[][..], &["10.244.2.11".parse().unwrap()][..])]);
+        h.release(
+            t0 + Duration::from_millis(50),
+            attribution.address_generation(),
+            |_, e| e || fully_named(&now()),
+            |_| written.push(now()),
+        );
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].dst.to_string(), "y/c");
+        assert_eq!(written[0].src.to_string(), "x/c");
     }
 }

@@ -10,6 +10,7 @@ pub mod attribution;
 pub mod counters;
 pub mod cutter;
 pub mod deny_log;
+pub mod flow_log;
 pub mod reevaluate;
 
 use std::collections::HashMap;
@@ -31,12 +32,15 @@ use attribution::{Attribution, LocalChains};
 use counters::{CounterPlan, CounterSettings, PlanSlot};
 use cutter::{Cutter, CutterSettings, Job};
 use deny_log::{DenyLog, DenyLogSettings};
+use flow_log::{FlowLog, FlowLogSettings};
 use reevaluate::Change;
 
 /// What to start: deny logging, rule counters, both or neither.
 #[derive(Clone, Debug, Default)]
 pub struct TrafficConfig {
     pub deny_log: Option<DenyLogSettings>,
+    /// Flow logs (`FELIX_FLOWLOGSENABLED`).
+    pub flow_log: Option<FlowLogSettings>,
     /// The counter reader; it runs when deny logging is on (denied packets per pod) or
     /// `policy_counters` is.
     pub counters: Option<CounterSettings>,
@@ -50,7 +54,10 @@ pub struct TrafficConfig {
 /// everything off it holds nothing and does nothing.
 #[derive(Default)]
 pub struct Traffic {
-    deny: Option<DenyState>,
+    /// What deny logs and flow logs name packets with (one address map for both).
+    names: Option<Names>,
+    deny: Option<DenyLog>,
+    flow: Option<FlowLog>,
     counters: Option<CounterState>,
     cut: Option<CutState>,
 }
@@ -65,9 +72,10 @@ struct CutState {
     ready: Option<OnApplied>,
 }
 
-struct DenyState {
+struct Names {
     attribution: Arc<Attribution>,
-    reader: DenyLog,
+    /// Flow logs need the policy chains too.
+    policy_chains: bool,
     /// Pods events of this batch were about, with their addresses before the batch (their
     /// addresses after it are looked up in the graph then).
     touched: HashMap<ObjectKey, Vec<std::net::IpAddr>>,
@@ -94,20 +102,31 @@ impl Traffic {
     /// network namespace. Fails (before anything is programmed) when the group is taken.
     pub fn start(cfg: TrafficConfig, stop: Arc<AtomicBool>) -> anyhow::Result<Traffic> {
         let mut traffic = Traffic::off();
-        if let Some(settings) = &cfg.deny_log {
-            let attribution = Arc::new(Attribution::default());
-            let reader = DenyLog::start(settings, attribution.clone()).with_context(|| {
+        if cfg.deny_log.is_some() || cfg.flow_log.is_some() {
+            traffic.names = Some(Names {
+                attribution: Arc::new(Attribution::default()),
+                policy_chains: cfg.flow_log.is_some(),
+                touched: HashMap::new(),
+                chains_published: false,
+            });
+        }
+        if let (Some(settings), Some(names)) = (&cfg.deny_log, &traffic.names) {
+            let reader = DenyLog::start(settings, names.attribution.clone()).with_context(|| {
                 format!(
                     "deny logging (FELIX_DENYLOGENABLED): binding NFLOG group {} (FELIX_DENYLOGNFLOGGROUP)",
                     settings.group
                 )
             })?;
-            traffic.deny = Some(DenyState {
-                attribution,
-                reader,
-                touched: HashMap::new(),
-                chains_published: false,
-            });
+            traffic.deny = Some(reader);
+        }
+        if let (Some(settings), Some(names)) = (&cfg.flow_log, &traffic.names) {
+            let reader = FlowLog::start(settings, names.attribution.clone()).with_context(|| {
+                format!(
+                    "flow logs (FELIX_FLOWLOGSENABLED): binding NFLOG group {} (FELIX_FLOWLOGSNFLOGGROUP)",
+                    settings.group
+                )
+            })?;
+            traffic.flow = Some(reader);
         }
         let denies = cfg.deny_log.is_some();
         if let Some(settings) = cfg.counters.filter(|_| cfg.policy_counters || denies) {
@@ -136,9 +155,14 @@ impl Traffic {
         Ok(traffic)
     }
 
-    /// The shared attribution, when deny logging is on (for tests and tools).
+    /// The shared attribution, when deny logging or flow logs are on (for tests and tools).
     pub fn attribution(&self) -> Option<Arc<Attribution>> {
-        self.deny.as_ref().map(|d| d.attribution.clone())
+        self.names.as_ref().map(|d| d.attribution.clone())
+    }
+
+    /// What `GET /flows` reads, when flow logs are on.
+    pub fn flows(&self) -> Option<Arc<flow_log::FlowLogShared>> {
+        self.flow.as_ref().map(FlowLog::shared)
     }
 
     /// A datastore event is about to enter the graph: remembers a pod's addresses before it.
@@ -146,7 +170,7 @@ impl Traffic {
         if let Some(cut) = self.cut.as_mut() {
             cut.pending.extend(Change::of_event(event));
         }
-        let Some(deny) = self.deny.as_mut() else {
+        let Some(deny) = self.names.as_mut() else {
             return;
         };
         let key = match event {
@@ -190,7 +214,7 @@ impl Traffic {
         }
         let chains_changed =
             update.is_some_and(|u| !u.chains_upserted.is_empty() || !u.chains_removed.is_empty());
-        if let Some(deny) = self.deny.as_mut() {
+        if let Some(deny) = self.names.as_mut() {
             if !deny.touched.is_empty() {
                 let touched = std::mem::take(&mut deny.touched);
                 deny.attribution
@@ -200,10 +224,12 @@ impl Traffic {
                     }));
             }
             if chains_changed || (update.is_some() && !deny.chains_published) {
-                deny.attribution.publish_chains(
-                    LocalChains::from_views(graph.programmed_endpoints())
-                        .with_cluster_policies(graph.active_cluster_policies()),
-                );
+                let mut chains = LocalChains::from_views(graph.programmed_endpoints())
+                    .with_cluster_policies(graph.active_cluster_policies());
+                if deny.policy_chains {
+                    chains = chains.with_policies(graph.active_policies().cloned());
+                }
+                deny.attribution.publish_chains(chains);
                 deny.chains_published = true;
             }
         }
@@ -225,7 +251,10 @@ impl Traffic {
     /// counter plan that waited for its interval.
     pub fn tick(&mut self, graph: &CalcGraph) {
         if let Some(deny) = self.deny.as_mut() {
-            deny.reader.sync();
+            deny.sync();
+        }
+        if let Some(flow) = self.flow.as_mut() {
+            flow.sync();
         }
         if let Some(c) = self.counters.as_mut() {
             if c.built.is_some() {

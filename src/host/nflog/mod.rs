@@ -453,6 +453,22 @@ fn prefix_text(prefix: CString) -> String {
     String::from_utf8_lossy(prefix.as_bytes()).into_owned()
 }
 
+/// What a reader thread hands packets to.
+pub trait PacketSink {
+    fn packet(&mut self, packet: LogPacket);
+    /// A wait for packets ended (packets came or the poll interval passed).
+    fn tick(&mut self) {}
+}
+
+/// A closure as a sink that needs no ticks.
+struct FnSink<F>(F);
+
+impl<F: FnMut(LogPacket)> PacketSink for FnSink<F> {
+    fn packet(&mut self, packet: LogPacket) {
+        (self.0)(packet)
+    }
+}
+
 /// A reader thread: reads the group until stopped, handing every packet to a sink.
 #[derive(Debug)]
 pub struct Reader {
@@ -467,7 +483,17 @@ impl Reader {
     /// thread. Errors binding the group are returned here, not from the thread.
     pub fn spawn(
         config: Config,
-        mut sink: impl FnMut(LogPacket) + Send + 'static,
+        sink: impl FnMut(LogPacket) + Send + 'static,
+    ) -> Result<Reader, Error> {
+        Reader::spawn_sink(config, FnSink(sink))
+    }
+
+    /// [`Reader::spawn`] with a sink that is also told each time a wait ends (at least every
+    /// `poll_interval`), for work that must happen even when no packet comes (lines held back
+    /// for a while).
+    pub fn spawn_sink(
+        config: Config,
+        mut sink: impl PacketSink + Send + 'static,
     ) -> Result<Reader, Error> {
         let mut socket = NflogSocket::open(&config)?;
         let counters = socket.counters();
@@ -480,12 +506,13 @@ impl Reader {
                 .name(format!("nflog-{}", config.group))
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        if let Err(e) = socket.read(config.poll_interval, &mut sink) {
+                        if let Err(e) = socket.read(config.poll_interval, |p| sink.packet(p)) {
                             if let Ok(mut f) = failure.lock() {
                                 *f = Some(e.to_string());
                             }
                             return Err(e);
                         }
+                        sink.tick();
                     }
                     Ok(())
                 })
