@@ -8,6 +8,8 @@ command -v iptables-legacy-restore >/dev/null 2>&1 || need_pkgs+=(iptables)
 command -v ipset >/dev/null 2>&1 || need_pkgs+=(ipset)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
+# scripts/ipvs-e2e.sh: kube-proxy's IPVS mode on the simulated nodes (in the VM).
+command -v ipvsadm >/dev/null 2>&1 || need_pkgs+=(ipvsadm)
 # The bridge-mode tests run small TCP servers and clients in namespaces.
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
 # The k8s-cri crate generates the CRI gRPC bindings at build time with protoc.

@@ -303,6 +303,9 @@ impl Cluster {
                     Some(&services::kubelet_restore(f)),
                 )?;
             }
+            if cluster.cfg.proxy == ServiceProxy::Ipvs {
+                ipvs_node(&netns, &cluster.cfg, families)?;
+            }
             cluster.nodes.push(Node {
                 name: node_name(i),
                 log: cluster.work.join(format!("agent-{}.log", node_name(i))),
@@ -734,6 +737,7 @@ impl Cluster {
             .as_ref()
             .map(|before| before.difference(&uids).copied().collect())
             .unwrap_or_default();
+        let mut all = Vec::new();
         for &family in self.cfg.family.families() {
             let list: Vec<Service> = self
                 .pods
@@ -761,7 +765,21 @@ impl Cluster {
                             services::kube_proxy_nft(family, &list, net_of(service_cidr(), family));
                         node.netns.exec_ok("nft", &["-f", "-"], Some(&script))?;
                     }
+                    ServiceProxy::Ipvs => {
+                        let script = services::kube_proxy_ipvs_sets(family, &list);
+                        node.netns.exec_ok("ipset", &["restore"], Some(&script))?;
+                    }
                 }
+            }
+            all.extend(list);
+        }
+        if self.cfg.proxy == ServiceProxy::Ipvs {
+            // Both families at once: one `kube-ipvs0`, one IPVS table.
+            for node in &self.nodes {
+                node.netns.ip_batch(&services::ipvs_dummy_addrs(&all))?;
+                node.netns.exec_ok("ipvsadm", &["-C"], None)?;
+                node.netns
+                    .exec_ok("ipvsadm", &["-R"], Some(&services::ipvsadm_rules(&all)))?;
             }
         }
         self.proxied = Some(uids);
@@ -848,6 +866,9 @@ impl Cluster {
         if family == IpFamily::V6 {
             cmd.arg("--ipv6");
         }
+        if self.cfg.proxy == ServiceProxy::Ipvs && compile_kube_ipvs(&self.cfg.agent) {
+            cmd.arg("--kube-ipvs");
+        }
         let out = cmd
             .arg("--manifests")
             .arg(&self.manifests)
@@ -918,6 +939,65 @@ impl Cluster {
         }
         s
     }
+}
+
+/// kube-proxy's IPVS mode on a new node: `ip_vs` loaded, the `kube-ipvs0` dummy, its
+/// sysctls, its (empty) sets and its iptables rules in every family of the cluster.
+fn ipvs_node(netns: &Netns, cfg: &ClusterConfig, families: &[IpFamily]) -> anyhow::Result<()> {
+    static LOADED: std::sync::Once = std::sync::Once::new();
+    LOADED.call_once(|| {
+        // kube-proxy loads these itself; the `vs` sysctls exist only once it is loaded.
+        let _ = std::process::Command::new("modprobe")
+            .args(["-a", "ip_vs", "ip_vs_rr", "dummy"])
+            .status();
+    });
+    netns
+        .ip_batch(&format!(
+            "link add {d} type dummy
+link set {d} up
+",
+            d = services::IPVS_DUMMY
+        ))
+        .context("kube-ipvs0: no dummy interfaces (run --service-proxy ipvs in scripts/vm.sh)")?;
+    for (key, value) in services::IPVS_SYSCTLS {
+        netns
+            .sysctl(key, value)
+            .context("no IPVS in this kernel (run --service-proxy ipvs in scripts/vm.sh)")?;
+    }
+    let cluster_cidr = ipnet::Ipv4Net::new(node_pod_cidr(0).network(), 16)?;
+    for &f in families {
+        netns.exec_ok(
+            "ipset",
+            &["restore"],
+            Some(&services::kube_proxy_ipvs_sets(f, &[])),
+        )?;
+        netns.exec_ok(
+            &cfg.backend.tool_for(f, "restore"),
+            &["--noflush"],
+            Some(&services::kube_proxy_ipvs_iptables(
+                f,
+                net_of(cluster_cidr, f),
+            )),
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether `compile` must render the IPVS rules the agents detect on a node with
+/// `kube-ipvs0`: when it has `--kube-ipvs` (agents without IPVS support have neither) and
+/// the override `FELIX_KUBEIPVSSUPPORTENABLED=false` (the agents inherit our environment)
+/// does not turn the detection off.
+fn compile_kube_ipvs(agent: &Path) -> bool {
+    static HAS_FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let disabled = std::env::var("FELIX_KUBEIPVSSUPPORTENABLED")
+        .is_ok_and(|v| v.eq_ignore_ascii_case("false"));
+    !disabled
+        && *HAS_FLAG.get_or_init(|| {
+            std::process::Command::new(agent)
+                .args(["compile", "--help"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--kube-ipvs"))
+        })
 }
 
 /// What `netpol-agent run` on `node` is configured with.

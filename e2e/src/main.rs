@@ -85,8 +85,9 @@ struct RunArgs {
     /// into the IPv6 pod space for ipv6 and dual, and dual probes every pair over both.
     #[arg(long, value_enum, default_value = "ipv4")]
     ip_family: FamilyMode,
-    /// How the simulated kube-proxy DNATs ClusterIPs: iptables rules, or an nft table of its
-    /// own (kube-proxy's nftables mode).
+    /// How the simulated kube-proxy DNATs ClusterIPs: iptables rules, an nft table of its
+    /// own (kube-proxy's nftables mode), or IPVS (kube-proxy's IPVS mode: needs a kernel with
+    /// IPVS, e.g. in scripts/vm.sh; see scripts/ipvs-e2e.sh).
     #[arg(long, value_enum, default_value = "iptables")]
     service_proxy: ServiceProxy,
     /// Timeout of one probe, in milliseconds.

@@ -21,6 +21,20 @@
 //!   kube-proxy's nftables mode makes no hint of its own). The agent's backend detection keys
 //!   on exactly that hint.
 //!
+//! - `--service-proxy ipvs`: kube-proxy's IPVS mode (`pkg/proxy/ipvs`): every ClusterIP is
+//!   an address of the `kube-ipvs0` dummy interface (so a pod's packet to it is delivered
+//!   locally: `INPUT`, IPVS rewrites it at `LOCAL_IN`, it leaves through `OUTPUT`, never
+//!   `FORWARD`), an IPVS virtual service per ClusterIP, protocol and port with the pod as its
+//!   masquerading real server (`rr`), loaded with `ipvsadm -R`; kube-proxy's ipsets
+//!   (`KUBE-CLUSTER-IP`, `KUBE-LOOP-BACK`, `KUBE-IPVS-IPS`, ... with `KUBE-6-` names for IPv6)
+//!   and its IPVS-mode iptables rules beside ours: `KUBE-SERVICES` (mark non-pod sources for
+//!   masquerade, `ACCEPT` ClusterIP:port in `KUBE-CLUSTER-IP`), `KUBE-POSTROUTING`
+//!   (masquerade of 0x4000 and hairpin), `KUBE-MARK-MASQ`, `KUBE-FORWARD`, `KUBE-NODE-PORT`,
+//!   `KUBE-PROXY-FIREWALL` and `KUBE-IPVS-FILTER` (rejects new connections to a `kube-ipvs0`
+//!   address on a port that is no service); and its sysctls (`net.ipv4.vs.conntrack=1`, so
+//!   netfilter's conntrack follows IPVS connections, `expire_nodest_conn`,
+//!   `expire_quiescent_template`, `route_localnet`). No NodePorts: no scenario uses them.
+//!
 //! The layout of kube-proxy's nftables mode follows its documented integration contract
 //! (table, base chains, hooks and priorities); the rules are our own and much smaller (no
 //! masquerading, one endpoint per service, no NodePorts). Pure: no I/O.
@@ -41,6 +55,9 @@ pub enum ServiceProxy {
     Iptables,
     /// kube-proxy's nftables mode: `nft` tables of its own, no iptables rules.
     Nftables,
+    /// kube-proxy's IPVS mode: ClusterIPs on a `kube-ipvs0` dummy, IPVS virtual services
+    /// (needs a kernel with IPVS: run it in `scripts/vm.sh`).
+    Ipvs,
 }
 
 impl ServiceProxy {
@@ -48,6 +65,7 @@ impl ServiceProxy {
         match self {
             ServiceProxy::Iptables => "iptables",
             ServiceProxy::Nftables => "nftables",
+            ServiceProxy::Ipvs => "ipvs",
         }
     }
 }
@@ -162,6 +180,189 @@ pub fn kube_proxy_iptables(
         let _ = writeln!(s, "-X {}", sep_chain(*uid));
     }
     s.push_str("COMMIT\n");
+    s
+}
+
+/// The interface kube-proxy's IPVS mode binds ClusterIPs to (what felix detects).
+pub const IPVS_DUMMY: &str = "kube-ipvs0";
+
+/// The sysctls kube-proxy's IPVS mode sets on its node (`net/ipv4/vs/*` exist once `ip_vs`
+/// is loaded; they govern both families).
+pub const IPVS_SYSCTLS: &[(&str, &str)] = &[
+    ("net/ipv4/vs/conntrack", "1"),
+    ("net/ipv4/vs/expire_nodest_conn", "1"),
+    ("net/ipv4/vs/expire_quiescent_template", "1"),
+    ("net/ipv4/conf/all/route_localnet", "1"),
+];
+
+/// kube-proxy's IPVS-mode set name in `family` (`KUBE-6-…` for IPv6, as kube-proxy names
+/// them so both families coexist).
+pub fn ipvs_set(family: IpFamily, name: &str) -> String {
+    match family {
+        IpFamily::V4 => format!("KUBE-{name}"),
+        IpFamily::V6 => format!("KUBE-6-{name}"),
+    }
+}
+
+/// kube-proxy's IPVS-mode sets for `ipset restore`: created if missing, flushed and filled
+/// from `services` (ClusterIP,proto:port; the hairpin triples; the `kube-ipvs0` addresses).
+pub fn kube_proxy_ipvs_sets(family: IpFamily, services: &[Service]) -> String {
+    let fam = match family {
+        IpFamily::V4 => "inet",
+        IpFamily::V6 => "inet6",
+    };
+    let mut s = String::new();
+    let sets = [
+        ("CLUSTER-IP", "hash:ip,port"),
+        ("LOOP-BACK", "hash:ip,port,ip"),
+        ("EXTERNAL-IP", "hash:ip,port"),
+        ("EXTERNAL-IP-LOCAL", "hash:ip,port"),
+        ("LOAD-BALANCER", "hash:ip,port"),
+        ("HEALTH-CHECK-NODE-PORT", "bitmap:port"),
+        ("IPVS-IPS", "hash:ip"),
+    ];
+    for (name, kind) in sets {
+        let set = ipvs_set(family, name);
+        let opts = if kind == "bitmap:port" {
+            "range 0-65535".to_string()
+        } else {
+            format!("family {fam} hashsize 1024 maxelem 65536")
+        };
+        let _ = writeln!(s, "create {set} {kind} {opts} comment -exist");
+        let _ = writeln!(s, "flush {set}");
+    }
+    let cluster = ipvs_set(family, "CLUSTER-IP");
+    let loopback = ipvs_set(family, "LOOP-BACK");
+    let ips = ipvs_set(family, "IPVS-IPS");
+    for svc in services {
+        let _ = writeln!(s, "add {ips} {} comment \"{}\"", svc.cluster_ip, svc.name);
+        for &(p, port) in &svc.ports {
+            let p = proto(p);
+            let _ = writeln!(
+                s,
+                "add {cluster} {},{p}:{port} comment \"{}:{port}\"",
+                svc.cluster_ip, svc.name
+            );
+            let _ = writeln!(s, "add {loopback} {b},{p}:{port},{b}", b = svc.backend);
+        }
+    }
+    s
+}
+
+/// kube-proxy's IPVS-mode iptables rules for `iptables-restore --noflush` of `family`,
+/// written once per node before the agent starts (the rules are static: what changes with
+/// services is in the sets). `pod_cidr` is kube-proxy's `--cluster-cidr`: traffic from
+/// outside it to a ClusterIP is masqueraded, pod traffic keeps its source.
+pub fn kube_proxy_ipvs_iptables(family: IpFamily, pod_cidr: IpNet) -> String {
+    let set = |n: &str| ipvs_set(family, n);
+    let mut s = String::from("*nat\n");
+    for chain in [
+        "KUBE-SERVICES",
+        "KUBE-POSTROUTING",
+        "KUBE-NODE-PORT",
+        "KUBE-LOAD-BALANCER",
+        "KUBE-MARK-MASQ",
+        "KUBE-PROXY-CANARY",
+    ] {
+        let _ = writeln!(s, ":{chain} - [0:0]");
+    }
+    let _ = write!(
+        s,
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+         -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+         -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+         -A KUBE-POSTROUTING -m comment --comment \"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\" -m set --match-set {loopback} dst,dst,src -j MASQUERADE\n\
+         -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+         -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
+         -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n\
+         -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n\
+         -A KUBE-SERVICES ! -s {pod_cidr} -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set {cluster} dst,dst -j KUBE-MARK-MASQ\n\
+         -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n\
+         -A KUBE-SERVICES -m set --match-set {cluster} dst,dst -j ACCEPT\n\
+         COMMIT\n",
+        loopback = set("LOOP-BACK"),
+        cluster = set("CLUSTER-IP"),
+    );
+    s.push_str("*filter\n");
+    for chain in [
+        "KUBE-FORWARD",
+        "KUBE-NODE-PORT",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "KUBE-IPVS-FILTER",
+        "KUBE-IPVS-OUT-FILTER",
+        "KUBE-PROXY-CANARY",
+    ] {
+        let _ = writeln!(s, ":{chain} - [0:0]");
+    }
+    let _ = write!(
+        s,
+        "-A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n\
+         -A INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n\
+         -A INPUT -m comment --comment \"kubernetes health check rules\" -j KUBE-NODE-PORT\n\
+         -A FORWARD -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n\
+         -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+         -A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\n\
+         -A KUBE-SOURCE-RANGES-FIREWALL -j DROP\n\
+         -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n\
+         -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n\
+         -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A KUBE-NODE-PORT -m comment --comment \"Kubernetes health check node port\" -m set --match-set {hc} dst -j ACCEPT\n\
+         -A KUBE-IPVS-FILTER -m set --match-set {lb} dst,dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m set --match-set {cluster} dst,dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m set --match-set {ext} dst,dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m set --match-set {extl} dst,dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m set --match-set {hc} dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {ips} dst -j REJECT\n\
+         COMMIT\n*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n",
+        hc = set("HEALTH-CHECK-NODE-PORT"),
+        lb = set("LOAD-BALANCER"),
+        cluster = set("CLUSTER-IP"),
+        ext = set("EXTERNAL-IP"),
+        extl = set("EXTERNAL-IP-LOCAL"),
+        ips = set("IPVS-IPS"),
+    );
+    s
+}
+
+/// IPVS virtual services for `ipvsadm -R` (after `ipvsadm -C`): one per ClusterIP,
+/// protocol and port, round robin, the pod as its one masquerading (NAT) real server, of
+/// every family at once (IPVS holds both in one table).
+pub fn ipvsadm_rules(services: &[Service]) -> String {
+    let mut s = String::new();
+    for svc in services {
+        for &(p, port) in &svc.ports {
+            let kind = match p {
+                Protocol::Tcp => "-t",
+                Protocol::Udp => "-u",
+                Protocol::Sctp => "--sctp-service",
+            };
+            let vip = addr_port(svc.cluster_ip, port);
+            let _ = writeln!(s, "-A {kind} {vip} -s rr");
+            let _ = writeln!(
+                s,
+                "-a {kind} {vip} -r {} -m -w 1",
+                addr_port(svc.backend, port)
+            );
+        }
+    }
+    s
+}
+
+/// The `ip -batch` lines that make `kube-ipvs0` hold exactly `services`' ClusterIPs.
+pub fn ipvs_dummy_addrs(services: &[Service]) -> String {
+    let mut s = format!("addr flush dev {IPVS_DUMMY}\n");
+    for svc in services {
+        let (len, extra) = match svc.cluster_ip {
+            IpAddr::V4(_) => (32, ""),
+            IpAddr::V6(_) => (128, " nodad"),
+        };
+        let _ = writeln!(
+            s,
+            "addr add {}/{len} dev {IPVS_DUMMY}{extra}",
+            svc.cluster_ip
+        );
+    }
     s
 }
 
@@ -297,6 +498,29 @@ mod tests {
         // No services: no element lists (nft refuses empty ones).
         let empty = kube_proxy_nft(IpFamily::V4, &[], "10.96.0.0/16".parse().unwrap());
         assert!(!empty.contains("elements"));
+    }
+
+    #[test]
+    fn ipvs_mode_is_kube_ipvs0_ipvsadm_sets_and_kube_proxy_rules() {
+        let v4 = svc("10.96.0.10", "10.244.0.10");
+        let v6 = svc("fd00:e2e::a60:a", "fd00:e2e::af4:a");
+        let rules = ipvsadm_rules(&[v4.clone(), v6.clone()]);
+        assert!(rules.contains(
+            "-A -t 10.96.0.10:80 -s rr\n-a -t 10.96.0.10:80 -r 10.244.0.10:80 -m -w 1\n"
+        ));
+        assert!(rules.contains("-A --sctp-service [fd00:e2e::a60:a]:81 -s rr\n"));
+        let addrs = ipvs_dummy_addrs(&[v4.clone(), v6.clone()]);
+        assert!(addrs.starts_with("addr flush dev kube-ipvs0\n"));
+        assert!(addrs.contains("addr add fd00:e2e::a60:a/128 dev kube-ipvs0 nodad\n"));
+        let sets = kube_proxy_ipvs_sets(IpFamily::V6, &[v6]);
+        assert!(sets.contains("create KUBE-6-CLUSTER-IP hash:ip,port family inet6"));
+        assert!(sets.contains("add KUBE-6-CLUSTER-IP fd00:e2e::a60:a,sctp:81"));
+        assert!(sets.contains("add KUBE-6-LOOP-BACK fd00:e2e::af4:a,tcp:80,fd00:e2e::af4:a\n"));
+        let ipt = kube_proxy_ipvs_iptables(IpFamily::V4, "10.244.0.0/16".parse().unwrap());
+        assert!(ipt.contains("-A KUBE-SERVICES ! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ"));
+        assert!(ipt.contains("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN"));
+        assert!(ipt
+            .contains("-m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT"));
     }
 
     #[test]

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The e2e scenarios with kube-proxy's IPVS mode (`netpol-e2e run --service-proxy ipvs`),
+# inside a Debian-kernel VM (issue 21: this machine's kernel has no IPVS).
+#
+#   bash scripts/ipvs-e2e.sh [--kernel 5.10|6.1|6.12] [--cells CELL,...] [--all] [--only PATH]...
+#                          [-- EXTRA...]
+#
+# Builds nothing: runs target/release/netpol-e2e and netpol-agent as the host built them
+# (`cargo build --release --locked --bins` first; NPA_E2E_BIN_DIR=DIR takes both from DIR). One VM (scripts/vm.sh, TCG, 2 vCPUs,
+# 4 GiB) runs the cells one after another; the exit status is non-zero when any failed.
+#
+# CELL is CNI/FAMILY: calico/ipv4, calico/dual, bridge/ipv4, bridge/dual (default: all four).
+# Scenarios: by default a subset chosen by value (see IPVS_SUBSET below: ingress isolation of
+# a same-node backend, egress rules naming pods by selector or namespace, ports and named
+# ports, UDP and SCTP, ClusterNetworkPolicy tiers, updates); every one probes through
+# ClusterIPs, with clients and backends on the same node and on different nodes. `--all`:
+# every scenario (e2e/scenarios e2e/regressions); `--only PATH` (repeatable): those instead. EXTRA is passed to `netpol-e2e run`
+# (e.g. --check-explain). FELIX_KUBEIPVSSUPPORTENABLED=false in the environment reaches the
+# agents and `compile` (the "before": rules without IPVS support).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+proj="$(cd "$here/.." && pwd)"
+cd "$proj"
+
+kernel=6.1
+cells="calico/ipv4,calico/dual,bridge/ipv4,bridge/dual"
+all=0
+only=()
+extra=(--converge-timeout-secs 90 --probe-timeout-ms 2000)
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--kernel) kernel="$2"; shift 2 ;;
+	--cells) cells="$2"; shift 2 ;;
+	--all) all=1; shift ;;
+	--only) only+=("$2"); shift 2 ;;
+	--) shift; extra+=("$@"); break ;;
+	*) echo "usage: bash scripts/ipvs-e2e.sh [--kernel K] [--cells CNI/FAMILY,...] [--all] [-- EXTRA...]" >&2; exit 2 ;;
+	esac
+done
+
+IPVS_SUBSET=(
+	e2e/scenarios/netpol/should-support-a-default-deny-ingress-policy.yaml
+	e2e/scenarios/netpol/should-deny-egress-from-pods-based-on-podselector.yaml
+	e2e/scenarios/netpol/should-enforce-policy-to-allow-traffic-from-pods-within-server-namespace-based-on-podselector.yaml
+	e2e/scenarios/netpol/should-enforce-egress-policy-allowing-traffic-to-a-server-in-a-different-namespace-based-on-podselector-and-namespaceselector.yaml
+	e2e/scenarios/netpol/should-allow-egress-access-on-one-named-port.yaml
+	e2e/scenarios/netpol/should-enforce-policy-based-on-ports.yaml
+	e2e/scenarios/netpol/should-enforce-updated-policy.yaml
+	e2e/scenarios/netpol/should-allow-egress-access-to-server-in-cidr-block.yaml
+	e2e/scenarios/netpol-udp/should-support-a-default-deny-ingress-policy.yaml
+	e2e/scenarios/netpol-sctp/should-enforce-policy-based-on-ports.yaml
+	e2e/scenarios/cnp/cnp-admin-tier-ingress-tcp.yaml
+	e2e/scenarios/cnp/cnp-baseline-tier-egress-tcp.yaml
+)
+if [ ${#only[@]} -gt 0 ]; then
+	scenarios=("${only[@]}")
+elif [ "$all" = 1 ]; then
+	scenarios=(e2e/scenarios e2e/regressions)
+else
+	scenarios=("${IPVS_SUBSET[@]}")
+fi
+bindir="${NPA_E2E_BIN_DIR:-target/release}"
+for bin in netpol-e2e netpol-agent; do
+	[ -x "$bindir/$bin" ] || { echo "ipvs-e2e: $bindir/$bin missing: cargo build --release --locked --bins" >&2; exit 2; }
+done
+
+# The guest's script: br_netfilter for the bridge cells (a node with a bridge CNI has it),
+# IPVS loaded as kube-proxy loads it, then every cell; a cell's failure does not stop the rest.
+guest="$(mktemp /tmp/ipvs-e2e.XXXXXX.sh)"
+trap 'rm -f "$guest"' EXIT
+{
+	echo 'modprobe -a br_netfilter ip_vs ip_vs_rr dummy || true'
+	echo 'status=0'
+	IFS=, read -ra list <<<"$cells"
+	for cell in "${list[@]}"; do
+		cni="${cell%/*}" fam="${cell#*/}"
+		printf 'echo "=== ipvs-e2e: kernel %s cell %s/%s"; start=$(date +%%s)\n' "$kernel" "$cni" "$fam"
+		printf '%q run --cni %q --ip-family %q --service-proxy ipvs' "$bindir/netpol-e2e" "$cni" "$fam"
+		[ ${#extra[@]} -gt 0 ] && printf ' %q' "${extra[@]}"
+		printf ' %q' "${scenarios[@]}"
+		printf ' || status=1\n'
+		printf 'echo "=== ipvs-e2e: cell %s/%s took $(( $(date +%%s) - start )) s"\n' "$cni" "$fam"
+	done
+	echo 'exit $status'
+} >"$guest"
+exec bash "$here/vm.sh" --kernel "$kernel" --cpus 2 --mem 4096 -- bash "$guest"
