@@ -29,7 +29,11 @@ use crate::iface_naming::{
 };
 use crate::model::IpFamily;
 use crate::rules::deny_log::{DenyLogConfig, Rate, RateUnit, DEFAULT_SNAP_LEN};
+<<<<<<< 11bf7f19426c09ed11d82714ad476bcc0862191e
 use crate::rules::flow_log::FlowLogConfig;
+=======
+use crate::rules::ipvs::IpvsConfig;
+>>>>>>> ed9405d0fdf03e13d12ec1fdce1f3cbc70ef6328
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
 };
@@ -125,6 +129,74 @@ pub fn parse_mark_mask(text: &str) -> Result<u32, String> {
         format!("{e}; accepted values: a 32-bit mask with at least 4 bits set, e.g. 0xffff0000")
     })?;
     Ok(value)
+}
+
+/// kube-proxy IPVS support (`FELIX_KUBEIPVSSUPPORTENABLED`): `auto` follows the interface
+/// `kube-ipvs0` (felix's detection; felix has no switch), or forced on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpvsSupport {
+    Auto,
+    On,
+    Off,
+}
+
+impl IpvsSupport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpvsSupport::Auto => "auto",
+            IpvsSupport::On => "true",
+            IpvsSupport::Off => "false",
+        }
+    }
+}
+
+pub fn parse_ipvs_support(text: &str) -> Result<IpvsSupport, String> {
+    if text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(IpvsSupport::Auto);
+    }
+    match parse_bool(text) {
+        Ok(true) => Ok(IpvsSupport::On),
+        Ok(false) => Ok(IpvsSupport::Off),
+        Err(_) => Err(format!(
+            "accepted values: auto, or a boolean ({BOOL_FORMS})"
+        )),
+    }
+}
+
+/// Inclusive port ranges (felix's `portrange-list`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortRanges(pub Vec<(u16, u16)>);
+
+impl std::fmt::Display for PortRanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(lo, hi)| {
+                if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo}:{hi}")
+                }
+            })
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// felix's `portrange-list`: `N` or `N:M`, comma-separated (`30000:32767`).
+pub fn parse_port_ranges(text: &str) -> Result<PortRanges, String> {
+    let accepted = "accepted values: port ranges N or N:M (1-65535, N <= M), comma-separated, e.g. 30000:32767";
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let (lo, hi) = part.split_once(':').unwrap_or((part, part));
+        let port = |t: &str| t.trim().parse::<u16>().ok().filter(|p| *p > 0);
+        match (port(lo), port(hi)) {
+            (Some(lo), Some(hi)) if lo <= hi => out.push((lo, hi)),
+            _ => return Err(format!("{part:?} is not a port range; {accepted}")),
+        }
+    }
+    Ok(PortRanges(out))
 }
 
 /// An interface name, or empty (bridge mode off).
@@ -272,7 +344,6 @@ const FELIX_ONLY_PARAMS: &[&str] = &[
     "FELIX_IPTABLESLOCKTIMEOUTSECS",
     "FELIX_IPTABLESMANGLEALLOWACTION",
     "FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER",
-    "FELIX_KUBENODEPORTRANGES",
     "FELIX_LOGFILEPATH",
     "FELIX_LOGSEVERITYFILE",
     "FELIX_LOGSEVERITYSYS",
@@ -806,6 +877,15 @@ pub struct RuleOptions {
         default_value = "Disabled"
     )]
     pub workload_source_spoofing: SourceSpoofing,
+    /// kube-proxy IPVS mode: auto (on when the interface kube-ipvs0 exists in the agent's
+    /// network namespace at start; compile sees no node, so off there), true or false. On:
+    /// Service traffic is tagged in INPUT and judged in OUTPUT, after IPVS, as felix does.
+    #[arg(long, visible_alias = "kube-ipvs", env = "FELIX_KUBEIPVSSUPPORTENABLED", default_value = "auto", value_parser = parse_ipvs_support, num_args = 0..=1, default_missing_value = "true")]
+    pub kube_ipvs_support_enabled: IpvsSupport,
+    /// IPVS mode: kube-proxy's NodePort ranges (N or N:M, comma-separated); packets to these
+    /// ports of this host's addresses are judged after IPVS.
+    #[arg(long, env = "FELIX_KUBENODEPORTRANGES", default_value = "30000:32767", value_parser = parse_port_ranges)]
+    pub kube_node_port_ranges: PortRanges,
 }
 
 impl RuleOptions {
@@ -845,6 +925,25 @@ impl RuleOptions {
             deny_log: self.deny_log()?,
             flow_log: self.flow_log()?,
             workload_source_check: self.workload_source_spoofing == SourceSpoofing::Disabled,
+            kube_ipvs: match self.kube_ipvs_support_enabled {
+                IpvsSupport::On => Some(self.kube_ipvs_config(&marks)?),
+                IpvsSupport::Auto | IpvsSupport::Off => None,
+            },
+        })
+    }
+
+    /// The IPVS rule settings, with the endpoint-mark bits carved from the mark mask (refused
+    /// when too few are left).
+    pub fn kube_ipvs_config(&self, marks: &MarkBits) -> Result<IpvsConfig, ConfigError> {
+        IpvsConfig::new(
+            self.iptables_mark_mask,
+            marks,
+            self.kube_node_port_ranges.0.clone(),
+        )
+        .map_err(|e| {
+            ConfigError(format!(
+                "FELIX_IPTABLESMARKMASK (--iptables-mark-mask) with kube-proxy IPVS support: {e}"
+            ))
         })
     }
 

@@ -42,6 +42,7 @@ use netpol_agent::datastore::dir::DirSource;
 use netpol_agent::datastore::manifests;
 use netpol_agent::host::exec::Exec;
 use netpol_agent::host::felix;
+use netpol_agent::host::ipvs;
 use netpol_agent::host::preflight::{self, PreflightConfig};
 use netpol_agent::host::rule_counters::Xtables;
 use netpol_agent::host::wiring as host_wiring;
@@ -344,12 +345,15 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let rules = args.rules.rule_config()?;
+    let (rules, ipvs_view) = kube_ipvs_mode(&args.rules, rules)?;
     // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
     let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
     if !preflight_passes(opts, &rules, args.dataplane.ipv6_support, &health, &stop)? {
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
     let (tx, rx) = std::sync::mpsc::channel::<Input>();
+    let ipvs_auto = args.rules.kube_ipvs_support_enabled == netpol_agent::config::IpvsSupport::Auto;
+    watch_kube_ipvs(&rules, ipvs_auto, ipvs_view, &tx, &stop)?;
     // Resolvers that learn interface names over time (the container runtime, the routing
     // table, the bridge) tell the calculation loop to name local pods again.
     let resolver_tx = std::sync::Mutex::new(tx.clone());
@@ -579,6 +583,80 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
     )?;
     info!("removed every chain, rule and set netpol-agent owned");
     Ok(ExitCode::SUCCESS)
+}
+
+/// kube-proxy's IPVS mode: `auto` follows `kube-ipvs0` in our network namespace, read once
+/// here (felix's detection); the effective mode is logged. Also returns what was read.
+fn kube_ipvs_mode(
+    opts: &netpol_agent::config::RuleOptions,
+    mut rules: netpol_agent::rules::RuleConfig,
+) -> anyhow::Result<(netpol_agent::rules::RuleConfig, ipvs::IpvsView)> {
+    use netpol_agent::config::IpvsSupport;
+    let view = ipvs::read().context("reading links and addresses for IPVS detection")?;
+    let setting = opts.kube_ipvs_support_enabled;
+    if setting == IpvsSupport::Auto && view.present {
+        rules.kube_ipvs = Some(opts.kube_ipvs_config(&rules.marks)?);
+    }
+    let on = rules.kube_ipvs.is_some();
+    info!(
+        kube_ipvs0 = view.present,
+        setting = setting.as_str(),
+        enabled = on,
+        endpoint_mark = rules.kube_ipvs.as_ref().map(|i| format!("{:#x}", i.endpoint.mask)),
+        node_port_ranges = %opts.kube_node_port_ranges,
+        "kube-proxy IPVS support {}",
+        if on { "on" } else { "off" }
+    );
+    if view.present && setting == IpvsSupport::Off {
+        warn!("kube-ipvs0 exists but FELIX_KUBEIPVSSUPPORTENABLED=false: pod traffic to Services is judged in INPUT before IPVS rewrites it, and a local backend's ingress policy is not applied");
+    }
+    Ok((rules, view))
+}
+
+/// Hands this host's addresses to the calculation loop (IPVS on) and watches the node: when
+/// `kube-ipvs0` appears or disappears under `auto` (`auto`), the agent exits with status 1 so the
+/// DaemonSet restarts it in the right mode (felix restarts too); the rules stay in place
+/// meanwhile, as on any stop.
+fn watch_kube_ipvs(
+    rules: &netpol_agent::rules::RuleConfig,
+    auto: bool,
+    view: ipvs::IpvsView,
+    tx: &std::sync::mpsc::Sender<Input>,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let on = rules.kube_ipvs.is_some();
+    if on {
+        let _ = tx.send(Input::HostAddresses(
+            view.host_addrs.iter().copied().collect(),
+        ));
+    }
+    let addr_tx = std::sync::Mutex::new(tx.clone());
+    let started = view.present;
+    ipvs::watch(
+        started,
+        view.host_addrs,
+        stop.clone(),
+        move |now| {
+            if !auto {
+                warn!(kube_ipvs0 = now, "kube-ipvs0 {} since start; FELIX_KUBEIPVSSUPPORTENABLED is set, so the rules stay as they are", if now { "appeared" } else { "disappeared" });
+                return false;
+            }
+            error!(
+                kube_ipvs0 = now,
+                "kube-ipvs0 {} since start: kube-proxy's mode changed; exiting so the agent restarts and renders the rules for the new mode (rules stay in place meanwhile)",
+                if now { "appeared" } else { "disappeared" }
+            );
+            std::process::exit(1);
+        },
+        move |addrs| {
+            if on {
+                let _ = addr_tx
+                    .lock()
+                    .map(|tx| tx.send(Input::HostAddresses(addrs.into_iter().collect())));
+            }
+        },
+    )?;
+    Ok(())
 }
 
 fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {

@@ -64,6 +64,8 @@ pub fn ours() -> Interest {
 pub enum Input {
     Datastore(DatastoreEvent),
     InterfacesChanged,
+    /// IPVS mode: this host's addresses changed (the this-host set).
+    HostAddresses(Vec<std::net::IpAddr>),
 }
 
 impl From<DatastoreEvent> for Input {
@@ -215,6 +217,7 @@ pub fn run(
                     graph.apply(e);
                 }
                 Input::InterfacesChanged => rename_all = true,
+                Input::HostAddresses(addrs) => graph.set_host_addresses(addrs.iter().copied()),
             }
         }
         graph.set_event_time(Some(Instant::now()));

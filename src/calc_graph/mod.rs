@@ -19,6 +19,7 @@
 
 mod cluster;
 mod compact_pod;
+mod host_set;
 mod provenance;
 mod set_index;
 /// A policy version's sets, which it holds only while it selects an endpoint.
@@ -162,6 +163,8 @@ pub struct CalcGraph {
     /// Local pods upserted since the last `take_pods_to_name`: their interface must be
     /// (re)named by the caller.
     to_name: BTreeSet<ObjectKey>,
+    /// IPVS mode: this host's addresses (the this-host set).
+    host_set: host_set::HostSet,
 }
 
 impl CalcGraph {
@@ -183,6 +186,7 @@ impl CalcGraph {
             emitted_chains: BTreeMap::new(),
             emitted_sets: BTreeMap::new(),
             to_name: BTreeSet::new(),
+            host_set: host_set::HostSet::default(),
         };
         graph.dirty.mark(Owner::Static);
         graph.dirty.mark(Owner::Dispatch);
@@ -191,6 +195,17 @@ impl CalcGraph {
 
     pub fn config(&self) -> &GraphConfig {
         &self.cfg
+    }
+
+    /// IPVS mode: this host's addresses, without those of `kube-ipvs0` (read at the edge);
+    /// the next flush brings the this-host set up to date. Ignored with IPVS support off.
+    pub fn set_host_addresses(&mut self, addrs: impl IntoIterator<Item = IpAddr>) {
+        self.host_set.set(addrs);
+    }
+
+    /// The addresses last given to `set_host_addresses`.
+    pub fn host_addresses(&self) -> &BTreeSet<IpAddr> {
+        self.host_set.addresses()
     }
 
     /// Objects (or local pods' interfaces) currently not enforced as written, with the reason.
@@ -763,6 +778,8 @@ impl CalcGraph {
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
         self.flush_sets(&mut update);
+        let ipvs = self.cfg.rules.kube_ipvs.is_some();
+        self.host_set.flush(ipvs, &self.cfg.families, &mut update);
         let dirty = std::mem::take(&mut self.dirty.owners);
         let mut since = std::mem::take(&mut self.dirty.since);
         // Local endpoint → earliest start behind a change of its rules in this flush.
@@ -1021,6 +1038,9 @@ impl CalcGraph {
             if let Some(f) = state.families.get_mut(family) {
                 f.chains.insert(name.clone(), chain.clone());
             }
+        }
+        for (&family, f) in state.families.iter_mut() {
+            self.host_set.snapshot(family, f);
         }
         for set in self.sets.sets() {
             if !self.emitted_sets.contains_key(&set.id) {

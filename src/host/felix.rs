@@ -11,7 +11,8 @@
 //!   `cali-th-`/`cali-fh-` families and their forward variants), in either backend and family;
 //! - IP sets of felix's own names: `cali40`/`cali60` followed by something else than our
 //!   `s:`/`n:` selector and named-port sets (`cali40all-ipam-pools`, `cali40masq-ipam-pools`,
-//!   `cali40this-host`, `cali40all-hosts-net`, ...); our temporary sets are `cali4t`/`cali6t`;
+//!   `cali40all-hosts-net`, ...; not `cali40this-host`, which is ours too in IPVS mode); our
+//!   temporary sets are `cali4t`/`cali6t`;
 //! - nftables mode: a `calico` table in any family;
 //! - eBPF mode: felix's maps pinned under `/sys/fs/bpf/tc/globals/` (`cali_*`), when that
 //!   file system is visible.
@@ -75,7 +76,9 @@ pub fn detect(s: &FelixSnapshot) -> Vec<String> {
         else {
             return false;
         };
-        !(rest.starts_with("s:") || rest.starts_with("n:"))
+        // `this-host` is felix's name, and ours too in IPVS mode (`rules::ipvs`); felix in
+        // iptables mode is still found by its raw and mangle chains.
+        !(rest.starts_with("s:") || rest.starts_with("n:") || rest == "this-host")
     };
     out.extend(
         s.sets
@@ -213,6 +216,7 @@ mod tests {
                 "cali40s:Ljkr4T5u9Q3ffN5vOEZypKS".into(),
                 "cali60n:abc".into(),
                 "cali4t0".into(),
+                "cali40this-host".into(),
                 "KUBE-CLUSTER-IP".into(),
             ],
             nft_tables: vec!["ip kube-proxy".into(), "ip6 filter".into()],
@@ -249,7 +253,7 @@ mod tests {
             "cali-th-eth0".into(),
         ));
         s.sets.push("cali40all-ipam-pools".into());
-        s.sets.push("cali60this-host".into());
+        s.sets.push("cali60all-hosts-net".into());
         s.nft_tables.push("ip calico".into());
         s.bpf_pins.push("cali_v4_arp2".into());
         let found = detect(&s);

@@ -68,6 +68,9 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Render
 
     // From a pod to its host: by the veth in routed mode, by the bridge port in bridge mode.
     let mut input = RuleList::new(traced);
+    if let Some(ipvs) = &cfg.kube_ipvs {
+        super::ipvs::input_rules(ipvs, &mut input);
+    }
     for prefix in &cfg.interface_prefixes {
         let rule = Rule::new(Action::Goto(WL_TO_HOST_CHAIN.into()));
         let rule = match cfg.bridge {
@@ -107,6 +110,9 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Render
     // Host-to-pod traffic (kubelet probes) is never policed. In bridge mode it leaves by the
     // bridge (the port is chosen after OUTPUT).
     let mut output = RuleList::new(traced);
+    if let Some(ipvs) = &cfg.kube_ipvs {
+        super::ipvs::output_rules(ipvs, &mut output);
+    }
     match &cfg.bridge {
         None => {
             for prefix in &cfg.interface_prefixes {

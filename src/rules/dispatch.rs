@@ -63,6 +63,11 @@ fn render_dispatch(
     if cfg.bridge.is_some() {
         chains.push(bridge::render_addr_dispatch(cfg, family, addrs, traced));
     }
+    // IPVS: the endpoint marks depend on the set of interfaces, as the trees do.
+    if let Some(ipvs) = &cfg.kube_ipvs {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        chains.extend(super::ipvs::chains(cfg, ipvs, family, &names, traced));
+    }
     chains
 }
 

@@ -20,6 +20,7 @@ pub mod counted;
 pub mod deny_log;
 pub mod flow_log;
 pub mod dispatch;
+pub mod ipvs;
 pub mod policy;
 pub mod provenance;
 pub mod render;
@@ -162,6 +163,9 @@ pub struct RuleConfig {
     /// `chains::source_check`). Off only for CNIs whose pods legitimately send from other
     /// addresses.
     pub workload_source_check: bool,
+    /// kube-proxy's IPVS mode (see [`ipvs`]): tag in `INPUT`, judge in `OUTPUT`. `None`
+    /// renders nothing of it.
+    pub kube_ipvs: Option<ipvs::IpvsConfig>,
 }
 
 impl Default for RuleConfig {
@@ -177,6 +181,7 @@ impl Default for RuleConfig {
             deny_log: None,
             flow_log: None,
             workload_source_check: true,
+            kube_ipvs: None,
         }
     }
 }

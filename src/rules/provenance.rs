@@ -74,6 +74,8 @@ pub enum ChainRole {
         namespace: String,
         direction: Direction,
     },
+    /// kube-proxy IPVS mode: one of the chains of `rules::ipvs`, with what it does.
+    KubeIpvs(String),
 }
 
 /// Which step of one Kubernetes allow a policy-chain rule is.
@@ -219,6 +221,9 @@ pub enum RuleRole {
     Policy(PolicyRuleRole),
     /// A rule of a ClusterNetworkPolicy chain.
     ClusterPolicy(ClusterRuleRole),
+    /// kube-proxy IPVS mode: a rule of `rules::ipvs` (also at the top of `cali-INPUT` and
+    /// `cali-OUTPUT`), with what it does.
+    KubeIpvs(String),
 }
 
 /// A rule of a ClusterNetworkPolicy chain: the API rule it implements.
@@ -400,6 +405,7 @@ impl fmt::Display for ChainRole {
                 "profile: namespace {namespace} {} (allow for pods no policy isolates)",
                 direction.as_str()
             ),
+            ChainRole::KubeIpvs(what) => write!(f, "static: kube-proxy {what}"),
         }
     }
 }
@@ -496,6 +502,7 @@ pub fn describe_rule<'a>(
         RuleRole::PolicyDescription => {
             "no rule for this family: the chain only names the policy".into()
         }
+        RuleRole::KubeIpvs(what) => format!("IPVS: {what}"),
         RuleRole::ClusterPolicy(c) => {
             let (name, direction) = match chain {
                 ChainRole::ClusterPolicy {

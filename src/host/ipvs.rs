@@ -1,0 +1,97 @@
+//! kube-proxy's IPVS mode on this node, at the edge: whether `kube-ipvs0` exists in our
+//! network namespace (felix's detection), and this host's addresses without those of
+//! `kube-ipvs0` (felix's `InterfaceExclude` default), which feed the this-host set. Plus a
+//! watcher that polls both: a change of the mode makes the agent exit (see
+//! `docs/design/ipvs.md`), a change of the addresses is handed to the calculation loop.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+
+use crate::host::netlink::{parse_link, RtnlSocket};
+use crate::rules::ipvs::KUBE_IPVS_IFACE;
+
+/// What the node shows of IPVS mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpvsView {
+    /// `kube-ipvs0` exists.
+    pub present: bool,
+    /// Every address of the namespace except those on `kube-ipvs0`.
+    pub host_addrs: BTreeSet<IpAddr>,
+}
+
+/// Reads the links and addresses of the agent's network namespace (two netlink dumps).
+pub fn read() -> io::Result<IpvsView> {
+    let mut socket = RtnlSocket::open()?;
+    let ipvs_index = socket
+        .dump_links()?
+        .iter()
+        .filter_map(parse_link)
+        .find(|l| l.name == KUBE_IPVS_IFACE)
+        .map(|l| l.index);
+    let replies = socket.dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))?;
+    Ok(IpvsView {
+        present: ipvs_index.is_some(),
+        host_addrs: host_addrs(&replies, ipvs_index),
+    })
+}
+
+/// The addresses in an address dump, without those of the interface `exclude`.
+pub fn host_addrs(replies: &[RouteNetlinkMessage], exclude: Option<u32>) -> BTreeSet<IpAddr> {
+    let mut out = BTreeSet::new();
+    for r in replies {
+        let RouteNetlinkMessage::NewAddress(a) = r else {
+            continue;
+        };
+        if Some(a.header.index) == exclude {
+            continue;
+        }
+        for attr in &a.attributes {
+            if let AddressAttribute::Address(ip) | AddressAttribute::Local(ip) = attr {
+                out.insert(*ip);
+            }
+        }
+    }
+    out
+}
+
+/// How often the watcher polls (two small netlink dumps).
+pub const POLL: Duration = Duration::from_secs(2);
+
+/// Polls the node until `stop`: calls `mode_changed(now_present)` when `kube-ipvs0`
+/// appears or disappears, and stops watching when it returns true; `addrs_changed` whenever
+/// the host addresses differ from the last ones seen.
+pub fn watch(
+    mut present: bool,
+    mut last: BTreeSet<IpAddr>,
+    stop: Arc<AtomicBool>,
+    mode_changed: impl Fn(bool) -> bool + Send + 'static,
+    addrs_changed: impl Fn(BTreeSet<IpAddr>) + Send + 'static,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("ipvs-watch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(POLL);
+                let Ok(view) = read() else {
+                    continue;
+                };
+                if view.present != present {
+                    present = view.present;
+                    if mode_changed(view.present) {
+                        return;
+                    }
+                }
+                if view.host_addrs != last {
+                    last = view.host_addrs.clone();
+                    addrs_changed(view.host_addrs);
+                }
+            }
+        })
+}
