@@ -408,18 +408,25 @@ fn measure(
     let (sets, members) = sets.trim().split_once(' ').unwrap_or(("?", "?"));
     let (t0, _) = usage(pid);
     let w0 = Instant::now();
-    // The first 60 s hold no exact verify (FELIX_KERNELVERIFYINTERVAL, 120 s after the first
-    // apply); a window past 120 s holds one, and reports its first 60 s apart.
-    let steady = opts.idle.min(Duration::from_secs(60));
-    std::thread::sleep(steady);
-    let (ts, _) = usage(pid);
-    let ws = w0.elapsed();
-    std::thread::sleep(opts.idle - steady);
+    // The window in 60 s slices: the first holds no exact verify (FELIX_KERNELVERIFYINTERVAL,
+    // 120 s after the first apply) nor refresh (300 s); the slices holding them show what
+    // each costs over the steady ones, and how far apart the next ones are stretched.
+    let slice = Duration::from_secs(60);
+    let mut slices = Vec::new();
+    let mut last = (t0, w0);
+    while w0.elapsed() < opts.idle {
+        std::thread::sleep(slice.min(opts.idle.saturating_sub(w0.elapsed())));
+        let (t, _) = usage(pid);
+        let now = Instant::now();
+        slices
+            .push((t - last.0) as f64 / ticks_per_second() / (now - last.1).as_secs_f64() * 100.0);
+        last = (t, now);
+    }
     let (t1, rss) = usage(pid);
     let cpu = (t1 - t0) as f64 / ticks_per_second() / w0.elapsed().as_secs_f64() * 100.0;
-    let first = if opts.idle > steady {
-        let pct = (ts - t0) as f64 / ticks_per_second() / ws.as_secs_f64() * 100.0;
-        format!(" ({pct:.3} % over its first 60 s)")
+    let first = if slices.len() > 1 {
+        let list: Vec<String> = slices.iter().map(|p| format!("{p:.2}")).collect();
+        format!(" (per 60 s: {} %)", list.join(" "))
     } else {
         String::new()
     };

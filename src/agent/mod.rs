@@ -181,18 +181,25 @@ pub fn run(
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     let mut unnamed = Unnamed::new(interface_grace);
     let mut next_interface_check = Instant::now();
+    // Whether the graph took a batch since the last interface check.
+    let mut graph_changed = true;
     'events: while !stop.load(Ordering::Relaxed) {
         health.turn(Loop::Calc);
         traffic.tick(&graph);
         if in_sync && Instant::now() >= next_interface_check {
             next_interface_check = Instant::now() + INTERFACE_CHECK;
-            check_interfaces(&graph, &mut unnamed, &health);
+            // At rest, with every interface found, nothing is listed or tested.
+            if graph_changed || unnamed.due(Instant::now()) {
+                graph_changed = false;
+                check_interfaces(&graph, &mut unnamed, &health);
+            }
         }
         let first = match inputs.recv_timeout(IDLE_TURN) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break,
         };
+        graph_changed = true;
         let batch_start = Instant::now();
         // Take everything already queued: one flush for the whole burst.
         let mut batch = vec![first];

@@ -17,7 +17,11 @@
 //!   second CNI through Multus, a stuck sandbox) must not take the node's status with it.
 //!
 //! An interface found once is not looked at again until the pod is named to another one, so
-//! a check costs one `if_nametoindex` per new pod, not per pod.
+//! a check costs one `if_nametoindex` per new pod, not per pod; a pod already reported is
+//! looked at again only every [`REPORTED_RETEST`] (a node whose setting fits nothing has every
+//! pod so, and `if_nametoindex` opens a socket each time: 1500 pods every 2 s cost 0.4 % of a
+//! core). The caller runs a check only when the graph changed or [`Unnamed::due`] says a
+//! test is due, so a node at rest with every interface found does no work at all.
 //! [`Unnamed::check`] is pure over what it is given; the caller supplies the clock, the
 //! existence test and the node's wiring.
 
@@ -34,7 +38,12 @@ struct Entry {
     /// Since when it has been without an existing interface (`None`: it has one).
     missing_since: Option<Instant>,
     warned: bool,
+    /// When a reported pod's interface is tested again.
+    retest_at: Option<Instant>,
 }
+
+/// How often a pod already reported without an interface is tested again.
+pub const REPORTED_RETEST: Duration = Duration::from_secs(30);
 
 /// A pod past the grace period without an interface, to be reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,22 +102,35 @@ impl Unnamed {
                 iface: None,
                 missing_since: Some(now),
                 warned: false,
+                retest_at: None,
             });
             let renamed = entry.iface != iface;
             let found_before = entry.missing_since.is_none() && !renamed;
+            let not_due = !renamed && entry.retest_at.is_some_and(|t| now < t);
             let mut entry = Entry {
                 warned: entry.warned && !renamed,
-                missing_since: entry.missing_since.or(Some(now)),
+                // Named to another interface: a new grace period for the new name.
+                missing_since: if renamed {
+                    Some(now)
+                } else {
+                    entry.missing_since.or(Some(now))
+                },
                 iface: iface.clone(),
+                retest_at: entry.retest_at.filter(|_| !renamed),
             };
-            if found_before || iface.as_deref().is_some_and(&exists) {
+            if found_before || (!not_due && iface.as_deref().is_some_and(&exists)) {
                 entry.missing_since = None;
                 entry.warned = false;
+                entry.retest_at = None;
             } else if let Some(since) = entry.missing_since {
+                if entry.warned && !not_due {
+                    entry.retest_at = Some(now + REPORTED_RETEST);
+                }
                 if now.duration_since(since) >= self.grace {
                     out.without += 1;
                     if !entry.warned {
                         entry.warned = true;
+                        entry.retest_at = Some(now + REPORTED_RETEST);
                         out.newly.push(Report {
                             pod: pod.clone(),
                             ips,
@@ -122,6 +144,14 @@ impl Unnamed {
         // Pods gone (deleted, moved, lost their address) are forgotten.
         self.pods = seen;
         out
+    }
+
+    /// Whether a check is due although the graph did not change: a pod is still within its
+    /// grace period, or a reported one is due to be tested again.
+    pub fn due(&self, now: Instant) -> bool {
+        self.pods.values().any(|e| {
+            e.missing_since.is_some() && (!e.warned || e.retest_at.is_none_or(|t| now >= t))
+        })
     }
 }
 
@@ -180,6 +210,44 @@ mod tests {
         assert_eq!(calls.get(), 1);
         u.check(t0, vec![pod("a", Some("i2"))], exists);
         assert_eq!(calls.get(), 2);
+    }
+
+    #[test]
+    fn reported_pods_are_tested_again_only_every_retest_period() {
+        let grace = Duration::from_secs(5);
+        let mut u = Unnamed::new(grace);
+        let t0 = Instant::now();
+        let calls = std::cell::Cell::new(0);
+        let missing = |_: &str| {
+            calls.set(calls.get() + 1);
+            false
+        };
+        let local = || vec![pod("a", Some("cali1"))];
+        u.check(t0, local(), missing);
+        assert!(
+            u.due(t0),
+            "within its grace period a pod is tested at each check"
+        );
+        let reported = u.check(t0 + grace, local(), missing);
+        assert_eq!((reported.newly.len(), calls.get()), (1, 2));
+        // Reported: not tested (and no check due) until the retest period has passed; still
+        // counted without an interface meanwhile.
+        let t1 = t0 + grace + Duration::from_secs(1);
+        assert!(!u.due(t1));
+        let quiet = u.check(t1, local(), missing);
+        assert_eq!((quiet.without, quiet.newly.len(), calls.get()), (1, 0, 2));
+        let t2 = t0 + grace + REPORTED_RETEST;
+        assert!(u.due(t2));
+        u.check(t2, local(), missing);
+        assert_eq!(calls.get(), 3);
+        assert!(!u.due(t2));
+        // Renamed: tested at once.
+        u.check(t2, vec![pod("a", Some("cali9"))], missing);
+        assert_eq!(calls.get(), 4);
+        // Found: nothing is due any more.
+        let found = u.check(t2 + grace, vec![pod("a", Some("cali9"))], |_| true);
+        assert_eq!(found.without, 0);
+        assert!(!u.due(t2 + grace * 100));
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! `FELIX_KERNELVERIFYINTERVAL`, stretched up to 10 min while the verify is dear,
 //! `sentinel::verify_interval`) and reads and repairs only then. Behind that, slow timers:
 //! a full iptables refresh (IptablesRefreshInterval) and an IP set refresh
-//! (IpsetsRefreshInterval), the safety net; and a post-write check (re-read iptables a short
+//! (IpsetsRefreshInterval), the safety net, each stretched up to an hour while it is dear
+//! and its part is watched (`sentinel::refresh_interval`); and a post-write check (re-read iptables a short
 //! while after writes, felix's IptablesPostWriteCheckIntervalSecs) where the kernel does not
 //! announce every commit (legacy iptables; nft's change events do). A part whose watch
 //! cannot be opened is re-read every 10 s at most. A failed apply is retried with back-off
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use super::sentinel::{Sentinel, Verdict};
+use super::sentinel::{cpu_with_children, refresh_interval, Sentinel, Verdict};
 use super::{Dataplane, DataplaneConfig};
 use crate::backoff::Backoff;
 use crate::calc_graph::update::Update;
@@ -103,6 +104,8 @@ pub fn run(
     // Whether the next apply starts from a full read of the rules (the fingerprint is then
     // taken just before it); the first one does.
     let mut tables_read = true;
+    // CPU used when a timed re-read of the (watched) tables began; its cost spaces the next.
+    let mut tables_refresh_started: Option<Duration> = None;
     let mut next_check: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::apply_retry();
@@ -182,18 +185,30 @@ pub fn run(
             info!("re-reading the IP sets: {why}");
         }
         if now >= next_ipsets_refresh || verdict.ipsets.is_some() {
-            next_ipsets_refresh = now + ipsets_refresh.unwrap_or(far);
             m.dataplane_resyncs.inc();
+            let started = cpu_with_children();
             sentinel.before_sets_read();
             if let Err(e) = dp.resync_ipsets() {
                 warn!("IP set refresh failed: {e:#}");
             }
+            // A watched part's refresh is spaced by its cost (`sentinel::refresh_interval`).
+            let cost = started
+                .zip(cpu_with_children())
+                .map(|(a, b)| b.saturating_sub(a));
+            next_ipsets_refresh = now
+                + match ipsets_refresh {
+                    Some(d) if sets_watched => refresh_interval(d, cost),
+                    d => d.unwrap_or(far),
+                };
         }
         if now >= next_refresh || verdict.iptables.is_some() {
             next_refresh = now + refresh.unwrap_or(far);
             m.dataplane_resyncs.inc();
             tables_read = true;
             dp.invalidate_iptables();
+            if tables_watched {
+                tables_refresh_started = cpu_with_children();
+            }
         }
         if next_check.is_some_and(|t| now >= t) {
             next_check = None;
@@ -216,6 +231,10 @@ pub fn run(
             Ok(report) => {
                 retry_at = None;
                 backoff.reset();
+                if let (Some(started), Some(d)) = (tables_refresh_started.take(), refresh) {
+                    let cost = cpu_with_children().map(|now| now.saturating_sub(started));
+                    next_refresh = Instant::now() + refresh_interval(d, cost);
+                }
                 sentinel.after_apply(
                     report.iptables_lines > 0,
                     &report.sets_written,

@@ -63,6 +63,10 @@ const VERIFY_COST_FACTOR: u32 = 2000;
 /// ...but runs at least this often (the IP set and iptables refreshes, 300 s by default,
 /// are the slower net behind it).
 pub const VERIFY_MAX_INTERVAL: Duration = Duration::from_secs(600);
+/// A full refresh of a watched part takes at most this inverse share of a core (0.05 %)...
+const REFRESH_COST_FACTOR: u32 = 2000;
+/// ...but runs at least this often.
+pub const REFRESH_MAX_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// When the next IP set header dump is due after one that took `cost` of CPU: `base` (the
 /// cheap check's interval), stretched to `cost` × [`SETS_CHECK_COST_FACTOR`], at most
@@ -80,6 +84,32 @@ pub fn sets_check_interval(base: Duration, cost: Option<Duration>) -> Duration {
 /// rule replaced in place by one of the same size or a set member swapped for another.
 pub fn verify_interval(base: Duration, cost: Option<Duration>) -> Duration {
     stretched(base, cost, VERIFY_COST_FACTOR, VERIFY_MAX_INTERVAL)
+}
+
+/// When the next full refresh (`FELIX_IPTABLESREFRESHINTERVAL`,
+/// `FELIX_IPSETSREFRESHINTERVAL`) of a part the change checks watch is due after one that
+/// took `cost` of CPU (the agent's and its `iptables-save`'s / `ipset save`'s): `base`,
+/// stretched to `cost` × [`REFRESH_COST_FACTOR`], at most [`REFRESH_MAX_INTERVAL`]. It is
+/// the third net, behind the cheap check and the exact verify, and the dearest: 1–3 s of CPU
+/// at 30k rules on nft, which every 300 s would cost more than everything else at rest.
+pub fn refresh_interval(base: Duration, cost: Option<Duration>) -> Duration {
+    stretched(base, cost, REFRESH_COST_FACTOR, REFRESH_MAX_INTERVAL)
+}
+
+/// CPU time this thread used so far plus that of every child process the agent waited for
+/// (the dataplane thread is the one that runs `iptables-save`, `ipset`, ...).
+pub fn cpu_with_children() -> Option<Duration> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes a whole rusage into the pointer on success, which is the
+    // only case in which it is read.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Some(thread_cpu_time()? + tv(usage.ru_utime) + tv(usage.ru_stime))
 }
 
 /// `base`, or `cost` × `factor` when that is longer, but not beyond `cap` (a `base` beyond
@@ -527,6 +557,31 @@ mod tests {
         assert_eq!(sets_check_interval(ms(200), None), ms(200));
         let slow = Duration::from_secs(5);
         assert_eq!(sets_check_interval(slow, Some(ms(50))), slow);
+    }
+
+    #[test]
+    fn refreshes_are_spaced_by_their_cost_up_to_an_hour() {
+        let ms = Duration::from_millis;
+        let base = Duration::from_secs(300);
+        assert_eq!(refresh_interval(base, None), base);
+        assert_eq!(refresh_interval(base, Some(ms(100))), base);
+        assert_eq!(
+            refresh_interval(base, Some(ms(1500))),
+            Duration::from_secs(3000)
+        );
+        assert_eq!(refresh_interval(base, Some(ms(5000))), REFRESH_MAX_INTERVAL);
+    }
+
+    #[test]
+    fn cpu_with_children_counts_a_waited_child() {
+        let before = cpu_with_children().unwrap();
+        // A child that burns a little CPU, waited for.
+        std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        let after = cpu_with_children().unwrap();
+        assert!(after > before, "{before:?} -> {after:?}");
     }
 
     #[test]
