@@ -100,7 +100,7 @@ pub struct Cluster {
     written: World,
     pub sctp: Arc<SctpLog>,
     /// Tags of the spoofing check's packets the pods' observers saw.
-    pub spoof_tags: Arc<crate::spoof::TagLog>,
+    pub spoof_tags: Arc<crate::tags::TagLog>,
     /// Pods whose kube-proxy chains exist (iptables mode deletes the chains of pods gone);
     /// `None` before kube-proxy's first write.
     proxied: Option<std::collections::BTreeSet<usize>>,
@@ -220,7 +220,7 @@ impl Cluster {
             pods: BTreeMap::new(),
             written: World::default(),
             sctp: Arc::new(SctpLog::default()),
-            spoof_tags: Arc::new(crate::spoof::TagLog::default()),
+            spoof_tags: Arc::new(crate::tags::TagLog::default()),
             proxied: None,
         };
         let families = cluster.cfg.family.families();

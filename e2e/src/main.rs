@@ -21,6 +21,7 @@ mod sctp;
 mod servers;
 mod services;
 mod spoof;
+mod tags;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

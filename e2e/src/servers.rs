@@ -83,7 +83,7 @@ impl PodServers {
         pod: &Pod,
         families: &[IpFamily],
         sctp: Arc<SctpLog>,
-        spoof_tags: Option<Arc<crate::spoof::TagLog>>,
+        spoof_tags: Option<Arc<crate::tags::TagLog>>,
     ) -> anyhow::Result<PodServers> {
         let identity = pod.key();
         let sockets = crate::netns::in_netns(netns, || {
@@ -92,7 +92,7 @@ impl PodServers {
                 all.extend(open_sockets(pod, family)?);
                 if spoof_tags.is_some() {
                     for (s, protocol) in
-                        crate::spoof::observer_sockets(family).context("raw observer socket")?
+                        crate::tags::observer_sockets(family).context("raw observer socket")?
                     {
                         all.push(Served::Observer(s, family, protocol));
                     }
@@ -116,7 +116,7 @@ impl PodServers {
                 Served::Observer(s, family, protocol) => {
                     let log = spoof_tags.clone().expect("observers only with a tag log");
                     std::thread::spawn(move || {
-                        crate::spoof::observe(s, family, protocol, &log, &stop)
+                        crate::tags::observe(s, family, protocol, &log, &stop)
                     })
                 }
             };
