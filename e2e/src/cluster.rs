@@ -57,6 +57,10 @@ pub struct ClusterConfig {
     /// Deny logging on in every node (`--check-deny-logs`): `run` and `compile` render the
     /// NFLOG rules, the agents log JSON.
     pub deny_logs: bool,
+    /// Flow logs on in every node (`--check-flow-logs`): `run` and `compile` render the
+    /// flow-log rules, the agents serve `GET /flows` on their health server
+    /// ([`FLOWS_PORT`], loopback of the node's namespace).
+    pub flow_logs: bool,
     /// The families of pods, ClusterIPs and the underlay.
     pub family: FamilyMode,
     /// Who DNATs ClusterIPs: kube-proxy's iptables or nftables mode.
@@ -192,6 +196,10 @@ fn ipv6_namespace_defaults(netns: &Netns) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The agents' health server port inside each node's namespace, where `GET /flows` answers
+/// (`--check-flow-logs`); every node has a namespace of its own, so one port serves all.
+pub const FLOWS_PORT: u16 = 9099;
 
 pub fn node_name(node: usize) -> String {
     format!("node-{node}")
@@ -1009,6 +1017,7 @@ fn agent_env(cfg: &ClusterConfig, node: &Node) -> Vec<(&'static str, String)> {
         if cfg.deny_logs {
             env.push(("FELIX_LOGFORMAT", "json".into()));
         }
+        env.extend(flows_server_env(cfg));
         return env;
     }
     let scheme = match cfg.cni {
@@ -1024,7 +1033,20 @@ fn agent_env(cfg: &ClusterConfig, node: &Node) -> Vec<(&'static str, String)> {
     if let Some(runtime) = &node.runtime {
         env.push(("FELIX_CRIENDPOINT", runtime.socket().display().to_string()));
     }
+    env.extend(flows_server_env(cfg));
     env
+}
+
+/// The health server that answers `GET /flows`, on the node namespace's loopback only.
+fn flows_server_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
+    if !cfg.flow_logs {
+        return Vec::new();
+    }
+    vec![
+        ("FELIX_HEALTHENABLED", "true".into()),
+        ("FELIX_HEALTHHOST", "127.0.0.1".into()),
+        ("FELIX_HEALTHPORT", FLOWS_PORT.to_string()),
+    ]
 }
 
 /// What `compile` is configured with: the names the harness gave the interfaces, so a
@@ -1062,6 +1084,16 @@ fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
         env.push(("FELIX_DENYLOGENABLED", "true".into()));
         env.push(("FELIX_DENYLOGRATE", "10000".into()));
         env.push(("FELIX_DENYLOGBURST", "10000".into()));
+    }
+    if cfg.flow_logs {
+        // Every probe must be recorded: a step's probes come in a burst from every pod, so
+        // the per-pod limit must not bite (the most hashlimit takes; the limit itself is
+        // tested in the agent's own tests). A short flush interval makes steps cross
+        // interval boundaries, so records are read from finished intervals and the open one.
+        env.push(("FELIX_FLOWLOGSENABLED", "true".into()));
+        env.push(("FELIX_FLOWLOGSPERPODRATE", "10000".into()));
+        env.push(("FELIX_FLOWLOGSPERPODBURST", "10000".into()));
+        env.push(("FELIX_FLOWLOGSFLUSHINTERVAL", "2".into()));
     }
     env
 }

@@ -16,7 +16,7 @@ use crate::cluster::Cluster;
 use crate::expect::Observed;
 use crate::family::family_name;
 use crate::probe::Results;
-use crate::scenario::{Protocol, Step};
+use crate::scenario::{PortKey, Protocol, Step};
 
 /// Disagreements shown in full; the rest are counted.
 const SHOWN: usize = 4;
@@ -34,9 +34,9 @@ fn key(text: &str) -> ObjectKey {
     ObjectKey::new(ns, name)
 }
 
-/// Every probe whose explain verdict differs from the expectation or from the packets,
-/// described with both answers (empty when all agree).
-pub fn check(cluster: &Cluster, step: &Step, observed: &Results) -> anyhow::Result<Vec<String>> {
+/// The step's objects as `netpol-agent explain` reads them: the manifests the agents read,
+/// validated into the agent's own evaluator (shared with `--check-flow-logs`).
+pub fn load_state(cluster: &Cluster) -> anyhow::Result<State> {
     let (objects, errors) = manifests::load_paths(&[cluster.manifests().to_path_buf()])
         .context("reading the step's manifests")?;
     anyhow::ensure!(
@@ -48,6 +48,43 @@ pub fn check(cluster: &Cluster, step: &Step, observed: &Results) -> anyhow::Resu
         invalid.is_empty(),
         "the step's objects do not validate: {invalid:?}"
     );
+    Ok(state)
+}
+
+/// The flow explain is asked about for one probe: the post-DNAT pod-to-pod flow between the
+/// two pods' addresses of `family` (by pod name on an IPv4-only cluster, where a name is
+/// unambiguous).
+pub fn probe_flow(
+    cluster: &Cluster,
+    family: IpFamily,
+    from: &str,
+    to: &str,
+    pk: &PortKey,
+) -> anyhow::Result<Flow> {
+    let families = cluster.families();
+    let addr = |pod: &str| -> anyhow::Result<Endpoint> {
+        let p = cluster
+            .pods
+            .get(pod)
+            .with_context(|| format!("pod {pod} is not in the cluster"))?;
+        Ok(if families.len() == 1 && family == IpFamily::V4 {
+            Endpoint::Pod(key(pod))
+        } else {
+            Endpoint::Ip(p.pod.addr(family))
+        })
+    };
+    Ok(Flow {
+        src: addr(from)?,
+        dst: addr(to)?,
+        protocol: protocol(pk.protocol),
+        port: pk.port,
+    })
+}
+
+/// Every probe whose explain verdict differs from the expectation or from the packets,
+/// described with both answers (empty when all agree).
+pub fn check(cluster: &Cluster, step: &Step, observed: &Results) -> anyhow::Result<Vec<String>> {
+    let state = load_state(cluster)?;
     let mut out = Vec::new();
     let mut more = 0;
     let families = cluster.families();
@@ -62,24 +99,7 @@ pub fn check(cluster: &Cluster, step: &Step, observed: &Results) -> anyhow::Resu
                         .iter()
                         .any(|d| d.protocol == pk.protocol && d.port == pk.port)
                 });
-                // Each family's flow between the two pods' addresses of that family.
-                let addr = |pod: &str| -> anyhow::Result<Endpoint> {
-                    let p = cluster
-                        .pods
-                        .get(pod)
-                        .with_context(|| format!("pod {pod} is not in the cluster"))?;
-                    Ok(if families.len() == 1 && family == IpFamily::V4 {
-                        Endpoint::Pod(key(pod))
-                    } else {
-                        Endpoint::Ip(p.pod.addr(family))
-                    })
-                };
-                let flow = Flow {
-                    src: addr(from)?,
-                    dst: addr(to)?,
-                    protocol: protocol(pk.protocol),
-                    port: pk.port,
-                };
+                let flow = probe_flow(cluster, family, from, to, pk)?;
                 let resolved = state
                     .resolve(&flow)
                     .with_context(|| format!("explain {from} -> {to} {pk}"))?;

@@ -12,6 +12,7 @@ mod deny_check;
 mod expect;
 mod explain_check;
 mod family;
+mod flow_check;
 mod netns;
 mod probe;
 mod runner;
@@ -112,6 +113,13 @@ struct RunArgs {
     /// objects) against the expectation and the packets; a disagreement fails the step.
     #[arg(long)]
     check_explain: bool,
+    /// Turn flow logs on in every node and check them after each step: every probe must be
+    /// in the flow records (`GET /flows`) of the node(s) whose policy decided it (egress at
+    /// the source's node, ingress at the destination's when egress let it through), with
+    /// the action, both pods, port, protocol and the policies `explain` names; no record of
+    /// the step may claim a flow that was not sent.
+    #[arg(long)]
+    check_flow_logs: bool,
     /// After each step every pod also sends packets with the source address of a pod the
     /// destination allows, to every other pod, per probed protocol and family; none may
     /// arrive (and the same packets with the sender's own address, where allowed, must).
@@ -246,6 +254,7 @@ fn run(args: RunArgs) -> ExitCode {
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(args.converge_timeout_secs),
             deny_logs: args.check_deny_logs,
+            flow_logs: args.check_flow_logs,
             family: args.ip_family,
             proxy: args.service_proxy,
             spoof_observers: args.check_spoofing,
@@ -258,6 +267,7 @@ fn run(args: RunArgs) -> ExitCode {
         retry_wait: Duration::from_secs(1),
         verbose: args.verbose,
         check_deny_logs: args.check_deny_logs,
+        check_flow_logs: args.check_flow_logs,
         check_explain: args.check_explain,
         check_spoofing: args.check_spoofing,
     };
@@ -265,6 +275,7 @@ fn run(args: RunArgs) -> ExitCode {
     let checks: Vec<&str> = [
         (cfg.check_explain, "every probe checked against explain"),
         (args.check_deny_logs, "checking deny logs"),
+        (args.check_flow_logs, "checking flow logs"),
         (args.check_spoofing, "checking spoofed sources"),
         (args.auto_wiring, "agents detect the CNI's wiring (auto)"),
     ]
@@ -327,6 +338,7 @@ fn demo(args: DemoArgs) -> ExitCode {
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(20),
             deny_logs: false,
+            flow_logs: false,
             spoof_observers: false,
             source_check: true,
             auto_wiring: false,

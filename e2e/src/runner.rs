@@ -29,6 +29,8 @@ pub struct RunConfig {
     pub verbose: bool,
     /// Check the agents' deny logs after each step (`cluster.deny_logs` turns them on).
     pub check_deny_logs: bool,
+    /// Check the agents' flow records after each step (`cluster.flow_logs` turns them on).
+    pub check_flow_logs: bool,
     /// Hold explain's verdict for every probe against the expectation and the packets.
     pub check_explain: bool,
     /// Send forged-source packets after each step; none may arrive (`spoof`).
@@ -118,6 +120,7 @@ fn run_steps(
         let converged = cluster.wait_converged();
         let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
         let mut marks = cluster.log_marks();
+        let mut round_start = std::time::SystemTime::now();
         let (first, mut ports) = probe_step(&cluster, scenario.target, step, cfg);
         let families = cfg.cluster.family.families();
         let mut failing = failing_keys(step, families, &first);
@@ -126,6 +129,7 @@ fn run_steps(
         if !failing.is_empty() {
             std::thread::sleep(cfg.retry_wait);
             marks = cluster.log_marks();
+            round_start = std::time::SystemTime::now();
             (last, ports) = probe_step(&cluster, scenario.target, step, cfg);
             failing = failing_keys(step, families, &last);
             retried = true;
@@ -175,6 +179,43 @@ fn run_steps(
                 }
             );
         }
+        let mut flow_text = String::new();
+        if cfg.check_flow_logs && failing.is_empty() && converged.is_ok() && explain.is_empty() {
+            let checked = crate::flow_check::check(
+                &cluster,
+                scenario.target,
+                step,
+                families,
+                &ports,
+                round_start,
+            );
+            if !checked.problems.is_empty() {
+                let _ = writeln!(
+                    report,
+                    "  FAIL {label}: {conv_text}; flow logs: {} problems ({} records read)",
+                    checked.problems.len(),
+                    checked.records
+                );
+                for p in checked.problems.iter().take(20) {
+                    let _ = writeln!(report, "    {p}");
+                }
+                report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
+                return Ok(false);
+            }
+            flow_text = format!(
+                "; flow logs: {} directions recorded ({} denied){}",
+                checked.matched,
+                checked.denied,
+                if checked.cluster_decided > 0 {
+                    format!(
+                        ", {} decided by a ClusterNetworkPolicy not required",
+                        checked.cluster_decided
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         let mut spoof_text = String::new();
         if cfg.check_spoofing && failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let checked = crate::spoof::check(&cluster, step, families, cfg.probe_timeout * 2);
@@ -197,7 +238,7 @@ fn run_steps(
         if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
-                "  ok   {label}: {conv_text}{}{deny_text}{spoof_text}",
+                "  ok   {label}: {conv_text}{}{deny_text}{flow_text}{spoof_text}",
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {

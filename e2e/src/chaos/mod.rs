@@ -312,6 +312,7 @@ impl Harness {
             family: args.ip_family,
             proxy: ServiceProxy::Iptables,
             deny_logs: false,
+            flow_logs: false,
             spoof_observers: false,
             source_check: true,
             auto_wiring: false,
