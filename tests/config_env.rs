@@ -584,6 +584,24 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             "--conntrack-reevaluate-interval",
             "seconds > 0",
         ),
+        (
+            "FELIX_FLOWLOGSFILEMAXFILES",
+            "0",
+            "--flow-logs-file-max-files",
+            "from 1 to 1000",
+        ),
+        (
+            "FELIX_FLOWLOGSFILEMAXFILESIZEMB",
+            "1GB",
+            "--flow-logs-file-max-file-size-mb",
+            "from 1 to 10000",
+        ),
+        (
+            "FELIX_FLOWLOGSFILEENABLED",
+            "maybe",
+            "--flow-logs-file-enabled",
+            "true or false",
+        ),
     ];
     for (var, value, flag, accepted) in cases {
         rejects(var, value, flag, accepted, &[]);
@@ -606,6 +624,14 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             ("FELIX_DENYLOGENABLED", "true"),
             ("FELIX_DENYLOGRATE", "1/day"),
         ],
+    );
+    // The file target without flow logs would never write.
+    rejects(
+        "FELIX_FLOWLOGSFILEENABLED",
+        "true",
+        "--flow-logs-file-enabled",
+        "needs FELIX_FLOWLOGSENABLED",
+        &[],
     );
     rejects(
         "FELIX_BRIDGEINTERFACE",
@@ -690,6 +716,10 @@ fn help_documents_every_variable_and_default() {
         "FELIX_POLICYCOUNTERSINTERVAL",
         "FELIX_CONNTRACKREEVALUATE",
         "FELIX_CONNTRACKREEVALUATEINTERVAL",
+        "FELIX_FLOWLOGSFILEENABLED",
+        "FELIX_FLOWLOGSFILEDIRECTORY",
+        "FELIX_FLOWLOGSFILEMAXFILES",
+        "FELIX_FLOWLOGSFILEMAXFILESIZEMB",
     ] {
         assert!(
             help.contains(&format!("[env: {var}=]")),
