@@ -41,11 +41,13 @@ impl Reply {
     }
 }
 
-/// A streamed answer: written on a thread of its own until `write` returns (an error when the
-/// client went away).
+/// Writes a stream's body until done or the client went away (an error then).
+pub type StreamBody = Box<dyn FnOnce(&mut dyn Write) -> std::io::Result<()> + Send>;
+
+/// A streamed answer: written on a thread of its own until its body returns.
 pub struct Stream {
     pub content_type: &'static str,
-    pub write: Box<dyn FnOnce(&mut dyn Write) -> std::io::Result<()> + Send>,
+    pub write: StreamBody,
 }
 
 /// Routes that may stream: `None` not theirs, `Some(Err(reply))` answered at once.
