@@ -15,6 +15,8 @@
 //! the accepted values (`explain_invalid_value`: clap's own message for a bad environment
 //! value names only the flag).
 
+pub mod felix_params;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -330,66 +332,6 @@ pub enum SourceSpoofing {
     Any,
 }
 
-/// Felix configuration parameters we do not implement (as environment variables): named as
-/// ignored at start, as felix names unknown ones ("Ignoring unknown config param").
-const FELIX_ONLY_PARAMS: &[&str] = &[
-    "FELIX_ALLOWIPIPPACKETSFROMWORKLOADS",
-    "FELIX_ALLOWVXLANPACKETSFROMWORKLOADS",
-    "FELIX_BPFENABLED",
-    "FELIX_BPFLOGLEVEL",
-    "FELIX_BPFKUBEPROXYIPTABLESCLEANUPENABLED",
-    "FELIX_DEBUGMEMORYPROFILEPATH",
-    "FELIX_DEVICEROUTESOURCEADDRESS",
-    "FELIX_ENDPOINTREPORTINGENABLED",
-    "FELIX_ETCDADDR",
-    "FELIX_ETCDENDPOINTS",
-    "FELIX_FAILSAFEINBOUNDHOSTPORTS",
-    "FELIX_FAILSAFEOUTBOUNDHOSTPORTS",
-    "FELIX_FLOWLOGSGOLDMANESERVER",
-    "FELIX_GENERICXDPENABLED",
-    "FELIX_HEALTHTIMEOUTOVERRIDES",
-    "FELIX_INTERFACEEXCLUDE",
-    "FELIX_INTERFACEREFRESHINTERVAL",
-    "FELIX_IPINIPENABLED",
-    "FELIX_IPINIPMTU",
-    "FELIX_IPTABLESLOCKFILEPATH",
-    "FELIX_IPTABLESLOCKPROBEINTERVALMILLIS",
-    "FELIX_IPTABLESLOCKTIMEOUTSECS",
-    "FELIX_IPTABLESMANGLEALLOWACTION",
-    "FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER",
-    "FELIX_LOGFILEPATH",
-    "FELIX_LOGSEVERITYFILE",
-    "FELIX_LOGSEVERITYSYS",
-    "FELIX_METADATAADDR",
-    "FELIX_METADATAPORT",
-    "FELIX_NATOUTGOINGADDRESS",
-    "FELIX_NATPORTRANGE",
-    "FELIX_NETLINKTIMEOUTSECS",
-    "FELIX_NFTABLESMODE",
-    "FELIX_POLICYSYNCPATHPREFIX",
-    "FELIX_PROMETHEUSGOMETRICSENABLED",
-    "FELIX_PROMETHEUSPROCESSMETRICSENABLED",
-    "FELIX_PROMETHEUSWIREGUARDMETRICSENABLED",
-    "FELIX_REMOVEEXTERNALROUTES",
-    "FELIX_REPORTINGINTERVALSECS",
-    "FELIX_REPORTINGTTLSECS",
-    "FELIX_ROUTEREFRESHINTERVAL",
-    "FELIX_ROUTETABLERANGE",
-    "FELIX_ROUTETABLERANGES",
-    "FELIX_SERVICELOOPPREVENTION",
-    "FELIX_SIDECARACCELERATIONENABLED",
-    "FELIX_TYPHAADDR",
-    "FELIX_TYPHAK8SNAMESPACE",
-    "FELIX_TYPHAK8SSERVICENAME",
-    "FELIX_USAGEREPORTINGENABLED",
-    "FELIX_VXLANENABLED",
-    "FELIX_VXLANMTU",
-    "FELIX_VXLANPORT",
-    "FELIX_VXLANVNI",
-    "FELIX_WIREGUARDENABLED",
-    "FELIX_XDPENABLED",
-];
-
 /// Why a `FELIX_*` variable is ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Ignored {
@@ -430,7 +372,7 @@ pub fn ignored_env(
         .into_iter()
         .filter(|v| v.starts_with("FELIX_") && !known.contains(v))
         .map(|v| {
-            let why = if FELIX_ONLY_PARAMS.contains(&v.as_str()) {
+            let why = if felix_params::unimplemented_reason(&v).is_some() {
                 Ignored::Unimplemented
             } else {
                 Ignored::Unknown

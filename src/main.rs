@@ -256,7 +256,8 @@ fn log_start(matches: &clap::ArgMatches) {
             ),
             netpol_agent::config::Ignored::Unimplemented => warn!(
                 variable = name,
-                "ignoring config param {name}: a felix parameter netpol-agent does not implement"
+                "ignoring config param {name}: a felix parameter netpol-agent does not implement ({})",
+                netpol_agent::config::felix_params::unimplemented_reason(&name).unwrap_or("")
             ),
         }
         netpol_agent::telemetry::metrics::global()
