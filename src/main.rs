@@ -48,6 +48,7 @@ use netpol_agent::host::rule_counters::Xtables;
 use netpol_agent::host::wiring as host_wiring;
 use netpol_agent::inspect;
 use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
+use netpol_agent::inspect::staged::StagedArgs;
 use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
@@ -102,6 +103,9 @@ enum Command {
     /// Whether a node's kernel holds what the policies say: every chain and rule of ours with
     /// what it implements, drift, and other programs' rules that bypass or break enforcement.
     Audit(Box<AuditArgs>),
+    /// Staged policies (never enforced): the observed flows they would change (impact), and
+    /// the enforced objects they would become (promote).
+    Staged(Box<StagedArgs>),
 }
 
 #[derive(Args)]
@@ -177,6 +181,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile(*args),
         Command::Explain(args) => return inspect::explain::run(&args),
         Command::Audit(args) => return inspect::audit::run(&args),
+        Command::Staged(args) => return inspect::staged::run(&args),
     };
     match result {
         Ok(code) => code,

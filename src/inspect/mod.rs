@@ -1,5 +1,6 @@
 //! `explain` and `audit`: the two read-only commands that answer "why is this flow allowed or
-//! denied" and "does this node's kernel hold what the policies say". The I/O edge around the
+//! denied" and "does this node's kernel hold what the policies say"; `staged`: what staged
+//! policies would change (issue 23). The I/O edge around the
 //! pure `verdict` evaluator and `dataplane::audit`: reading the objects once (manifests, a
 //! directory, or the Kubernetes API until its first complete listing), naming pod interfaces
 //! with the configured resolver, reading the kernel (`iptables-save`, `ipset save`) or saved
@@ -11,6 +12,7 @@
 pub mod args;
 pub mod audit;
 pub mod explain;
+pub mod staged;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
