@@ -409,6 +409,43 @@ fn impact_groups_changed_flows_by_staged_object() {
     );
     assert!(out.contains("ALLOW -> DENY  y/other -> x/client  TCP 80, ingress of x/client  (3 connections, node node-1)"), "{out}");
 
+    // The same records from an agent's URL (one HTTP answer on a real socket).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = records().to_string();
+    let server = std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+        let mut request = String::new();
+        reader.read_line(&mut request).unwrap();
+        write!(
+            conn,
+            "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}"
+        )
+        .unwrap();
+        request
+    });
+    let url = format!("http://127.0.0.1:{port}/flows?namespace=x");
+    let (code, out, err) = run(&[
+        "staged",
+        "impact",
+        "--manifests",
+        &c,
+        &s_path(&staged),
+        "--flows",
+        &url,
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let from_url: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(from_url["changed"], 4);
+    assert!(server
+        .join()
+        .unwrap()
+        .starts_with("GET /flows?namespace=x "));
+
     // Without staged objects nothing changes (exit 0); broken records are bad input (exit 2).
     let (code, out, _) = run(&["staged", "impact", "--manifests", &c, "--flows", &f]);
     assert_eq!(code, 0, "{out}");

@@ -15,10 +15,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::net::IpAddr;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
@@ -38,8 +37,6 @@ use crate::verdict::{Action, Endpoint, Flow, ResolvedFlow, Staging, State};
 
 /// Flow records read at most (a saved file or an agent's answer).
 const MAX_FLOWS_BYTES: u64 = 256 << 20;
-/// How long an agent's URL may take to answer.
-const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Args, Clone, Debug)]
 pub struct StagedArgs {
@@ -61,7 +58,8 @@ pub struct ImpactArgs {
     #[command(flatten)]
     pub source: SourceOptions,
     /// Flow records as `GET /flows` serves them: a saved JSON file, `-` for standard input,
-    /// or an agent's URL (`http://HOST:PORT/flows?...`, e.g. through kubectl port-forward).
+    /// or an agent's URL (`http://HOST:PORT[/flows][?filters]`, e.g. through kubectl
+    /// port-forward).
     #[arg(long)]
     pub flows: String,
     /// Output format.
@@ -242,57 +240,29 @@ fn records(doc: &Value) -> anyhow::Result<(Vec<Record>, BTreeMap<String, u64>)> 
     Ok((out, skipped))
 }
 
-/// The records' text: a file, `-`, or an agent's `http://` URL.
-fn read_flows(from: &str) -> anyhow::Result<String> {
+/// The records: a file, `-`, or an agent's `http://` URL (read with `flows`' client).
+fn read_flows(from: &str) -> anyhow::Result<Value> {
+    if from.starts_with("http://") || from.starts_with("https://") {
+        // `http://host:port[/flows][?filters]`: the agent's base URL and the query.
+        let (base, query) = from.split_once('?').unwrap_or((from, ""));
+        let base = base.trim_end_matches('/');
+        let base = base.strip_suffix("/flows").unwrap_or(base);
+        let records = super::flows::fetch(base, query).map_err(|e| anyhow!("--flows: {e}"))?;
+        return Ok(Value::Array(records));
+    }
+    let mut text = String::new();
     if from == "-" {
-        let mut text = String::new();
         std::io::stdin()
             .take(MAX_FLOWS_BYTES)
             .read_to_string(&mut text)
             .context("reading flow records from standard input")?;
-        return Ok(text);
+    } else {
+        let file = std::fs::File::open(from).with_context(|| format!("--flows {from}"))?;
+        file.take(MAX_FLOWS_BYTES)
+            .read_to_string(&mut text)
+            .with_context(|| format!("--flows {from}: reading"))?;
     }
-    if let Some(rest) = from.strip_prefix("http://") {
-        return http_get(rest).with_context(|| format!("fetching flow records from {from}"));
-    }
-    if from.starts_with("https://") {
-        bail!("--flows: https is not supported; reach the agent's port with kubectl port-forward and use http://localhost:PORT/flows");
-    }
-    let file = std::fs::File::open(from).with_context(|| format!("--flows {from}"))?;
-    let mut text = String::new();
-    file.take(MAX_FLOWS_BYTES)
-        .read_to_string(&mut text)
-        .with_context(|| format!("--flows {from}: reading"))?;
-    Ok(text)
-}
-
-/// A plain HTTP/1.0 GET of `host:port/path` (the agent's health server speaks HTTP/1.x).
-fn http_get(rest: &str) -> anyhow::Result<String> {
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/flows"),
-    };
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(authority)
-        .with_context(|| format!("resolving {authority}"))?
-        .next()
-        .ok_or_else(|| anyhow!("{authority} has no address"))?;
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, FETCH_TIMEOUT)?;
-    stream.set_read_timeout(Some(FETCH_TIMEOUT))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut body = Vec::new();
-    stream.take(MAX_FLOWS_BYTES).read_to_end(&mut body)?;
-    let text = String::from_utf8(body).context("the answer is not UTF-8")?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("not an HTTP answer"))?;
-    let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        bail!("the agent answered {status:?}: {}", body.trim());
-    }
-    Ok(body.to_string())
+    serde_json::from_str(&text).with_context(|| format!("--flows {from}: not JSON"))
 }
 
 /// A flow whose verdict would change.
@@ -330,9 +300,7 @@ fn impact(args: &ImpactArgs) -> anyhow::Result<ExitCode> {
     if !errors.is_empty() {
         return Err(invalid(&errors));
     }
-    let text = read_flows(&args.flows)?;
-    let doc: Value =
-        serde_json::from_str(&text).with_context(|| format!("--flows {}: not JSON", args.flows))?;
+    let doc = read_flows(&args.flows)?;
     let (records, mut skipped) = records(&doc)?;
     let staging = state.staging();
 
