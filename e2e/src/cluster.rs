@@ -206,6 +206,11 @@ pub fn node_name(node: usize) -> String {
 }
 
 impl Cluster {
+    /// Who DNATs the ClusterIPs.
+    pub fn service_proxy(&self) -> ServiceProxy {
+        self.cfg.proxy
+    }
+
     /// The IP families of the cluster's pods.
     pub fn families(&self) -> &'static [IpFamily] {
         self.cfg.family.families()
