@@ -1,6 +1,7 @@
 //! The netpol-agent command line: `run` (the agent), `cleanup` (remove everything we
 //! programmed), `compile` (render what a node must hold, offline), `explain` (why a flow is
-//! allowed or denied) and `audit` (whether a node's kernel holds what the policies say).
+//! allowed or denied), `audit` (whether a node's kernel holds what the policies say) and
+//! `flows` (the flow records of one or more agents).
 //!
 //! Exit status: 0 success; 1 a failure while running (or `compile --strict` with rejected
 //! objects); 2 invalid configuration (a bad flag or `FELIX_*` value, found before anything
@@ -9,7 +10,8 @@
 //! health server is off, else on SIGTERM/SIGINT after having served `/readiness` 503 with the
 //! reason meanwhile. `explain`: 0 allowed, 1 denied,
 //! 2 bad input, 3 the kernel's answer differs from the policies'; `audit`: 0 clean, 1
-//! findings, 2 error.
+//! findings, 2 error; `flows`: 0 every agent answered, 1 one could not be read, 2 bad
+//! arguments.
 
 /// mimalloc instead of glibc's malloc: the calc graph holds millions of small, long-lived
 /// allocations at cluster scale (a pod record, its labels, its set memberships), and glibc's
@@ -60,6 +62,27 @@ use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
 use netpol_agent::traffic::{flow_log, Traffic, TrafficConfig};
 
+/// The JSON-lines target of flow logs, when on; on without flow logs is a configuration error
+/// (records to write would never come).
+fn flow_log_file(
+    opts: &AgentOptions,
+    rules: &RuleOptions,
+) -> Result<Option<flow_log::FileSettings>, ConfigError> {
+    if !opts.flow_logs_file_enabled {
+        return Ok(None);
+    }
+    if !rules.flow_logs_enabled {
+        return Err(ConfigError(
+            "FELIX_FLOWLOGSFILEENABLED (--flow-logs-file-enabled) needs FELIX_FLOWLOGSENABLED (--flow-logs-enabled)".into(),
+        ));
+    }
+    Ok(Some(flow_log::FileSettings {
+        directory: opts.flow_logs_file_directory.clone(),
+        max_files: opts.flow_logs_file_max_files,
+        max_file_bytes: u64::from(opts.flow_logs_file_max_file_size_mb) << 20,
+    }))
+}
+
 /// Exit status of `run` when the preflight checks refuse the node.
 const EXIT_REFUSED: u8 = 3;
 /// How often a refused agent (health server on) looks at the node again.
@@ -103,6 +126,9 @@ enum Command {
     /// Whether a node's kernel holds what the policies say: every chain and rule of ours with
     /// what it implements, drift, and other programs' rules that bypass or break enforcement.
     Audit(Box<AuditArgs>),
+    /// Flow records of one or more agents (their `GET /flows`), merged: a table or JSON;
+    /// --follow prints records as the agents flush them.
+    Flows(Box<inspect::flows::FlowsArgs>),
 }
 
 #[derive(Args)]
@@ -183,6 +209,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile(*args),
         Command::Explain(args) => return inspect::explain::run(&args),
         Command::Audit(args) => return inspect::audit::run(&args),
+        Command::Flows(args) => return inspect::flows::run(&args),
     };
     match result {
         Ok(code) => code,
@@ -241,7 +268,8 @@ fn log_start(matches: &clap::ArgMatches) {
             ),
             netpol_agent::config::Ignored::Unimplemented => warn!(
                 variable = name,
-                "ignoring config param {name}: a felix parameter netpol-agent does not implement"
+                "ignoring config param {name}: a felix parameter netpol-agent does not implement ({})",
+                netpol_agent::config::felix_params::unimplemented_reason(&name).unwrap_or("")
             ),
         }
         netpol_agent::telemetry::metrics::global()
@@ -319,16 +347,18 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     if opts.prometheus_metrics_enabled {
         http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
     }
+    let flow_file = flow_log_file(opts, &args.rules)?;
     // Flow logs: GET /flows on the health server, answered once the reader runs.
     let flows_slot: Arc<flow_log::FlowsSlot> = Arc::default();
     if opts.health_enabled {
         if args.rules.flow_logs_enabled {
-            let slot = flows_slot.clone();
-            http::serve_health_with(
+            let (slot, streams) = (flows_slot.clone(), flows_slot.clone());
+            http::serve_health_streaming(
                 &opts.health_host,
                 opts.health_port,
                 health.clone(),
                 move |path, query| flow_log::route(&slot, path, query),
+                Box::new(move |path, query| flow_log::stream_route(&streams, path, query)),
             )?;
         } else {
             http::serve_health(&opts.health_host, opts.health_port, health.clone())?;
@@ -414,6 +444,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
                 group: f.group(),
                 snap_len: f.snap_len(),
                 flush_interval: opts.flow_logs_flush_interval,
+                file: flow_file.clone(),
             }),
             counters: Some(CounterSettings {
                 xtables: match dataplane_cfg.backend {
