@@ -51,6 +51,7 @@ use netpol_agent::host::rule_counters::Xtables;
 use netpol_agent::host::wiring as host_wiring;
 use netpol_agent::inspect;
 use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
+use netpol_agent::inspect::staged::StagedArgs;
 use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
@@ -129,6 +130,9 @@ enum Command {
     /// Flow records of one or more agents (their `GET /flows`), merged: a table or JSON;
     /// --follow prints records as the agents flush them.
     Flows(Box<inspect::flows::FlowsArgs>),
+    /// Staged policies (never enforced): the observed flows they would change (impact), and
+    /// the enforced objects they would become (promote).
+    Staged(Box<StagedArgs>),
 }
 
 #[derive(Args)]
@@ -210,6 +214,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => return inspect::explain::run(&args),
         Command::Audit(args) => return inspect::audit::run(&args),
         Command::Flows(args) => return inspect::flows::run(&args),
+        Command::Staged(args) => return inspect::staged::run(&args),
     };
     match result {
         Ok(code) => code,

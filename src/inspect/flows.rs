@@ -176,8 +176,8 @@ fn get(url: &str, path: &str, stream: bool) -> Result<(u16, BufReader<TcpStream>
     Ok((status, reader))
 }
 
-/// One agent's records.
-fn fetch(url: &str, query: &str) -> Result<Vec<Value>, String> {
+/// One agent's records (also `staged impact --flows URL`).
+pub(super) fn fetch(url: &str, query: &str) -> Result<Vec<Value>, String> {
     let (status, mut body) = get(url, &format!("/flows?{query}"), false)?;
     let mut text = String::new();
     body.read_to_string(&mut text)

@@ -1,6 +1,7 @@
-//! `explain`, `audit` and `flows`: the read-only commands that answer "why is this flow allowed
-//! or denied", "does this node's kernel hold what the policies say" and "which flows did the
-//! agents record" ([`flows`], a client of the agents' flows API). The I/O edge around the
+//! `explain`, `audit`, `flows` and `staged`: the read-only commands that answer "why is this
+//! flow allowed or denied", "does this node's kernel hold what the policies say", "which flows
+//! did the agents record" ([`flows`], a client of the agents' flows API) and "what would the
+//! staged policies change" ([`staged`], issue 23). The I/O edge around the
 //! pure `verdict` evaluator and `dataplane::audit`: reading the objects once (manifests, a
 //! directory, or the Kubernetes API until its first complete listing), naming pod interfaces
 //! with the configured resolver, reading the kernel (`iptables-save`, `ipset save`) or saved
@@ -13,6 +14,7 @@ pub mod args;
 pub mod audit;
 pub mod explain;
 pub mod flows;
+pub mod staged;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
