@@ -379,7 +379,7 @@ impl Metrics {
             rejections: counter_vec(
                 &r,
                 "netpol_rejections_total",
-                "rejected input: `kind` Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy (`reason` `invalid`, or `interface` when a local pod's veth cannot be named) or Manifest (`reason` `parse`: a broken document in the directory datastore)",
+                "rejected input: `kind` Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, the staged kinds (`reason` `invalid`, or `interface` when a local pod's veth cannot be named) or Manifest (`reason` `parse`: a broken document in the directory datastore)",
                 &["kind", "reason"],
             ),
             rejected_objects: gauge_vec(
