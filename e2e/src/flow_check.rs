@@ -244,11 +244,11 @@ fn enforced_of(r: &Value) -> Vec<Enforced> {
     out
 }
 
-/// `ns/name` of one end, or empty when the record names no pod there.
+/// `ns/name` of one end, or empty when the record names no pod there (no name).
 fn names(r: &Value, side: &str) -> String {
     let ns = r[format!("{side}_namespace")].as_str().unwrap_or("");
     let name = r[format!("{side}_name")].as_str().unwrap_or("");
-    if ns.is_empty() && name.is_empty() {
+    if name.is_empty() {
         String::new()
     } else {
         format!("{ns}/{name}")
