@@ -57,7 +57,7 @@ use netpol_agent::telemetry::http;
 use netpol_agent::traffic::counters::CounterSettings;
 use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
-use netpol_agent::traffic::{flow_log, Traffic, TrafficConfig};
+use netpol_agent::traffic::{flow_log, flow_page, Traffic, TrafficConfig};
 
 /// Exit status of `run` when the preflight checks refuse the node.
 const EXIT_REFUSED: u8 = 3;
@@ -313,7 +313,8 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     if opts.prometheus_metrics_enabled {
         http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
     }
-    // Flow logs: GET /flows on the health server, answered once the reader runs.
+    // Flow logs: GET /flows on the health server, answered once the reader runs, and the
+    // page that reads it (GET /flows/ui).
     let flows_slot: Arc<flow_log::FlowsSlot> = Arc::default();
     if opts.health_enabled {
         if args.rules.flow_logs_enabled {
@@ -322,7 +323,9 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
                 &opts.health_host,
                 opts.health_port,
                 health.clone(),
-                move |path, query| flow_log::route(&slot, path, query),
+                move |path, query| {
+                    flow_page::route(path).or_else(|| flow_log::route(&slot, path, query))
+                },
             )?;
         } else {
             http::serve_health(&opts.health_host, opts.health_port, health.clone())?;
