@@ -15,6 +15,8 @@
 //! the accepted values (`explain_invalid_value`: clap's own message for a bad environment
 //! value names only the flag).
 
+pub mod felix_params;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -295,6 +297,22 @@ pub fn parse_flow_log_rate(text: &str) -> Result<u32, String> {
     }
 }
 
+/// How many flow-log files are kept: 1 ..= 1000.
+pub fn parse_flow_log_files(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(n),
+        _ => Err("accepted values: a whole number of files from 1 to 1000".into()),
+    }
+}
+
+/// The size of one flow-log file in MB: 1 ..= 10000.
+pub fn parse_flow_log_file_mb(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err("accepted values: a whole number of MB from 1 to 10000".into()),
+    }
+}
+
 /// An NFLOG group: 0 ..= 65535.
 pub fn parse_nflog_group(text: &str) -> Result<u16, String> {
     text.trim()
@@ -313,66 +331,6 @@ pub enum SourceSpoofing {
     #[value(name = "Any")]
     Any,
 }
-
-/// Felix configuration parameters we do not implement (as environment variables): named as
-/// ignored at start, as felix names unknown ones ("Ignoring unknown config param").
-const FELIX_ONLY_PARAMS: &[&str] = &[
-    "FELIX_ALLOWIPIPPACKETSFROMWORKLOADS",
-    "FELIX_ALLOWVXLANPACKETSFROMWORKLOADS",
-    "FELIX_BPFENABLED",
-    "FELIX_BPFLOGLEVEL",
-    "FELIX_BPFKUBEPROXYIPTABLESCLEANUPENABLED",
-    "FELIX_DEBUGMEMORYPROFILEPATH",
-    "FELIX_DEVICEROUTESOURCEADDRESS",
-    "FELIX_ENDPOINTREPORTINGENABLED",
-    "FELIX_ETCDADDR",
-    "FELIX_ETCDENDPOINTS",
-    "FELIX_FAILSAFEINBOUNDHOSTPORTS",
-    "FELIX_FAILSAFEOUTBOUNDHOSTPORTS",
-    "FELIX_FLOWLOGSGOLDMANESERVER",
-    "FELIX_GENERICXDPENABLED",
-    "FELIX_HEALTHTIMEOUTOVERRIDES",
-    "FELIX_INTERFACEEXCLUDE",
-    "FELIX_INTERFACEREFRESHINTERVAL",
-    "FELIX_IPINIPENABLED",
-    "FELIX_IPINIPMTU",
-    "FELIX_IPTABLESLOCKFILEPATH",
-    "FELIX_IPTABLESLOCKPROBEINTERVALMILLIS",
-    "FELIX_IPTABLESLOCKTIMEOUTSECS",
-    "FELIX_IPTABLESMANGLEALLOWACTION",
-    "FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER",
-    "FELIX_LOGFILEPATH",
-    "FELIX_LOGSEVERITYFILE",
-    "FELIX_LOGSEVERITYSYS",
-    "FELIX_METADATAADDR",
-    "FELIX_METADATAPORT",
-    "FELIX_NATOUTGOINGADDRESS",
-    "FELIX_NATPORTRANGE",
-    "FELIX_NETLINKTIMEOUTSECS",
-    "FELIX_NFTABLESMODE",
-    "FELIX_POLICYSYNCPATHPREFIX",
-    "FELIX_PROMETHEUSGOMETRICSENABLED",
-    "FELIX_PROMETHEUSPROCESSMETRICSENABLED",
-    "FELIX_PROMETHEUSWIREGUARDMETRICSENABLED",
-    "FELIX_REMOVEEXTERNALROUTES",
-    "FELIX_REPORTINGINTERVALSECS",
-    "FELIX_REPORTINGTTLSECS",
-    "FELIX_ROUTEREFRESHINTERVAL",
-    "FELIX_ROUTETABLERANGE",
-    "FELIX_ROUTETABLERANGES",
-    "FELIX_SERVICELOOPPREVENTION",
-    "FELIX_SIDECARACCELERATIONENABLED",
-    "FELIX_TYPHAADDR",
-    "FELIX_TYPHAK8SNAMESPACE",
-    "FELIX_TYPHAK8SSERVICENAME",
-    "FELIX_USAGEREPORTINGENABLED",
-    "FELIX_VXLANENABLED",
-    "FELIX_VXLANMTU",
-    "FELIX_VXLANPORT",
-    "FELIX_VXLANVNI",
-    "FELIX_WIREGUARDENABLED",
-    "FELIX_XDPENABLED",
-];
 
 /// Why a `FELIX_*` variable is ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -414,7 +372,7 @@ pub fn ignored_env(
         .into_iter()
         .filter(|v| v.starts_with("FELIX_") && !known.contains(v))
         .map(|v| {
-            let why = if FELIX_ONLY_PARAMS.contains(&v.as_str()) {
+            let why = if felix_params::unimplemented_reason(&v).is_some() {
                 Ignored::Unimplemented
             } else {
                 Ignored::Unknown
@@ -708,6 +666,23 @@ pub struct AgentOptions {
     /// FlowLogsFlushInterval, same default).
     #[arg(long, env = "FELIX_FLOWLOGSFLUSHINTERVAL", default_value = "300", value_parser = parse_timeout)]
     pub flow_logs_flush_interval: Duration,
+    /// Flow logs: also append every finished record as a JSON line to
+    /// FELIX_FLOWLOGSFILEDIRECTORY/flows.log (needs FELIX_FLOWLOGSENABLED).
+    #[arg(long, env = "FELIX_FLOWLOGSFILEENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub flow_logs_file_enabled: bool,
+    /// Flow logs: the directory of flows.log and its rotated files.
+    #[arg(
+        long,
+        env = "FELIX_FLOWLOGSFILEDIRECTORY",
+        default_value = "/var/log/netpol-agent/flowlogs"
+    )]
+    pub flow_logs_file_directory: PathBuf,
+    /// Flow logs: files kept, flows.log included (1 to 1000).
+    #[arg(long, env = "FELIX_FLOWLOGSFILEMAXFILES", default_value = "5", value_parser = parse_flow_log_files)]
+    pub flow_logs_file_max_files: u32,
+    /// Flow logs: MB one file grows to before it is rotated (1 to 10000).
+    #[arg(long, env = "FELIX_FLOWLOGSFILEMAXFILESIZEMB", default_value = "100", value_parser = parse_flow_log_file_mb)]
+    pub flow_logs_file_max_file_size_mb: u32,
     /// Export per-policy packet and byte counters of the allow rules, read from the kernel's
     /// rule counters on a timer.
     #[arg(long, env = "FELIX_POLICYCOUNTERSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]

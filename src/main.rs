@@ -59,6 +59,27 @@ use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
 use netpol_agent::traffic::{flow_log, flow_page, Traffic, TrafficConfig};
 
+/// The JSON-lines target of flow logs, when on; on without flow logs is a configuration error
+/// (records to write would never come).
+fn flow_log_file(
+    opts: &AgentOptions,
+    rules: &RuleOptions,
+) -> Result<Option<flow_log::FileSettings>, ConfigError> {
+    if !opts.flow_logs_file_enabled {
+        return Ok(None);
+    }
+    if !rules.flow_logs_enabled {
+        return Err(ConfigError(
+            "FELIX_FLOWLOGSFILEENABLED (--flow-logs-file-enabled) needs FELIX_FLOWLOGSENABLED (--flow-logs-enabled)".into(),
+        ));
+    }
+    Ok(Some(flow_log::FileSettings {
+        directory: opts.flow_logs_file_directory.clone(),
+        max_files: opts.flow_logs_file_max_files,
+        max_file_bytes: u64::from(opts.flow_logs_file_max_file_size_mb) << 20,
+    }))
+}
+
 /// Exit status of `run` when the preflight checks refuse the node.
 const EXIT_REFUSED: u8 = 3;
 /// How often a refused agent (health server on) looks at the node again.
@@ -235,7 +256,8 @@ fn log_start(matches: &clap::ArgMatches) {
             ),
             netpol_agent::config::Ignored::Unimplemented => warn!(
                 variable = name,
-                "ignoring config param {name}: a felix parameter netpol-agent does not implement"
+                "ignoring config param {name}: a felix parameter netpol-agent does not implement ({})",
+                netpol_agent::config::felix_params::unimplemented_reason(&name).unwrap_or("")
             ),
         }
         netpol_agent::telemetry::metrics::global()
@@ -313,19 +335,21 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     if opts.prometheus_metrics_enabled {
         http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
     }
+    let flow_file = flow_log_file(opts, &args.rules)?;
     // Flow logs: GET /flows on the health server, answered once the reader runs, and the
     // page that reads it (GET /flows/ui).
     let flows_slot: Arc<flow_log::FlowsSlot> = Arc::default();
     if opts.health_enabled {
         if args.rules.flow_logs_enabled {
-            let slot = flows_slot.clone();
-            http::serve_health_with(
+            let (slot, streams) = (flows_slot.clone(), flows_slot.clone());
+            http::serve_health_streaming(
                 &opts.health_host,
                 opts.health_port,
                 health.clone(),
                 move |path, query| {
                     flow_page::route(path).or_else(|| flow_log::route(&slot, path, query))
                 },
+                Box::new(move |path, query| flow_log::stream_route(&streams, path, query)),
             )?;
         } else {
             http::serve_health(&opts.health_host, opts.health_port, health.clone())?;
@@ -411,6 +435,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
                 group: f.group(),
                 snap_len: f.snap_len(),
                 flush_interval: opts.flow_logs_flush_interval,
+                file: flow_file.clone(),
             }),
             counters: Some(CounterSettings {
                 xtables: match dataplane_cfg.backend {

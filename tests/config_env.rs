@@ -584,6 +584,24 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             "--conntrack-reevaluate-interval",
             "seconds > 0",
         ),
+        (
+            "FELIX_FLOWLOGSFILEMAXFILES",
+            "0",
+            "--flow-logs-file-max-files",
+            "from 1 to 1000",
+        ),
+        (
+            "FELIX_FLOWLOGSFILEMAXFILESIZEMB",
+            "1GB",
+            "--flow-logs-file-max-file-size-mb",
+            "from 1 to 10000",
+        ),
+        (
+            "FELIX_FLOWLOGSFILEENABLED",
+            "maybe",
+            "--flow-logs-file-enabled",
+            "true or false",
+        ),
     ];
     for (var, value, flag, accepted) in cases {
         rejects(var, value, flag, accepted, &[]);
@@ -606,6 +624,14 @@ fn every_invalid_value_exits_2_naming_the_variable_and_accepted_values() {
             ("FELIX_DENYLOGENABLED", "true"),
             ("FELIX_DENYLOGRATE", "1/day"),
         ],
+    );
+    // The file target without flow logs would never write.
+    rejects(
+        "FELIX_FLOWLOGSFILEENABLED",
+        "true",
+        "--flow-logs-file-enabled",
+        "needs FELIX_FLOWLOGSENABLED",
+        &[],
     );
     rejects(
         "FELIX_BRIDGEINTERFACE",
@@ -690,6 +716,10 @@ fn help_documents_every_variable_and_default() {
         "FELIX_POLICYCOUNTERSINTERVAL",
         "FELIX_CONNTRACKREEVALUATE",
         "FELIX_CONNTRACKREEVALUATEINTERVAL",
+        "FELIX_FLOWLOGSFILEENABLED",
+        "FELIX_FLOWLOGSFILEDIRECTORY",
+        "FELIX_FLOWLOGSFILEMAXFILES",
+        "FELIX_FLOWLOGSFILEMAXFILESIZEMB",
     ] {
         assert!(
             help.contains(&format!("[env: {var}=]")),
@@ -973,90 +1003,9 @@ fn change_checks_repair_tampering_without_refresh_timers_on_both_backends() {
     }
 }
 
-/// The configuration and metrics reference pages (docs/reference/, once the README's
-/// tables) and the `--help` of every subcommand that takes `FELIX_*` variables.
-fn readme_and_help() -> (String, String) {
-    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference");
-    let readme = ["configuration.md", "metrics.md"]
-        .map(|page| std::fs::read_to_string(docs.join(page)).unwrap())
-        .join("\n");
-    let mut help = String::new();
-    for sub in ["run", "cleanup", "compile"] {
-        let out = bin().args([sub, "--help"]).output().unwrap();
-        help.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
-    (readme, help)
-}
-
-#[test]
-fn readme_documents_every_variable_and_metric() {
-    let (readme, help) = readme_and_help();
-    let vars: Vec<&str> = help
-        .split("[env: ")
-        .skip(1)
-        .filter_map(|rest| rest.split('=').next())
-        .collect();
-    assert!(vars.len() >= 25, "{vars:?}");
-    for var in vars {
-        assert!(
-            readme.contains(&format!("| `{var}` |")),
-            "{var} is not in docs/reference/configuration.md"
-        );
-    }
-    for name in netpol_agent::telemetry::metrics::NAMES
-        .iter()
-        .chain(netpol_agent::telemetry::metrics::WHEN_SET_NAMES)
-    {
-        assert!(
-            readme.contains(&format!("| `{name}")),
-            "{name} is not in docs/reference/metrics.md"
-        );
-    }
-}
-
-/// One place for each default: docs/reference/configuration.md says what `--help` says.
-#[test]
-fn readme_defaults_are_the_binarys() {
-    let (readme, help) = readme_and_help();
-    let mut checked = 0;
-    for block in help.split("[env: ").skip(1) {
-        let Some((var, rest)) = block.split_once('=') else {
-            continue;
-        };
-        // The default printed right after the variable, before the next option.
-        let default = rest
-            .lines()
-            .take(3)
-            .find_map(|l| l.trim().strip_prefix("[default: "))
-            .map(|d| d.trim_end_matches(']').trim_matches('"').to_string());
-        let Some(row) = readme.lines().find(|l| {
-            l.starts_with(&format!("| `{var}` |"))
-                && l.split(" | ")
-                    .nth(1)
-                    .is_some_and(|flag| flag.starts_with("`--") || flag == "–")
-        }) else {
-            continue; // readme_documents_every_variable_and_metric names it
-        };
-        let cells: Vec<&str> = row.split(" | ").collect();
-        let documented = cells[2].trim().trim_matches('`');
-        match &default {
-            Some(d) if d.is_empty() => assert!(
-                documented == "empty",
-                "{var}: --help's default is empty, configuration.md says {documented:?}"
-            ),
-            Some(d) => assert_eq!(documented, d, "{var}: configuration.md default vs --help"),
-            None => assert!(
-                !documented
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_digit()),
-                "{var}: configuration.md gives a default ({documented}) --help does not have"
-            ),
-        }
-        checked += 1;
-    }
-    assert!(checked >= 40, "only {checked} variables compared");
-}
+// The configuration and metrics reference pages are generated from the code and checked by
+// tests/docs.rs (configuration_reference_is_the_options_and_felix_table,
+// metrics_reference_is_the_registry).
 
 /// The start-up line names the version, the commit and every option's effective value; each
 /// FELIX_* variable no option reads is named once, unknown ones apart from felix's.
@@ -1108,6 +1057,8 @@ fn start_line_and_ignored_variables() {
         log.contains("ignoring config param FELIX_IPINIPENABLED: a felix parameter"),
         "{log}"
     );
+    // With felix_params' reason, so the operator knows whether anything is lost.
+    assert!(log.contains("the CNI does networking"), "{log}");
     assert_eq!(log.matches("FELIX_IPINIPENABLED:").count(), 1, "{log}");
     let version = bin().arg("--version").output().unwrap();
     let version = String::from_utf8_lossy(&version.stdout);

@@ -9,8 +9,9 @@
 //! per call. Served as text on `/metrics` by `crate::telemetry::http` when
 //! `FELIX_PROMETHEUSMETRICSENABLED` is true.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
+use prometheus::core::Collector;
 use prometheus::{
     exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -67,6 +68,7 @@ pub struct Metrics {
     pub flow_log_messages: IntCounter,
     pub flow_log_lost: IntCounter,
     pub flow_log_overruns: IntCounter,
+    pub flow_log_file_errors: IntCounter,
     /// Labels: namespace, pod, direction (local pods only; series of pods gone are removed).
     pub denied_packets: IntCounterVec,
     /// Labels: direction.
@@ -139,6 +141,7 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_flow_log_messages_total",
     "netpol_flow_log_lost_total",
     "netpol_flow_log_overruns_total",
+    "netpol_flow_log_file_errors_total",
     "netpol_denied_packets_total",
     "netpol_denied_unknown_interface_packets_total",
     "netpol_policy_packets_total",
@@ -155,26 +158,68 @@ pub const CONNTRACK_NAMES: &[&str] = &[
     "netpol_conntrack_errors_total",
 ];
 
+/// One metric as docs/reference/metrics.md lists it: generated from the registrations
+/// (`NETPOL_REGENERATE_DOCS=1 cargo test --test docs`), so the page and `/metrics`' HELP
+/// lines say the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricDoc {
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    pub labels: Vec<String>,
+    pub help: String,
+}
+
+static DOCS: Mutex<Vec<MetricDoc>> = Mutex::new(Vec::new());
+
+/// Notes what `c` registers; `kind` "" means by name (`_total`: counter, else gauge).
+fn record(c: &dyn Collector, kind: &'static str) {
+    let mut docs = DOCS.lock().unwrap_or_else(|e| e.into_inner());
+    for d in c.desc() {
+        let kind = match kind {
+            "" if d.fq_name.ends_with("_total") => "counter",
+            "" => "gauge",
+            k => k,
+        };
+        docs.push(MetricDoc {
+            name: d.fq_name.clone(),
+            kind,
+            labels: d.variable_labels.clone(),
+            help: d.help.clone(),
+        });
+    }
+}
+
+/// Every metric of the registry, in registration order.
+pub fn docs() -> Vec<MetricDoc> {
+    global();
+    DOCS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("valid metric");
+    record(&c, "counter");
     reg.register(Box::new(c.clone())).expect("unique metric");
     c
 }
 
 fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    record(&c, "counter");
     reg.register(Box::new(c.clone())).expect("unique metric");
     c
 }
 
 fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("valid metric");
+    record(&g, "gauge");
     reg.register(Box::new(g.clone())).expect("unique metric");
     g
 }
 
 fn gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    record(&g, "gauge");
     reg.register(Box::new(g.clone())).expect("unique metric");
     g
 }
@@ -182,6 +227,7 @@ fn gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaug
 fn histogram(reg: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
     let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
         .expect("valid metric");
+    record(&h, "histogram");
     reg.register(Box::new(h.clone())).expect("unique metric");
     h
 }
@@ -199,55 +245,55 @@ impl Metrics {
             iptables_restore_calls: counter_vec(
                 &r,
                 "netpol_iptables_restore_calls_total",
-                "iptables-restore runs (successful or not)",
+                "`iptables-restore` runs, successful or not",
                 fam,
             ),
             iptables_restore_errors: counter_vec(
                 &r,
                 "netpol_iptables_restore_errors_total",
-                "iptables-restore runs that failed",
+                "`iptables-restore` runs that failed (each is retried after a re-read)",
                 fam,
             ),
             iptables_save_calls: counter_vec(
                 &r,
                 "netpol_iptables_save_calls_total",
-                "iptables-save runs (reads of the kernel table)",
+                "`iptables-save` runs (first read, refresh, post-write check, after a failure)",
                 fam,
             ),
             iptables_save_errors: counter_vec(
                 &r,
                 "netpol_iptables_save_errors_total",
-                "iptables-save runs that failed",
+                "`iptables-save` runs that failed",
                 fam,
             ),
             iptables_lines_executed: counter_vec(
                 &r,
                 "netpol_iptables_lines_executed_total",
-                "iptables-restore lines committed",
+                "restore lines committed",
                 fam,
             ),
             iptables_chains: gauge_vec(
                 &r,
                 "netpol_iptables_chains",
-                "our chains in the kernel table, as last read or written",
+                "our chains in the table, as last read or written",
                 fam,
             ),
             iptables_rules: gauge_vec(
                 &r,
                 "netpol_iptables_rules",
-                "our rules in the kernel table (in our chains and in kernel chains), as last read or written",
+                "our rules in the table: in our chains and our rules in FORWARD/INPUT/OUTPUT",
                 fam,
             ),
             ipset_calls: counter(
                 &r,
                 "netpol_ipset_calls_total",
-                "ipset runs (restore and save)",
+                "`ipset restore` and `ipset save` runs",
             ),
-            ipset_errors: counter(&r, "netpol_ipset_errors_total", "ipset runs that failed"),
+            ipset_errors: counter(&r, "netpol_ipset_errors_total", "ipset runs that failed (a destroy refused because a rule still uses the set counts)"),
             ipset_lines_executed: counter(
                 &r,
                 "netpol_ipset_lines_executed_total",
-                "command lines written to ipset restore",
+                "command lines written to `ipset restore`",
             ),
             ipsets: gauge_vec(
                 &r,
@@ -258,52 +304,52 @@ impl Metrics {
             ipset_members: gauge_vec(
                 &r,
                 "netpol_ipset_members",
-                "members of our IP sets in the kernel",
+                "members of our IP sets",
                 &["ip_version"],
             ),
             apply_seconds: histogram(
                 &r,
                 "netpol_dataplane_apply_seconds",
-                "time of one dataplane apply (ipsets, iptables, ipset removals)",
+                "one apply: ipset additions, iptables, ipset removals",
                 doubling(0.001, 16),
             ),
             apply_failures: counter(
                 &r,
                 "netpol_dataplane_apply_failures_total",
-                "dataplane applies that failed (retried with backoff)",
+                "applies that failed (retried with back-off, rules in place stay)",
             ),
             dataplane_resyncs: counter(
                 &r,
                 "netpol_dataplane_resyncs_total",
-                "full re-reads of the kernel (refresh timers and post-write checks)",
+                "kernel re-reads started by the refresh timers, post-write checks and change checks that found a change of ours",
             ),
             dataplane_kernel_checks: counter_vec(
                 &r,
                 "netpol_dataplane_kernel_checks_total",
-                "cheap and exact checks whether the kernel's rules or sets of ours changed (result: unchanged; changed: someone else changed something of ours, read and repaired; unknown: the check could not tell, e.g. our own writes since the last exact check or lost events, so the kernel was read)",
+                "change checks of the kernel (`FELIX_KERNELCHECKINTERVAL`, `FELIX_KERNELVERIFYINTERVAL`): `unchanged`; `changed`: someone else changed a rule or set of ours (read and repaired; worth an alert); `unknown`: the check could not tell (our own writes since the last exact check, lost nf_tables events, a failed check), so the kernel was read — routine on a busy node",
                 &["result"],
             ),
             dataplane_in_sync: gauge(
                 &r,
                 "netpol_dataplane_in_sync",
-                "1 when the last apply succeeded and the first full apply is done",
+                "1 when the first full apply is done and the last apply succeeded",
             ),
             programming_latency_seconds: histogram(
                 &r,
                 "netpol_programming_latency_seconds",
-                "from a local pod's first sighting, or a change of a policy selecting it, entering the calculation graph to the apply carrying the result completing",
+                "per local pod: from the event that made its rules change (its first sighting, or a policy that selects it being added, changed or removed) entering the calculation graph, to the apply carrying that change completing — so it includes time in the graph, the queue to the dataplane, failed applies and their back-off",
                 doubling(0.001, 17),
             ),
             calc_graph_update_seconds: histogram(
                 &r,
                 "netpol_calc_graph_update_seconds",
-                "calculation-graph time of one batch of datastore events (events and flush)",
+                "calculation-graph time of one batch of datastore events, flush included",
                 exponential_buckets(0.00001, 3.0, 13).expect("valid buckets"),
             ),
             calc_graph_events: counter(
                 &r,
                 "netpol_calc_graph_events_total",
-                "datastore events processed by the calculation graph",
+                "datastore events processed",
             ),
             active_local_endpoints: gauge(
                 &r,
@@ -323,12 +369,12 @@ impl Metrics {
             datastore_dir_rescans: counter(
                 &r,
                 "netpol_datastore_dir_rescans_total",
-                "directory datastore: rescans after real changes of its files (the initial read included)",
+                "directory datastore: rescans, the first read included; one per burst of real changes of its files, none at rest",
             ),
             rejections: counter_vec(
                 &r,
                 "netpol_rejections_total",
-                "objects rejected (kind: Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Manifest; reason: invalid, interface, parse)",
+                "rejected input: `kind` Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy (`reason` `invalid`, or `interface` when a local pod's veth cannot be named) or Manifest (`reason` `parse`: a broken document in the directory datastore)",
                 &["kind", "reason"],
             ),
             rejected_objects: gauge_vec(
@@ -340,12 +386,12 @@ impl Metrics {
             local_pods_without_interface: gauge(
                 &r,
                 "netpol_local_pods_without_interface",
-                "local running pods with an address whose host interface was not found within the grace period (their traffic meets the dispatch chains' drop)",
+                "local running pods with an address whose host interface was not found within the grace period (their traffic meets the dispatch chains' drop; docs/design/interfaces.md)",
             ),
             config_ignored_variables: gauge_vec(
                 &r,
                 "netpol_config_ignored_variables",
-                "FELIX_* environment variables ignored at start (1 each; reason: unknown, or unimplemented felix parameter)",
+                "1 per `FELIX_*` variable ignored at start: `unknown` (no option reads it) or `unimplemented` (a felix parameter we do not have)",
                 &["name", "reason"],
             ),
             deny_log_messages: counter(
@@ -356,17 +402,17 @@ impl Metrics {
             deny_log_lost: counter(
                 &r,
                 "netpol_deny_log_lost_total",
-                "NFLOG messages the kernel sent that never arrived (gaps in the group's sequence numbers, as after a receive-buffer overrun)",
+                "NFLOG messages the kernel sent that never arrived (gaps in the group's sequence numbers: receive-buffer overruns)",
             ),
             deny_log_overruns: counter(
                 &r,
                 "netpol_deny_log_overruns_total",
-                "receive-buffer overruns (ENOBUFS) on the deny-log socket",
+                "receive-buffer overruns (`ENOBUFS`) on the deny-log socket",
             ),
             flow_log_messages: counter(
                 &r,
                 "netpol_flow_log_messages_total",
-                "NFLOG messages (logged first packets of new connections) read from the flow-log group",
+                "NFLOG messages (first packets of new connections) read from the flow-log group",
             ),
             flow_log_lost: counter(
                 &r,
@@ -376,7 +422,12 @@ impl Metrics {
             flow_log_overruns: counter(
                 &r,
                 "netpol_flow_log_overruns_total",
-                "receive-buffer overruns (ENOBUFS) on the flow-log socket",
+                "receive-buffer overruns (`ENOBUFS`) on the flow-log socket",
+            ),
+            flow_log_file_errors: counter(
+                &r,
+                "netpol_flow_log_file_errors_total",
+                "flushes whose records could not be written to the flow-log file (FELIX_FLOWLOGSFILEENABLED)",
             ),
             deny_log_undecodable: counter(
                 &r,
@@ -386,7 +437,7 @@ impl Metrics {
             deny_log_lines: counter(
                 &r,
                 "netpol_deny_log_lines_total",
-                "deny log lines written (one per denied flow and deduplication window)",
+                "deny lines written",
             ),
             deny_log_suppressed: counter(
                 &r,
@@ -396,63 +447,63 @@ impl Metrics {
             denied_packets: counter_vec(
                 &r,
                 "netpol_denied_packets_total",
-                "packets a local pod's policy dropped (its \"Drop if no policies passed packet\" rule), from the kernel's rule counters",
+                "packets a local pod's policy dropped, from the kernel's counters of its \"Drop if no policies passed packet\" rule (deny logging on; read every `FELIX_POLICYCOUNTERSINTERVAL`); only local pods, and a pod's series is removed when it leaves the node",
                 &["namespace", "pod", "direction"],
             ),
             denied_unknown_interface_packets: counter_vec(
                 &r,
                 "netpol_denied_unknown_interface_packets_total",
-                "packets of pods not programmed yet dropped by the dispatch chains, from the kernel's rule counters",
+                "packets of pods not programmed yet dropped by the dispatch chains (deny logging on)",
                 &["direction"],
             ),
             policy_packets: counter_vec(
                 &r,
                 "netpol_policy_packets_total",
-                "packets a policy's allow rules matched (new connections: established traffic is accepted before policy), from the kernel's rule counters",
+                "packets a policy's allow rules matched (`FELIX_POLICYCOUNTERSENABLED`): new connections, since established traffic is accepted before any policy; only active policies, a policy's series removed when it stops selecting local pods",
                 &["namespace", "policy", "direction"],
             ),
             policy_bytes: counter_vec(
                 &r,
                 "netpol_policy_bytes_total",
-                "bytes of the packets counted in netpol_policy_packets_total",
+                "bytes of those packets",
                 &["namespace", "policy", "direction"],
             ),
             rule_counter_read_seconds: histogram(
                 &r,
                 "netpol_rule_counters_read_seconds",
-                "time of one read of the kernel's rule counters (every family)",
+                "one read of the kernel's rule counters (every family)",
                 doubling(0.0001, 16),
             ),
             rule_counter_read_errors: counter(
                 &r,
                 "netpol_rule_counters_read_errors_total",
-                "reads of the kernel's rule counters that failed",
+                "reads of the kernel's rule counters that failed (logged; enforcement does not depend on them)",
             ),
             conntrack_reevaluations: counter(
                 &r,
                 "netpol_conntrack_reevaluations_total",
-                "re-evaluations of local pods' tracked connections after policy took something away (at most one per FELIX_CONNTRACKREEVALUATEINTERVAL)",
+                "re-evaluations of marked pods' tracked connections (`FELIX_CONNTRACKREEVALUATE`; at most one per interval)",
             ),
             conntrack_entries_evaluated: counter(
                 &r,
                 "netpol_conntrack_entries_evaluated_total",
-                "conntrack entries of re-evaluated pods held against the new policy state",
+                "conntrack entries of marked pods held against the new policy state",
             ),
             conntrack_cuts: counter_vec(
                 &r,
                 "netpol_conntrack_cuts_total",
-                "tracked connections deleted because policy now denies them, by the direction that denies them",
+                "tracked connections deleted because policy now denies them, by the direction whose policy denies them",
                 &["direction"],
             ),
             conntrack_errors: counter(
                 &r,
                 "netpol_conntrack_errors_total",
-                "conntrack listings or deletions that failed",
+                "conntrack listings or deletions that failed (logged)",
             ),
             build_info: gauge_vec(
                 &r,
                 "netpol_build_info",
-                "1, labelled with the version and the git commit the binary was built from",
+                "1, labelled with the version and the git commit the binary was built from (as `--version` and the start-up line say)",
                 &["version", "commit"],
             ),
             registry: r,
@@ -460,8 +511,10 @@ impl Metrics {
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("NETPOL_GIT_COMMIT")])
             .set(1);
+        let process = crate::telemetry::process::ProcessCollector::new();
+        record(&process, "");
         m.registry
-            .register(Box::new(crate::telemetry::process::ProcessCollector::new()))
+            .register(Box::new(process))
             .expect("unique metric");
         // Series that exist from the start, so a scrape shows them at zero.
         for kind in ["Pod", "Namespace", "NetworkPolicy", "ClusterNetworkPolicy"] {

@@ -82,20 +82,17 @@ impl ProcessCollector {
     pub fn new() -> ProcessCollector {
         let cpu = Counter::with_opts(Opts::new(
             NAMES[0],
-            "Total user and system CPU time spent in seconds.",
+            "user and system CPU time of the agent process, seconds (the restore tools it runs are processes of their own)",
         ))
         .expect("valid metric");
-        let rss = IntGauge::new(NAMES[1], "Resident memory size in bytes.").expect("valid metric");
-        let vsize = IntGauge::new(NAMES[2], "Virtual memory size in bytes.").expect("valid metric");
-        let open_fds =
-            IntGauge::new(NAMES[3], "Number of open file descriptors.").expect("valid metric");
-        let max_fds = IntGauge::new(NAMES[4], "Maximum number of open file descriptors.")
+        let rss = IntGauge::new(NAMES[1], "resident memory of the agent process, bytes")
             .expect("valid metric");
-        let start_time = Gauge::new(
-            NAMES[5],
-            "Start time of the process since unix epoch in seconds.",
-        )
-        .expect("valid metric");
+        let vsize = IntGauge::new(NAMES[2], "virtual memory size, bytes").expect("valid metric");
+        let open_fds = IntGauge::new(NAMES[3], "open file descriptors").expect("valid metric");
+        let max_fds = IntGauge::new(NAMES[4], "the soft limit on open file descriptors")
+            .expect("valid metric");
+        let start_time =
+            Gauge::new(NAMES[5], "start time, seconds since the epoch").expect("valid metric");
         let descs = [
             cpu.desc(),
             rss.desc(),

@@ -55,6 +55,10 @@ use nix::libc;
 
 use crate::host::nfnetlink::NfnlSocket;
 
+const CTA_COUNTERS_ORIG: u16 = 9;
+const CTA_COUNTERS_REPLY: u16 = 10;
+const CTA_COUNTERS_PACKETS: u16 = 1;
+const CTA_COUNTERS_BYTES: u16 = 2;
 const CTA_ID: u16 = 12;
 const CTA_ZONE: u16 = 18;
 const CTA_FILTER: u16 = 25;
@@ -149,12 +153,33 @@ pub struct CtEntry {
     pub timeout: Option<u32>,
     /// `TCP_CONNTRACK_*` (3 is ESTABLISHED).
     pub tcp_state: Option<u8>,
+    /// Packets and bytes each way; `None` unless accounting is on (`nf_conntrack_acct`) when
+    /// the connection began.
+    pub counters: Option<CtCounters>,
     /// The original tuple's attributes as the kernel sent them, sent back to delete.
     raw_original: Vec<Tuple>,
 }
 
 /// `TCP_CONNTRACK_ESTABLISHED`.
 pub const TCP_ESTABLISHED: u8 = 3;
+/// `TCP_CONNTRACK_TIME_WAIT`: both ends closed; the entry only waits out late packets.
+pub const TCP_TIME_WAIT: u8 = 7;
+/// `TCP_CONNTRACK_CLOSE`: reset or closed.
+pub const TCP_CLOSE: u8 = 8;
+
+/// One direction's accounting (`CTA_COUNTERS_ORIG`/`_REPLY`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtCount {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Both directions' accounting: original (from the connection's initiator) and reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtCounters {
+    pub original: CtCount,
+    pub reply: CtCount,
+}
 
 impl CtEntry {
     /// Whether `addr` is in either tuple.
@@ -498,6 +523,7 @@ fn entry_of(message: NetfilterMessage) -> Option<CtEntry> {
     let (mut original, mut reply, mut raw_original) = (None, None, Vec::new());
     let (mut zone, mut id, mut status, mut mark, mut timeout, mut tcp_state) =
         (None, None, 0, None, None, None);
+    let (mut count_orig, mut count_reply) = (None, None);
     for attr in attrs {
         match attr {
             ConntrackAttribute::CtaTupleOrig(parts) => {
@@ -519,9 +545,12 @@ fn entry_of(message: NetfilterMessage) -> Option<CtEntry> {
                     }
                 }
             }
-            ConntrackAttribute::Other(nla) => match nla.kind() {
+            // The counters arrive nested (with NLA_F_NESTED on current kernels).
+            ConntrackAttribute::Other(nla) => match nla.kind() & !NLA_F_NESTED {
                 CTA_ZONE => zone = be16(&value_of(&nla)),
                 CTA_ID => id = be32(&value_of(&nla)),
+                CTA_COUNTERS_ORIG => count_orig = count_of(&value_of(&nla)),
+                CTA_COUNTERS_REPLY => count_reply = count_of(&value_of(&nla)),
                 _ => {}
             },
             _ => {}
@@ -537,7 +566,37 @@ fn entry_of(message: NetfilterMessage) -> Option<CtEntry> {
         mark,
         timeout,
         tcp_state,
+        counters: match (count_orig, count_reply) {
+            (Some(original), Some(reply)) => Some(CtCounters { original, reply }),
+            _ => None,
+        },
         raw_original,
+    })
+}
+
+/// Reads a `CTA_COUNTERS_*` nest: `CTA_COUNTERS_PACKETS` and `_BYTES`, big-endian u64 each
+/// (the kernel sends 64-bit counters; the old 32-bit ones are not used since Linux 2.6.27).
+fn count_of(nest: &[u8]) -> Option<CtCount> {
+    let (mut packets, mut bytes) = (None, None);
+    let mut rest = nest;
+    while rest.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([rest[0], rest[1]]));
+        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & !NLA_F_NESTED;
+        if len < 4 || len > rest.len() {
+            return None;
+        }
+        let value = &rest[4..len];
+        let v = Some(u64::from_be_bytes(value.get(..8)?.try_into().ok()?));
+        match kind {
+            CTA_COUNTERS_PACKETS => packets = v,
+            CTA_COUNTERS_BYTES => bytes = v,
+            _ => {}
+        }
+        rest = &rest[((len + 3) & !3).min(rest.len())..];
+    }
+    Some(CtCount {
+        packets: packets?,
+        bytes: bytes?,
     })
 }
 
@@ -562,6 +621,17 @@ mod tests {
             ]),
             Tuple::Proto(protos),
         ]
+    }
+
+    /// `CTA_COUNTERS_PACKETS` and `_BYTES` as the kernel nests them.
+    fn counters_nest(packets: u64, bytes: u64) -> Vec<u8> {
+        let inner = [
+            DefaultNla::new(CTA_COUNTERS_PACKETS, packets.to_be_bytes().to_vec()),
+            DefaultNla::new(CTA_COUNTERS_BYTES, bytes.to_be_bytes().to_vec()),
+        ];
+        let mut b = vec![0; inner.as_slice().buffer_len()];
+        inner.as_slice().emit(&mut b);
+        b
     }
 
     /// Serializes a message and reads it back as the socket would.
@@ -603,6 +673,14 @@ mod tests {
                     0xdead_beefu32.to_be_bytes().to_vec(),
                 )),
                 ConntrackAttribute::CtaTimeout(431_999),
+                ConntrackAttribute::Other(DefaultNla::new(
+                    CTA_COUNTERS_ORIG | NLA_F_NESTED,
+                    counters_nest(5, 420),
+                )),
+                ConntrackAttribute::Other(DefaultNla::new(
+                    CTA_COUNTERS_REPLY | NLA_F_NESTED,
+                    counters_nest(3, 9000),
+                )),
             ],
             NetfilterProtoFamily::IPv4,
         ));
@@ -613,6 +691,19 @@ mod tests {
         assert_eq!((entry.zone, entry.id), (Some(7), Some(0xdead_beef)));
         assert_eq!(entry.tcp_state, Some(TCP_ESTABLISHED));
         assert_eq!(entry.timeout, Some(431_999));
+        assert_eq!(
+            entry.counters,
+            Some(CtCounters {
+                original: CtCount {
+                    packets: 5,
+                    bytes: 420
+                },
+                reply: CtCount {
+                    packets: 3,
+                    bytes: 9000
+                },
+            })
+        );
         assert!(entry.involves("10.0.0.1".parse().unwrap()));
         assert!(!entry.involves("10.0.0.3".parse().unwrap()));
         assert_eq!(

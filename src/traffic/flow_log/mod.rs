@@ -2,8 +2,9 @@
 //! flow-log rules (`rules::flow_log`) send to, attributes each logged first packet to the
 //! policy rule that decided it with the calculation graph's knowledge ([`super::attribution`]),
 //! and aggregates connections per flush interval per (source, destination, destination port,
-//! protocol, reporter, action, policy hit). [`FlowStore`] keeps the current interval and the
-//! last [`KEEP_RECORDS`] finished records for `GET /flows`.
+//! protocol, reporter, action, policy hit) in the [`store`]. At each flush the finished records
+//! wake the streams and, when on, go to the JSON-lines [`file`]; [`api`] answers `GET /flows`
+//! and `GET /flows/stream` on the health server.
 //!
 //! Attribution: an allow's prefix names the policy chain and the Kubernetes rule index; the
 //! chain is read back to its policy through the published chain map (policy chain names may be
@@ -14,21 +15,21 @@
 //! `deny_log::NAME_GRACE` for the same race on deny lines), so a record read after the agent
 //! learned the pod names it.
 //!
-//! Not in this slice: packet and byte counts and connection ends from conntrack (records count
+//! Not here yet: packet and byte counts and connection ends from conntrack (records count
 //! connections started, as the kernel logged them within the per-pod rate limit), labels,
 //! ClusterNetworkPolicy hits and unknown-interface drops, pending (staged) policies.
 //!
-//! Cost: the kernel's hashlimit bounds what reaches us per pod and direction; the store holds
-//! at most [`MAX_KEYS`] keys per interval (more are counted in `overflow`) and
-//! [`KEEP_RECORDS`] finished records.
+//! Cost: the kernel's hashlimit bounds what reaches us per pod and direction; the store is
+//! bounded (see [`store`]), so are the streams (see [`api`]) and the file (see [`file`]).
 
-use std::collections::{HashMap, VecDeque};
+pub mod api;
+pub mod file;
+pub mod store;
+
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
-
-use serde_json::{json, Value};
 
 use crate::host::nflog::{self, Config, Flow, LogPacket, Reader};
 use crate::model::ObjectKey;
@@ -37,10 +38,9 @@ use crate::rules::Direction;
 
 use super::attribution::{Attribution, LocalChains};
 
-/// Keys one interval aggregates at most; packets of further keys are counted, not kept.
-pub const MAX_KEYS: usize = 100_000;
-/// Finished records kept for the API.
-pub const KEEP_RECORDS: usize = 50_000;
+pub use api::{record_json, route, stream_route, Filter, StreamQuery};
+pub use file::{FileSettings, FlowFile};
+pub use store::{FlowRecord, FlowStore, KEEP_RECORDS, MAX_KEYS};
 
 #[derive(Clone, Debug)]
 pub struct FlowLogSettings {
@@ -48,6 +48,8 @@ pub struct FlowLogSettings {
     pub group: u16,
     pub snap_len: u32,
     pub flush_interval: Duration,
+    /// The JSON-lines file target (`FELIX_FLOWLOGSFILEENABLED`), when on.
+    pub file: Option<FileSettings>,
 }
 
 /// One end of a flow: the pod when the agent knows it, and always the address.
@@ -82,16 +84,6 @@ pub struct FlowKey {
     pub reporter: Direction,
     pub action: FlowAction,
     pub hit: PolicyHit,
-}
-
-/// One record: a key's connections within one interval.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FlowRecord {
-    pub key: FlowKey,
-    pub start: SystemTime,
-    pub end: SystemTime,
-    /// Connections whose first packet was logged (within the per-pod rate limit).
-    pub connections: u64,
 }
 
 /// Attributes a logged first packet; `None` for a prefix that is not a flow-log one.
@@ -149,309 +141,51 @@ pub fn attribute(
     }
 }
 
-struct Open {
-    first: SystemTime,
-    last: SystemTime,
-    connections: u64,
-}
-
-/// The current interval's aggregates and the finished records. Shared by the reader thread
-/// (writes) and the HTTP server (reads), behind one mutex held briefly.
-#[derive(Default)]
-pub struct FlowStore {
-    current: HashMap<FlowKey, Open>,
-    finished: VecDeque<FlowRecord>,
-    overflow: u64,
-}
-
-impl FlowStore {
-    pub fn observe(&mut self, key: FlowKey, at: SystemTime) {
-        if let Some(open) = self.current.get_mut(&key) {
-            open.connections += 1;
-            open.first = open.first.min(at);
-            open.last = open.last.max(at);
-            return;
-        }
-        if self.current.len() >= MAX_KEYS {
-            self.overflow += 1;
-            return;
-        }
-        self.current.insert(
-            key,
-            Open {
-                first: at,
-                last: at,
-                connections: 1,
-            },
-        );
-    }
-
-    /// Ends the interval: its aggregates become records (oldest dropped past
-    /// [`KEEP_RECORDS`]).
-    pub fn flush(&mut self) {
-        let mut records: Vec<FlowRecord> = self
-            .current
-            .drain()
-            .map(|(key, o)| FlowRecord {
-                key,
-                start: o.first,
-                end: o.last,
-                connections: o.connections,
-            })
-            .collect();
-        records.sort_by_key(|r| r.start);
-        for r in records {
-            if self.finished.len() >= KEEP_RECORDS {
-                self.finished.pop_front();
-            }
-            self.finished.push_back(r);
-        }
-    }
-
-    /// The finished records, then the current interval's (as records so far), oldest first.
-    pub fn records(&self) -> Vec<FlowRecord> {
-        let mut out: Vec<FlowRecord> = self.finished.iter().cloned().collect();
-        let mut open: Vec<FlowRecord> = self
-            .current
-            .iter()
-            .map(|(key, o)| FlowRecord {
-                key: key.clone(),
-                start: o.first,
-                end: o.last,
-                connections: o.connections,
-            })
-            .collect();
-        open.sort_by_key(|r| r.start);
-        out.extend(open);
-        out
-    }
-
-    pub fn overflow(&self) -> u64 {
-        self.overflow
-    }
-}
-
-/// `GET /flows` filters (`?namespace=x&action=deny&policy=x/allow-web&since=<unix s>`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Filter {
-    /// Either end's namespace.
-    pub namespace: Option<String>,
-    /// `allow` or `deny`.
-    pub action: Option<String>,
-    /// `namespace/name` of a policy the record names.
-    pub policy: Option<String>,
-    /// Records that ended at or after this time (Unix seconds).
-    pub since: Option<u64>,
-}
-
-impl Filter {
-    /// Reads a query string; unknown parameters are an error (a typo must not widen a filter).
-    pub fn parse(query: &str) -> Result<Filter, String> {
-        let mut f = Filter::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v);
-            match k {
-                "namespace" => f.namespace = Some(v),
-                "action" => {
-                    let v = v.to_ascii_lowercase();
-                    if v != "allow" && v != "deny" {
-                        return Err(format!("action={v}: allow or deny"));
-                    }
-                    f.action = Some(v);
-                }
-                "policy" => f.policy = Some(v),
-                "since" => {
-                    f.since = Some(
-                        v.parse()
-                            .map_err(|_| format!("since={v}: Unix seconds expected"))?,
-                    )
-                }
-                _ => {
-                    return Err(format!(
-                        "unknown parameter {k:?}: namespace, action, policy, since"
-                    ))
-                }
-            }
-        }
-        Ok(f)
-    }
-
-    pub fn matches(&self, r: &FlowRecord) -> bool {
-        let k = &r.key;
-        if let Some(ns) = &self.namespace {
-            let in_ns = |e: &End| e.pod.as_ref().is_some_and(|p| &p.namespace == ns);
-            if !in_ns(&k.src) && !in_ns(&k.dst) {
-                return false;
-            }
-        }
-        if let Some(a) = &self.action {
-            if k.action.verdict() != a {
-                return false;
-            }
-        }
-        if let Some(p) = &self.policy {
-            let names: Vec<String> = match &k.hit {
-                PolicyHit::Rule { policy, .. } => vec![policy.to_string()],
-                PolicyHit::Isolated(ps) => ps.iter().map(ToString::to_string).collect(),
-                _ => vec![],
-            };
-            if !names.iter().any(|n| n == p) {
-                return false;
-            }
-        }
-        if let Some(since) = self.since {
-            let end = r
-                .end
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            if end < since {
-                return false;
-            }
-        }
-        true
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = |b: u8| (b as char).to_digit(16);
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    jiff::Timestamp::try_from(t)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
-/// One record as JSON. Goldmane's field names where they fit (`source_name`,
-/// `source_namespace`, `dest_name`, `dest_namespace`, `dest_port`, `proto`, `reporter`
-/// `Src`/`Dst`, `action` `Allow`/`Deny`, `policies.enforced_policies[]` with `kind`,
-/// `namespace`, `name`, `tier`, `action`, `rule_index`, `start_time`/`end_time`,
-/// `num_connections_started`); ours besides: `source_ip`/`dest_ip` (an end the agent does
-/// not know as a pod has an empty name), `node`, and `trigger`-less policy hits (`isolated`
-/// lists the policies isolating the pod when none allowed).
-pub fn record_json(
-    node: &str,
-    r: &FlowRecord,
-    pod_of: &dyn Fn(&IpAddr) -> Option<ObjectKey>,
-) -> Value {
-    let k = &r.key;
-    let name = |e: &End| e.pod.clone().or_else(|| pod_of(&e.ip));
-    let (sn, sns) = match name(&k.src) {
-        Some(p) => (p.name, p.namespace),
-        None => (String::new(), String::new()),
-    };
-    let (dn, dns) = match name(&k.dst) {
-        Some(p) => (p.name, p.namespace),
-        None => (String::new(), String::new()),
-    };
-    let action = match k.action.verdict() {
-        "allow" => "Allow",
-        _ => "Deny",
-    };
-    let enforced: Vec<Value> = match &k.hit {
-        PolicyHit::Rule { policy, rule } => vec![json!({
-            "kind": "NetworkPolicy",
-            "namespace": policy.namespace,
-            "name": policy.name,
-            "tier": "default",
-            "action": "Allow",
-            "rule_index": rule,
-        })],
-        PolicyHit::Isolated(ps) => ps
-            .iter()
-            .map(|p| {
-                json!({
-                    "kind": "NetworkPolicy",
-                    "namespace": p.namespace,
-                    "name": p.name,
-                    "tier": "default",
-                    "action": "Deny",
-                    "rule_index": -1,
-                })
-            })
-            .collect(),
-        PolicyHit::NoPolicy | PolicyHit::Unknown { .. } => vec![],
-    };
-    let verdict = match &k.hit {
-        PolicyHit::Rule { .. } => "rule",
-        PolicyHit::Isolated(_) => "isolated, no rule allowed",
-        PolicyHit::NoPolicy => "no policy isolates the pod",
-        PolicyHit::Unknown { .. } => "unknown (the chain changed since)",
-    };
-    json!({
-        "start_time": rfc3339(r.start),
-        "end_time": rfc3339(r.end),
-        "node": node,
-        "source_name": sn,
-        "source_namespace": sns,
-        "source_ip": k.src.ip.to_string(),
-        "dest_name": dn,
-        "dest_namespace": dns,
-        "dest_ip": k.dst.ip.to_string(),
-        "dest_port": k.dst_port,
-        "proto": k.protocol,
-        "reporter": match k.reporter { Direction::Egress => "Src", Direction::Ingress => "Dst" },
-        "action": action,
-        "verdict": verdict,
-        "policies": { "enforced_policies": enforced, "pending_policies": [] },
-        "num_connections_started": r.connections,
-    })
-}
-
-/// What the reader and the HTTP server share.
+/// What the reader, the HTTP server and the streams share.
 pub struct FlowLogShared {
     pub node: String,
     pub store: Mutex<FlowStore>,
+    /// Notified (with `store`) when an interval was flushed: streams wait on it.
+    pub flushed: Condvar,
+    /// Streams open now.
+    pub streams: AtomicUsize,
     pub attribution: Arc<Attribution>,
     pub foreign: AtomicU64,
     pub undecodable: AtomicU64,
 }
 
 impl FlowLogShared {
-    /// `GET /flows?…`: a JSON array of the matching records, oldest first.
-    pub fn query(&self, query: &str) -> Result<String, String> {
-        let filter = Filter::parse(query)?;
-        let records = self.store.lock().map(|s| s.records()).unwrap_or_default();
-        let attribution = &self.attribution;
-        let pod_of = |ip: &IpAddr| attribution.pod_of(ip);
-        let out: Vec<Value> = records
-            .iter()
-            .map(|r| {
-                // Name unknown ends now, before filtering by namespace.
-                let mut r = r.clone();
-                for e in [&mut r.key.src, &mut r.key.dst] {
-                    if e.pod.is_none() {
-                        e.pod = pod_of(&e.ip);
-                    }
-                }
-                r
-            })
-            .filter(|r| filter.matches(r))
-            .map(|r| record_json(&self.node, &r, &pod_of))
-            .collect();
-        serde_json::to_string(&out).map_err(|e| e.to_string())
+    pub fn new(node: &str, attribution: Arc<Attribution>) -> FlowLogShared {
+        FlowLogShared {
+            node: node.to_string(),
+            store: Mutex::new(FlowStore::default()),
+            flushed: Condvar::new(),
+            streams: AtomicUsize::new(0),
+            attribution,
+            foreign: AtomicU64::new(0),
+            undecodable: AtomicU64::new(0),
+        }
+    }
+
+    /// Ends the interval: its records become finished ones, the streams wake, and the records
+    /// are returned (oldest first) for the file.
+    pub fn flush(&self) -> Vec<FlowRecord> {
+        let records = match self.store.lock() {
+            Ok(mut store) => store.flush(),
+            Err(_) => return vec![],
+        };
+        self.flushed.notify_all();
+        records
+    }
+
+    /// The records as JSON lines (named now), for the file.
+    pub fn lines(&self, records: Vec<FlowRecord>) -> String {
+        let mut out = String::new();
+        for v in self.render(records, &Filter::default()) {
+            out.push_str(&v.to_string());
+            out.push('\n');
+        }
+        out
     }
 }
 
@@ -459,6 +193,7 @@ struct Sink {
     shared: Arc<FlowLogShared>,
     flush_interval: Duration,
     next_flush: Instant,
+    file: Option<FlowFile>,
 }
 
 impl nflog::PacketSink for Sink {
@@ -485,8 +220,10 @@ impl nflog::PacketSink for Sink {
         let now = Instant::now();
         if now >= self.next_flush {
             self.next_flush = now + self.flush_interval;
-            if let Ok(mut store) = self.shared.store.lock() {
-                store.flush();
+            let records = self.shared.flush();
+            if let Some(file) = self.file.as_mut() {
+                // Errors are counted and logged by the target; the records stay in the API.
+                let _ = file.write(&self.shared.lines(records));
             }
         }
     }
@@ -506,17 +243,12 @@ impl FlowLog {
         settings: &FlowLogSettings,
         attribution: Arc<Attribution>,
     ) -> Result<FlowLog, nflog::Error> {
-        let shared = Arc::new(FlowLogShared {
-            node: settings.node.clone(),
-            store: Mutex::new(FlowStore::default()),
-            attribution,
-            foreign: AtomicU64::new(0),
-            undecodable: AtomicU64::new(0),
-        });
+        let shared = Arc::new(FlowLogShared::new(&settings.node, attribution));
         let sink = Sink {
             shared: shared.clone(),
             flush_interval: settings.flush_interval,
             next_flush: Instant::now() + settings.flush_interval,
+            file: settings.file.clone().map(FlowFile::new),
         };
         let reader = Reader::spawn_sink(
             Config {
@@ -562,31 +294,13 @@ impl FlowLog {
 /// before anything touches the kernel, the reader after).
 pub type FlowsSlot = std::sync::OnceLock<Arc<FlowLogShared>>;
 
-/// `GET /flows[?namespace=&action=&policy=&since=]` on the health server: a JSON array of
-/// records (400 with a line for a bad filter, 503 before the reader started).
-pub fn route(slot: &FlowsSlot, path: &str, query: &str) -> Option<crate::telemetry::http::Reply> {
-    use crate::telemetry::http::Reply;
-    if path != "/flows" {
-        return None;
-    }
-    let Some(shared) = slot.get() else {
-        return Some(Reply::text(503, "flow logs are starting"));
-    };
-    Some(match shared.query(query) {
-        Ok(body) => Reply {
-            status: 200,
-            content_type: "application/json",
-            body,
-        },
-        Err(why) => Reply::text(400, why),
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::api::KEEPALIVE;
     use super::*;
     use crate::calc_graph::EndpointView;
     use crate::host::nflog::L4;
+    use serde_json::Value;
 
     fn key(s: &str) -> ObjectKey {
         let (ns, name) = s.split_once('/').unwrap();
@@ -693,6 +407,24 @@ mod tests {
         assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 0);
         let f = Filter::parse("since=15").unwrap();
         assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 1);
+        let f = Filter::parse("pod=x%2Fserver&until=12").unwrap();
+        assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 1);
+        let f = Filter::parse("pod=y/nobody").unwrap();
+        assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 0);
+        let f = Filter::parse("since=1970-01-01T00:00:13Z").unwrap();
+        assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 2);
+        assert!(Filter::parse("pod=server").is_err());
+        assert!(Filter::parse("until=yesterday").is_err());
+        assert!(Filter::parse("live=5").is_err(), "live is the stream's");
+        assert_eq!(
+            StreamQuery::parse("live=2&action=allow").unwrap(),
+            StreamQuery {
+                filter: Filter::parse("action=allow").unwrap(),
+                live: Some(Duration::from_secs(2)),
+            }
+        );
+        assert!(StreamQuery::parse("live=0.1").is_err());
+        assert!(StreamQuery::parse("lve=2").is_err());
         assert!(Filter::parse("acton=deny").is_err());
         assert!(Filter::parse("action=maybe").is_err());
         let v = record_json("node-1", &records[0], &lookup);
@@ -703,6 +435,122 @@ mod tests {
         assert_eq!(v["policies"]["enforced_policies"][0]["name"], "allow-web");
         assert_eq!(v["policies"]["enforced_policies"][0]["rule_index"], 0);
         assert_eq!(v["num_connections_started"], 3);
+        assert_eq!(v["interval"], "closed");
+        assert_eq!(
+            record_json("node-1", &records[2], &lookup)["interval"],
+            "current"
+        );
+        // Sequence numbers: the two finished records, then nothing new.
+        assert_eq!((records[0].seq, records[1].seq, records[2].seq), (1, 2, 0));
+        assert_eq!(store.after(0).len(), 2);
+        assert_eq!(store.after(1)[0].seq, 2);
+        assert!(store.after(2).is_empty());
+        assert_eq!(store.flush().len(), 1);
+        assert_eq!(store.after(2)[0].seq, 3);
+    }
+
+    /// A client that takes `lines` lines and then goes away.
+    struct Client {
+        got: Vec<u8>,
+        writes_left: usize,
+        first_write: Option<Instant>,
+    }
+
+    impl std::io::Write for Client {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.writes_left == 0 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            self.writes_left -= 1;
+            self.first_write.get_or_insert_with(Instant::now);
+            self.got.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stream_sends_flushed_records_as_they_come_and_live_snapshots() {
+        let attribution = Arc::new(Attribution::default());
+        attribution.publish_chains(chains());
+        let shared = Arc::new(FlowLogShared::new("n", attribution.clone()));
+        let deny = FlowPrefix::parse("npa-fd-in-cali-tw-cali1").unwrap();
+        let observe = |port| {
+            let k = attribute(
+                &deny,
+                &tcp("10.0.0.2", "10.0.0.1", port),
+                &attribution.chains(),
+                lookup,
+            );
+            shared.store.lock().unwrap().observe(k, SystemTime::now());
+        };
+        // Flushed before the stream starts: not sent (no `since`).
+        observe(1);
+        shared.flush();
+        observe(2);
+        let flusher = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                shared.flush();
+            })
+        };
+        let mut client = Client {
+            got: vec![],
+            writes_left: 1,
+            first_write: None,
+        };
+        let started = Instant::now();
+        let q = StreamQuery::parse("action=deny").unwrap();
+        assert!(
+            shared.stream(&q, &mut client).is_err(),
+            "ends when the client leaves"
+        );
+        flusher.join().unwrap();
+        let first = client.first_write.unwrap().duration_since(started);
+        assert!(
+            first < KEEPALIVE / 2,
+            "woken by the flush, not the keepalive: {first:?}"
+        );
+        let lines: Vec<Value> = String::from_utf8(client.got)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0]["dest_port"], 2);
+        assert_eq!(lines[0]["interval"], "closed");
+        // `since` replays what is kept; `live` adds the current interval at once.
+        observe(3);
+        let mut client = Client {
+            got: vec![],
+            writes_left: 1,
+            first_write: None,
+        };
+        let q = StreamQuery::parse("since=0&live=1").unwrap();
+        let _ = shared.stream(&q, &mut client);
+        let got = String::from_utf8(client.got).unwrap();
+        let ports: Vec<(u64, String)> = got
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|v| {
+                (
+                    v["dest_port"].as_u64().unwrap(),
+                    v["interval"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                (1, "closed".into()),
+                (2, "closed".into()),
+                (3, "current".into())
+            ]
+        );
+        assert_eq!(shared.streams.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -710,13 +558,7 @@ mod tests {
         let attribution = Arc::new(Attribution::default());
         attribution.publish_chains(chains());
         let deny = FlowPrefix::parse("npa-fd-in-cali-tw-cali1").unwrap();
-        let shared = FlowLogShared {
-            node: "n".into(),
-            store: Mutex::new(FlowStore::default()),
-            attribution: attribution.clone(),
-            foreign: AtomicU64::new(0),
-            undecodable: AtomicU64::new(0),
-        };
+        let shared = FlowLogShared::new("n", attribution.clone());
         let k = attribute(
             &deny,
             &tcp("10.0.0.7", "10.0.0.1", 80),

@@ -1,0 +1,142 @@
+//! The records of flow logs: the current interval's aggregates and the finished records, with
+//! the sequence numbers streams and the file target follow. Pure data; the reader thread
+//! writes, the HTTP server and the streams read, each behind [`super::FlowLogShared`]'s one
+//! mutex held briefly.
+//!
+//! Guarantees: at most [`MAX_KEYS`] keys per interval (packets of further keys are counted in
+//! [`FlowStore::overflow`], never kept) and [`KEEP_RECORDS`] finished records (oldest dropped
+//! first); every finished record has a sequence number one above the previous one, so a reader
+//! that remembers the last number it saw misses nothing that is still kept.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::SystemTime;
+
+use super::FlowKey;
+
+/// Keys one interval aggregates at most; packets of further keys are counted, not kept.
+pub const MAX_KEYS: usize = 100_000;
+/// Finished records kept for the API.
+pub const KEEP_RECORDS: usize = 50_000;
+
+/// One record: a key's connections within one interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowRecord {
+    pub key: FlowKey,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    /// Connections whose first packet was logged (within the per-pod rate limit).
+    pub connections: u64,
+    /// Finished records: their place in the sequence (1, 2, …); 0 for the current interval's.
+    pub seq: u64,
+}
+
+impl FlowRecord {
+    /// Whether the record's interval is over (it will not change any more).
+    pub fn closed(&self) -> bool {
+        self.seq != 0
+    }
+}
+
+struct Open {
+    first: SystemTime,
+    last: SystemTime,
+    connections: u64,
+}
+
+impl Open {
+    fn record(&self, key: &FlowKey, seq: u64) -> FlowRecord {
+        FlowRecord {
+            key: key.clone(),
+            start: self.first,
+            end: self.last,
+            connections: self.connections,
+            seq,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct FlowStore {
+    current: HashMap<FlowKey, Open>,
+    finished: VecDeque<FlowRecord>,
+    last_seq: u64,
+    overflow: u64,
+}
+
+impl FlowStore {
+    pub fn observe(&mut self, key: FlowKey, at: SystemTime) {
+        if let Some(open) = self.current.get_mut(&key) {
+            open.connections += 1;
+            open.first = open.first.min(at);
+            open.last = open.last.max(at);
+            return;
+        }
+        if self.current.len() >= MAX_KEYS {
+            self.overflow += 1;
+            return;
+        }
+        self.current.insert(
+            key,
+            Open {
+                first: at,
+                last: at,
+                connections: 1,
+            },
+        );
+    }
+
+    /// Ends the interval: its aggregates become records (oldest dropped past
+    /// [`KEEP_RECORDS`]); returns the new records, oldest first.
+    pub fn flush(&mut self) -> Vec<FlowRecord> {
+        let mut records: Vec<FlowRecord> = self
+            .current
+            .drain()
+            .map(|(key, o)| o.record(&key, 0))
+            .collect();
+        records.sort_by_key(|r| r.start);
+        for r in &mut records {
+            self.last_seq += 1;
+            r.seq = self.last_seq;
+            if self.finished.len() >= KEEP_RECORDS {
+                self.finished.pop_front();
+            }
+            self.finished.push_back(r.clone());
+        }
+        records
+    }
+
+    /// The current interval's aggregates as records so far (sequence 0), oldest first.
+    pub fn current(&self) -> Vec<FlowRecord> {
+        let mut open: Vec<FlowRecord> = self.current.iter().map(|(k, o)| o.record(k, 0)).collect();
+        open.sort_by_key(|r| r.start);
+        open
+    }
+
+    /// The finished records, then the current interval's, oldest first.
+    pub fn records(&self) -> Vec<FlowRecord> {
+        let mut out: Vec<FlowRecord> = self.finished.iter().cloned().collect();
+        out.extend(self.current());
+        out
+    }
+
+    /// The finished records after sequence number `seq`, oldest first.
+    pub fn after(&self, seq: u64) -> Vec<FlowRecord> {
+        // Sequence numbers are consecutive, so the first wanted one's place is arithmetic.
+        let first = self.finished.front().map_or(0, |r| r.seq);
+        let skip = seq.saturating_add(1).saturating_sub(first);
+        self.finished
+            .iter()
+            .skip(usize::try_from(skip).unwrap_or(usize::MAX))
+            .cloned()
+            .collect()
+    }
+
+    /// The sequence number of the newest finished record (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    pub fn overflow(&self) -> u64 {
+        self.overflow
+    }
+}
