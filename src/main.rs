@@ -1,6 +1,7 @@
 //! The netpol-agent command line: `run` (the agent), `cleanup` (remove everything we
 //! programmed), `compile` (render what a node must hold, offline), `explain` (why a flow is
-//! allowed or denied) and `audit` (whether a node's kernel holds what the policies say).
+//! allowed or denied), `audit` (whether a node's kernel holds what the policies say) and
+//! `flows` (the flow records of one or more agents).
 //!
 //! Exit status: 0 success; 1 a failure while running (or `compile --strict` with rejected
 //! objects); 2 invalid configuration (a bad flag or `FELIX_*` value, found before anything
@@ -9,7 +10,8 @@
 //! health server is off, else on SIGTERM/SIGINT after having served `/readiness` 503 with the
 //! reason meanwhile. `explain`: 0 allowed, 1 denied,
 //! 2 bad input, 3 the kernel's answer differs from the policies'; `audit`: 0 clean, 1
-//! findings, 2 error.
+//! findings, 2 error; `flows`: 0 every agent answered, 1 one could not be read, 2 bad
+//! arguments.
 
 /// mimalloc instead of glibc's malloc: the calc graph holds millions of small, long-lived
 /// allocations at cluster scale (a pod record, its labels, its set memberships), and glibc's
@@ -48,6 +50,7 @@ use netpol_agent::host::rule_counters::Xtables;
 use netpol_agent::host::wiring as host_wiring;
 use netpol_agent::inspect;
 use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
+use netpol_agent::inspect::staged::StagedArgs;
 use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
@@ -123,6 +126,12 @@ enum Command {
     /// Whether a node's kernel holds what the policies say: every chain and rule of ours with
     /// what it implements, drift, and other programs' rules that bypass or break enforcement.
     Audit(Box<AuditArgs>),
+    /// Flow records of one or more agents (their `GET /flows`), merged: a table or JSON;
+    /// --follow prints records as the agents flush them.
+    Flows(Box<inspect::flows::FlowsArgs>),
+    /// Staged policies (never enforced): the observed flows they would change (impact), and
+    /// the enforced objects they would become (promote).
+    Staged(Box<StagedArgs>),
 }
 
 #[derive(Args)]
@@ -198,6 +207,8 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile(*args),
         Command::Explain(args) => return inspect::explain::run(&args),
         Command::Audit(args) => return inspect::audit::run(&args),
+        Command::Flows(args) => return inspect::flows::run(&args),
+        Command::Staged(args) => return inspect::staged::run(&args),
     };
     match result {
         Ok(code) => code,

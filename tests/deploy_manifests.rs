@@ -211,6 +211,8 @@ fn rbac_is_read_only_on_the_kinds_the_agent_watches() {
         ("", "namespaces"),
         ("networking.k8s.io", "networkpolicies"),
         ("policy.networking.k8s.io", "clusternetworkpolicies"),
+        ("netpol-agent.io", "stagednetworkpolicies"),
+        ("netpol-agent.io", "stagedclusternetworkpolicies"),
     ]
     .into_iter()
     .map(|(g, r)| (g.to_string(), r.to_string()))
@@ -1021,4 +1023,86 @@ fn the_uninstall_daemonset_reaches_every_node_as_the_agent_does_and_runs_cleanup
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// deploy/crds/: the staged kinds' CRDs (issue 23) are strict `CustomResourceDefinition`s
+/// whose group, names, scope and plural are the ones the agent watches, and whose spec holds
+/// the enforced kind's top-level fields plus `stagedAction` (Set, the default, or Delete).
+#[test]
+fn staged_policy_crds_match_the_kinds_the_agent_watches() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use netpol_agent::model::staged;
+    let docs = documents_in(&deploy_dir().join("crds"));
+    let crds: Vec<CustomResourceDefinition> = docs
+        .iter()
+        .flat_map(|(file, docs)| docs.iter().map(move |d| (file, d)))
+        .map(|(file, d)| typed(d, file))
+        .collect();
+    let want = [
+        (
+            staged::KIND,
+            staged::PLURAL,
+            "Namespaced",
+            vec![
+                "egress",
+                "ingress",
+                "podSelector",
+                "policyTypes",
+                "stagedAction",
+            ],
+        ),
+        (
+            staged::CLUSTER_KIND,
+            staged::CLUSTER_PLURAL,
+            "Cluster",
+            vec![
+                "egress",
+                "ingress",
+                "priority",
+                "stagedAction",
+                "subject",
+                "tier",
+            ],
+        ),
+    ];
+    assert_eq!(crds.len(), want.len());
+    for (kind, plural, scope, fields) in want {
+        let crd = crds
+            .iter()
+            .find(|c| c.spec.names.kind == kind)
+            .unwrap_or_else(|| panic!("no CRD for {kind}"));
+        assert_eq!(crd.spec.group, staged::GROUP);
+        assert_eq!(crd.spec.names.plural, plural);
+        assert_eq!(crd.spec.scope, scope);
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some(format!("{plural}.{}", staged::GROUP).as_str())
+        );
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, staged::VERSION);
+        assert!(version.served && version.storage);
+        let schema = version
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap();
+        let spec = &schema.properties.as_ref().unwrap()["spec"];
+        let props = spec.properties.as_ref().unwrap();
+        let names: Vec<&str> = props.keys().map(String::as_str).collect();
+        assert_eq!(names, fields, "{kind}");
+        let action = &props["stagedAction"];
+        let values: Vec<String> = action
+            .enum_
+            .iter()
+            .flatten()
+            .map(|v| v.0.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(values, ["Set", "Delete"]);
+        assert_eq!(
+            action.default.as_ref().map(|d| d.0.clone()),
+            Some(serde_json::json!("Set"))
+        );
+    }
 }

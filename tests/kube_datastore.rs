@@ -1039,6 +1039,10 @@ status:
                 );
                 subset(&v["metadata"], &["name"], "cluster policy metadata");
             }
+            // The fake API server does not serve the staged kinds (404: an empty listing).
+            K8sObject::StagedNetworkPolicy(_) | K8sObject::StagedClusterNetworkPolicy(_) => {
+                panic!("a staged object from a server that has none: {object:?}")
+            }
         }
     }
     let mut g = graph();

@@ -196,6 +196,10 @@ pub fn manifests(data: &[u8]) {
             K8sObject::ClusterNetworkPolicy(cnp) => {
                 validate::cluster_network_policy(cnp).map(|_| ())
             }
+            K8sObject::StagedNetworkPolicy(s) => validate::staged_network_policy(s).map(|_| ()),
+            K8sObject::StagedClusterNetworkPolicy(s) => {
+                validate::staged_cluster_network_policy(s).map(|_| ())
+            }
         };
         if let Err(e) = result {
             check_validation_error(&e);

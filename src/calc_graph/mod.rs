@@ -311,6 +311,9 @@ impl CalcGraph {
                 K8sObject::Namespace(n) => self.upsert_namespace(n),
                 K8sObject::NetworkPolicy(np) => self.upsert_policy(np),
                 K8sObject::ClusterNetworkPolicy(cnp) => self.upsert_cluster_policy(cnp),
+                // Staged policies are never enforced: they never reach the rules (issue 23;
+                // the evaluator reads them, see `verdict::staged`).
+                K8sObject::StagedNetworkPolicy(_) | K8sObject::StagedClusterNetworkPolicy(_) => {}
             },
             DatastoreEvent::Delete(r) => {
                 let key = || {
@@ -322,6 +325,7 @@ impl CalcGraph {
                     ObjectKind::Namespace => self.remove_namespace(&r.key),
                     ObjectKind::NetworkPolicy => self.remove_policy(&key()),
                     ObjectKind::ClusterNetworkPolicy => self.remove_cluster_policy(&r.key),
+                    ObjectKind::StagedNetworkPolicy | ObjectKind::StagedClusterNetworkPolicy => {}
                 }
             }
             DatastoreEvent::InSync => {}

@@ -1,6 +1,8 @@
 //! Manifest loading: reads YAML or JSON manifests (multi-document, `kind: List` and typed
 //! lists expanded) from text, files and directories, and keeps the objects the agent works
-//! on: Pods, Namespaces, NetworkPolicies and ClusterNetworkPolicies. A broken document is reported as a
+//! on: Pods, Namespaces, NetworkPolicies and ClusterNetworkPolicies, and the staged kinds
+//! (`StagedNetworkPolicy`, `StagedClusterNetworkPolicy`, Calico's
+//! `StagedKubernetesNetworkPolicy`). A broken document is reported as a
 //! [`ManifestError`] and never hides the other documents; a file that is not UTF-8 or is too
 //! large is reported and skipped, and nesting too deep is refused before parsing
 //! (`super::limits` has the bounds and why). Each broken piece is parsed once: error
@@ -15,6 +17,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use super::limits::{self, MAX_MANIFEST_BYTES};
+use crate::model::staged;
 use crate::model::validate::shown_name;
 pub use crate::model::K8sObject;
 use serde_yaml_ng::{Mapping, Value};
@@ -42,11 +45,14 @@ const CORE_V1: &str = "v1";
 const NETWORKING_V1: &str = "networking.k8s.io/v1";
 const CLUSTER_POLICY_API: &str = crate::model::cluster_policy::API_VERSION;
 /// List kinds whose items may omit their own kind (the API server's typed lists).
-const TYPED_LISTS: [(&str, &str); 4] = [
+const TYPED_LISTS: [(&str, &str); 7] = [
     ("PodList", "Pod"),
     ("NamespaceList", "Namespace"),
     ("NetworkPolicyList", "NetworkPolicy"),
     ("ClusterNetworkPolicyList", "ClusterNetworkPolicy"),
+    ("StagedNetworkPolicyList", staged::KIND),
+    ("StagedClusterNetworkPolicyList", staged::CLUSTER_KIND),
+    ("StagedKubernetesNetworkPolicyList", staged::CALICO_KIND),
 ];
 const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 
@@ -403,6 +409,8 @@ impl Parsed<'_> {
             "Pod" | "Namespace" => CORE_V1,
             "NetworkPolicy" => NETWORKING_V1,
             "ClusterNetworkPolicy" => CLUSTER_POLICY_API,
+            staged::KIND | staged::CLUSTER_KIND => staged::API_VERSION,
+            staged::CALICO_KIND => staged::CALICO_API_VERSION,
             list if is_list_kind(list) => {
                 self.error(
                     document,
@@ -444,6 +452,20 @@ impl Parsed<'_> {
             "Namespace" => serde_path_to_error::deserialize(value).map(K8sObject::Namespace),
             "ClusterNetworkPolicy" => {
                 serde_path_to_error::deserialize(value).map(K8sObject::ClusterNetworkPolicy)
+            }
+            staged::KIND => {
+                serde_path_to_error::deserialize(value).map(K8sObject::StagedNetworkPolicy)
+            }
+            staged::CALICO_KIND => serde_path_to_error::deserialize(value).map(
+                |s: crate::model::StagedNetworkPolicy| {
+                    K8sObject::StagedNetworkPolicy(crate::model::StagedNetworkPolicy {
+                        calico: true,
+                        ..s
+                    })
+                },
+            ),
+            staged::CLUSTER_KIND => {
+                serde_path_to_error::deserialize(value).map(K8sObject::StagedClusterNetworkPolicy)
             }
             _ => serde_path_to_error::deserialize(value).map(K8sObject::NetworkPolicy),
         };
@@ -527,6 +549,20 @@ mod tests {
                 K8sObject::ClusterNetworkPolicy(cnp) => format!(
                     "ClusterNetworkPolicy {}",
                     cnp.metadata.name.clone().unwrap_or_default()
+                ),
+                K8sObject::StagedNetworkPolicy(s) => format!(
+                    "{} {}",
+                    if s.calico {
+                        staged::CALICO_KIND
+                    } else {
+                        staged::KIND
+                    },
+                    s.metadata.name.clone().unwrap_or_default()
+                ),
+                K8sObject::StagedClusterNetworkPolicy(s) => format!(
+                    "{} {}",
+                    staged::CLUSTER_KIND,
+                    s.metadata.name.clone().unwrap_or_default()
                 ),
             })
             .collect()
@@ -1014,5 +1050,75 @@ metadata: {name: too-old}
             let (objects, errors) = parse_manifests(&text, "fuzz.yaml");
             proptest::prop_assert!(objects.len() + errors.len() <= text.len() + 1);
         }
+    }
+
+    #[test]
+    fn staged_kinds_ours_and_calicos_are_read() {
+        let text = "\
+apiVersion: netpol-agent.io/v1alpha1
+kind: StagedNetworkPolicy
+metadata: {name: default-deny, namespace: shop}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: projectcalico.org/v3
+kind: StagedKubernetesNetworkPolicy
+metadata: {name: old-allow, namespace: shop}
+spec: {stagedAction: Delete}
+---
+apiVersion: netpol-agent.io/v1alpha1
+kind: StagedClusterNetworkPolicyList
+items:
+- metadata: {name: admin-deny}
+  spec: {stagedAction: Set, tier: Admin, priority: 1, subject: {namespaces: {}}}
+---
+apiVersion: projectcalico.org/v3
+kind: StagedNetworkPolicy
+metadata: {name: calico-format, namespace: shop}
+spec: {selector: all()}
+";
+        let (objects, errors) = parse_manifests(text, "staged.yaml");
+        assert_eq!(
+            names(&objects),
+            [
+                "StagedNetworkPolicy default-deny",
+                "StagedKubernetesNetworkPolicy old-allow",
+                "StagedClusterNetworkPolicy admin-deny"
+            ]
+        );
+        let K8sObject::StagedNetworkPolicy(first) = &objects[0] else {
+            panic!("{objects:?}")
+        };
+        let spec = first.spec.as_ref().unwrap();
+        assert_eq!(spec.staged_action, None);
+        assert_eq!(
+            spec.policy.policy_types.as_deref(),
+            Some(&["Ingress".to_string()][..])
+        );
+        let K8sObject::StagedNetworkPolicy(calico) = &objects[1] else {
+            panic!("{objects:?}")
+        };
+        assert!(calico.calico);
+        assert_eq!(
+            calico.spec.as_ref().unwrap().staged_action.as_deref(),
+            Some("Delete")
+        );
+        let K8sObject::StagedClusterNetworkPolicy(cluster) = &objects[2] else {
+            panic!("{objects:?}")
+        };
+        assert_eq!(cluster.spec.as_ref().unwrap().policy.priority, Some(1));
+        // Calico's own policy format is not read: refused with the apiVersion we take.
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].message.contains("netpol-agent.io/v1alpha1"),
+            "{}",
+            errors[0].message
+        );
+        // Written back as what it was read as.
+        let yaml = serde_yaml_ng::to_string(calico).unwrap();
+        assert!(
+            yaml.contains("kind: StagedKubernetesNetworkPolicy"),
+            "{yaml}"
+        );
+        assert!(yaml.contains("stagedAction: Delete"), "{yaml}");
     }
 }

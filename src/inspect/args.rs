@@ -99,6 +99,11 @@ pub struct ExplainArgs {
     pub kernel: bool,
     #[command(flatten)]
     pub saved: SavedKernel,
+    /// Answer as if the staged policies (StagedNetworkPolicy, StagedClusterNetworkPolicy,
+    /// StagedKubernetesNetworkPolicy) were enforced. The kernel never holds them, so not
+    /// with --kernel.
+    #[arg(long, conflicts_with_all = ["kernel", "iptables_save"])]
+    pub staged: bool,
     /// Output format.
     #[arg(long, value_enum, ignore_case = true, default_value = "text")]
     pub output: OutputFormat,

@@ -1,6 +1,8 @@
 //! `netpol-agent explain`: the verdict for one flow from the objects (`verdict::State`), and
 //! with `--kernel` the packet followed through the rules and sets a node's kernel holds
-//! (`verdict::kernel`), said loudly when the two answers differ.
+//! (`verdict::kernel`), said loudly when the two answers differ. With `--staged` the answer
+//! is the one with the staged policies applied; without it, a line says when they would change
+//! the answer (`super::staged`).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -10,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::args::{ExplainArgs, OutputFormat};
 use super::{
-    family_name, load_objects, node_name, read_live, read_saved, resolver, KernelText,
+    family_name, load_objects, node_name, read_live, read_saved, resolver, staged, KernelText,
     EXIT_BAD_INPUT, EXIT_KERNEL_DIFFERS,
 };
 use crate::agent::Calculation;
@@ -140,7 +142,15 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         name_pods(&mut state, r.as_ref());
     }
 
+    // Staged objects (issue 23): with --staged the answer is the staged state's; without,
+    // a note says when they would change it.
+    let staged_list = state.staged().to_vec();
+    let staging = (!args.staged && !staged_list.is_empty()).then(|| state.staging());
+    if args.staged {
+        state = state.with_staged(|_| true);
+    }
     let mut verdicts = Vec::new();
+    let mut notes = Vec::new();
     for port in ports {
         let flow = Flow {
             src: from.clone(),
@@ -149,7 +159,13 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             port,
         };
         let resolved = state.resolve(&flow)?;
-        verdicts.push(state.explain(&resolved));
+        let verdict = state.explain(&resolved);
+        notes.push(
+            staging
+                .as_ref()
+                .and_then(|s| staged::note(&state, s, &resolved, verdict.action)),
+        );
+        verdicts.push(verdict);
     }
 
     let mut checks: Vec<Option<KernelCheck>> = Vec::new();
@@ -180,11 +196,17 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     match args.output {
         OutputFormat::Text => {
             let mut out = String::new();
-            for (v, c) in verdicts.iter().zip(&checks) {
+            if args.staged {
+                out.push_str(&staged::applied_text(&staged_list));
+            }
+            for ((v, c), note) in verdicts.iter().zip(&checks).zip(&notes) {
                 if !out.is_empty() {
                     out.push_str("\n----\n\n");
                 }
                 out.push_str(&v.to_text());
+                if let Some(n) = note {
+                    out.push_str(&n.to_text());
+                }
                 if let Some(c) = c {
                     out.push('\n');
                     out.push_str(&kernel_text(c, v));
@@ -196,10 +218,20 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             let mut docs: Vec<Value> = verdicts
                 .iter()
                 .zip(&checks)
-                .map(|(v, c)| {
+                .zip(&notes)
+                .map(|((v, c), note)| {
                     let mut doc = v.to_json();
                     if let Some(c) = c {
                         doc["kernel"] = kernel_json(c);
+                    }
+                    if let Some(n) = note {
+                        doc["staged"] = n.to_json();
+                    }
+                    if args.staged {
+                        doc["staged_applied"] = staged_list
+                            .iter()
+                            .map(|s| json!({"kind": s.kind, "name": s.name(), "action": s.action().as_str()}))
+                            .collect();
                     }
                     doc
                 })

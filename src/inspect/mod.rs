@@ -1,9 +1,11 @@
-//! `explain` and `audit`: the two read-only commands that answer "why is this flow allowed or
-//! denied" and "does this node's kernel hold what the policies say". The I/O edge around the
+//! `explain`, `audit`, `flows` and `staged`: the read-only commands that answer "why is this
+//! flow allowed or denied", "does this node's kernel hold what the policies say", "which flows
+//! did the agents record" ([`flows`], a client of the agents' flows API) and "what would the
+//! staged policies change" ([`staged`], issue 23). The I/O edge around the
 //! pure `verdict` evaluator and `dataplane::audit`: reading the objects once (manifests, a
 //! directory, or the Kubernetes API until its first complete listing), naming pod interfaces
 //! with the configured resolver, reading the kernel (`iptables-save`, `ipset save`) or saved
-//! dumps of it, and printing for people or as JSON. Neither ever writes to the kernel.
+//! dumps of it, and printing for people or as JSON. None ever writes to the kernel.
 //!
 //! Exit status: 0 allowed / clean, 1 denied / findings, 2 bad input or error (the message
 //! names it), 3 (`explain --kernel`) the kernel's answer differs from the policies'.
@@ -11,6 +13,8 @@
 pub mod args;
 pub mod audit;
 pub mod explain;
+pub mod flows;
+pub mod staged;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

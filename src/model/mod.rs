@@ -1,6 +1,7 @@
 //! The objects as the agent sees them: what datastores deliver (`K8sObject` in a
 //! `DatastoreEvent`) and the validated, compact form the calc graph works on (`PodInfo`,
-//! `NamespaceInfo`, `PolicyInfo`, `ClusterPolicyInfo` and their parts). Imports nothing of
+//! `NamespaceInfo`, `PolicyInfo`, `ClusterPolicyInfo` and their parts), and staged policies
+//! (`staged`: never enforced, read by the evaluator only). Imports nothing of
 //! ours: every other room builds on it.
 //!
 //! `validate` turns `k8s-openapi` objects into these types; everything past that point can
@@ -8,6 +9,7 @@
 
 pub mod cluster_policy;
 mod object;
+pub mod staged;
 pub mod validate;
 
 pub use cluster_policy::{
@@ -15,6 +17,9 @@ pub use cluster_policy::{
     RuleAction, Tier,
 };
 pub use object::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
+pub use staged::{
+    StagedAction, StagedClusterNetworkPolicy, StagedInfo, StagedNetworkPolicy, StagedTarget,
+};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::cluster_policy::ClusterNetworkPolicy;
+use super::staged::{StagedClusterNetworkPolicy, StagedNetworkPolicy};
 use super::validate::namespaced_key;
 
 // Pods are much larger than the other variants; these values are short-lived (parsed, then
@@ -16,6 +17,9 @@ pub enum K8sObject {
     Namespace(Namespace),
     NetworkPolicy(NetworkPolicy),
     ClusterNetworkPolicy(ClusterNetworkPolicy),
+    /// Never enforced: the calc graph ignores staged objects, the evaluator reads them.
+    StagedNetworkPolicy(StagedNetworkPolicy),
+    StagedClusterNetworkPolicy(StagedClusterNetworkPolicy),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -24,6 +28,8 @@ pub enum ObjectKind {
     Namespace,
     NetworkPolicy,
     ClusterNetworkPolicy,
+    StagedNetworkPolicy,
+    StagedClusterNetworkPolicy,
 }
 
 impl ObjectKind {
@@ -33,6 +39,8 @@ impl ObjectKind {
             ObjectKind::Namespace => "Namespace",
             ObjectKind::NetworkPolicy => "NetworkPolicy",
             ObjectKind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
+            ObjectKind::StagedNetworkPolicy => "StagedNetworkPolicy",
+            ObjectKind::StagedClusterNetworkPolicy => "StagedClusterNetworkPolicy",
         }
     }
 }
@@ -64,6 +72,15 @@ impl K8sObject {
             K8sObject::ClusterNetworkPolicy(cnp) => ObjectRef {
                 kind: ObjectKind::ClusterNetworkPolicy,
                 key: cnp.metadata.name.clone().unwrap_or_default(),
+            },
+            // Calico's StagedKubernetesNetworkPolicy is the same object for pairing.
+            K8sObject::StagedNetworkPolicy(s) => ObjectRef {
+                kind: ObjectKind::StagedNetworkPolicy,
+                key: namespaced_key(&s.metadata).to_string(),
+            },
+            K8sObject::StagedClusterNetworkPolicy(s) => ObjectRef {
+                kind: ObjectKind::StagedClusterNetworkPolicy,
+                key: s.metadata.name.clone().unwrap_or_default(),
             },
         }
     }

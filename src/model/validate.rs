@@ -2,11 +2,13 @@
 //! NetworkPolicies (and ClusterNetworkPolicies, in `cluster`) into the trusted model types,
 //! applying the API server's validation and defaulting rules that matter for enforcement. An
 //! object that fails is rejected as a whole with a [`ValidationError`] naming the offending
-//! field.
+//! field. Staged objects (`staged`) are validated as the objects they would become.
 
 mod cluster;
+mod staged;
 
 pub use cluster::cluster_network_policy;
+pub use staged::{staged_cluster_network_policy, staged_network_policy};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

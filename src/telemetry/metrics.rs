@@ -69,6 +69,7 @@ pub struct Metrics {
     pub flow_log_lost: IntCounter,
     pub flow_log_overruns: IntCounter,
     pub flow_log_file_errors: IntCounter,
+    pub flow_log_conntrack_errors: IntCounter,
     /// Labels: namespace, pod, direction (local pods only; series of pods gone are removed).
     pub denied_packets: IntCounterVec,
     /// Labels: direction.
@@ -142,6 +143,7 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_flow_log_lost_total",
     "netpol_flow_log_overruns_total",
     "netpol_flow_log_file_errors_total",
+    "netpol_flow_log_conntrack_errors_total",
     "netpol_denied_packets_total",
     "netpol_denied_unknown_interface_packets_total",
     "netpol_policy_packets_total",
@@ -428,6 +430,11 @@ impl Metrics {
                 &r,
                 "netpol_flow_log_file_errors_total",
                 "flushes whose records could not be written to the flow-log file (FELIX_FLOWLOGSFILEENABLED)",
+            ),
+            flow_log_conntrack_errors: counter(
+                &r,
+                "netpol_flow_log_conntrack_errors_total",
+                "flow logs: conntrack reads for packet and byte counts that failed",
             ),
             deny_log_undecodable: counter(
                 &r,

@@ -121,7 +121,7 @@ impl Traffic {
             traffic.deny = Some(reader);
         }
         if let (Some(settings), Some(names)) = (&cfg.flow_log, &traffic.names) {
-            let reader = FlowLog::start(settings, names.attribution.clone()).with_context(|| {
+            let reader = FlowLog::start(settings, names.attribution.clone(), stop.clone()).with_context(|| {
                 format!(
                     "flow logs (FELIX_FLOWLOGSENABLED): binding NFLOG group {} (FELIX_FLOWLOGSNFLOGGROUP)",
                     settings.group

@@ -83,12 +83,17 @@ impl Change {
                 K8sObject::ClusterNetworkPolicy(c) => validate::cluster_network_policy(c)
                     .ok()
                     .map(|info| Change::ClusterPolicy(info.name.clone(), Some(info))),
+                // Never enforced: nothing the kernel allows changes.
+                K8sObject::StagedNetworkPolicy(_) | K8sObject::StagedClusterNetworkPolicy(_) => {
+                    None
+                }
             },
             DatastoreEvent::Delete(r) => match r.kind {
                 ObjectKind::Namespace => Some(Change::Namespace(r.key.clone(), None)),
                 ObjectKind::ClusterNetworkPolicy => {
                     Some(Change::ClusterPolicy(r.key.clone(), None))
                 }
+                ObjectKind::StagedNetworkPolicy | ObjectKind::StagedClusterNetworkPolicy => None,
                 ObjectKind::Pod | ObjectKind::NetworkPolicy => {
                     let (ns, name) = r.key.split_once('/')?;
                     let key = ObjectKey::new(ns, name);

@@ -45,6 +45,7 @@
 mod cluster;
 pub mod kernel;
 mod netpol;
+mod staged;
 mod text;
 
 #[cfg(test)]
@@ -59,7 +60,7 @@ use serde_json::{json, Value};
 use crate::model::validate::{self, ValidationError};
 use crate::model::{
     ClusterPolicyInfo, IpFamily, K8sObject, NamespaceInfo, ObjectKey, PodInfo, PolicyInfo,
-    Protocol, Tier,
+    Protocol, StagedInfo, Tier,
 };
 use crate::rules::chains::{tiered_endpoint_chains_traced, TierChains};
 use crate::rules::provenance::{ChainRole, TracedChain};
@@ -67,6 +68,7 @@ use crate::rules::{Direction, EndpointToHostAction, RuleConfig};
 
 pub use cluster::{tier_name, ClusterMatch, ClusterTierReport};
 pub use netpol::{AllowMatch, Miss, MissKind, NetworkPolicyReport, NpOutcome};
+pub use staged::{deciding_policies, DecidingPolicy, Staging};
 
 /// One side of a flow as asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -274,6 +276,9 @@ pub struct State {
     /// Every container port each pod declares (named or not), for explaining a flow
     /// without a port.
     declared: HashMap<ObjectKey, Vec<(Protocol, u16)>>,
+    /// Staged objects: never part of the answers above, applied only by `staged`'s
+    /// `with_staged` (issue 23).
+    staged: Vec<StagedInfo>,
 }
 
 fn dir_index(d: Direction) -> usize {
@@ -362,6 +367,7 @@ impl State {
             hosts: HashMap::new(),
             non_workloads: HashMap::new(),
             declared: HashMap::new(),
+            staged: Vec::new(),
         }
     }
 
@@ -387,6 +393,7 @@ impl State {
         let mut pods = Vec::new();
         let mut policies = Vec::new();
         let mut cluster_policies = Vec::new();
+        let mut staged = Vec::new();
         let mut non_workloads = HashMap::new();
         let mut hosts = HashMap::new();
         let mut declared: HashMap<ObjectKey, Vec<(Protocol, u16)>> = HashMap::new();
@@ -404,6 +411,16 @@ impl State {
                     Ok(info) => cluster_policies.push(info),
                     Err(e) => errors.push(e),
                 },
+                K8sObject::StagedNetworkPolicy(s) => match validate::staged_network_policy(s) {
+                    Ok(info) => staged.push(info),
+                    Err(e) => errors.push(e),
+                },
+                K8sObject::StagedClusterNetworkPolicy(s) => {
+                    match validate::staged_cluster_network_policy(s) {
+                        Ok(info) => staged.push(info),
+                        Err(e) => errors.push(e),
+                    }
+                }
                 K8sObject::Pod(p) => {
                     let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
                     let ports: Vec<(Protocol, u16)> = p
@@ -472,6 +489,7 @@ impl State {
         }
         let mut state = State::new(cfg, namespaces, pods, policies);
         state.set_cluster_policies(cluster_policies);
+        state.set_staged(staged);
         // A workload's address is never a node's, whatever a status says.
         hosts.retain(|ip, _| !state.by_ip.contains_key(ip));
         state.hosts = hosts;

@@ -1,8 +1,11 @@
-//! The ClusterNetworkPolicy follower of the Kubernetes datastore: lists and watches
-//! `policy.networking.k8s.io/v1alpha2` `clusternetworkpolicies` (cluster-scoped) with the
-//! same watcher, trimming, mirror and relist rules as the other kinds (`kube`), plus one state
-//! they do not have: the resource may not exist. The CRD comes from network-policy-api, not
-//! from Kubernetes, and a cluster may run the agent before (or without) installing it.
+//! The follower of kinds whose CRD may be missing: ClusterNetworkPolicy
+//! (`policy.networking.k8s.io/v1alpha2` `clusternetworkpolicies`, cluster-scoped) and the
+//! staged kinds (`netpol-agent.io/v1alpha1` `stagednetworkpolicies`,
+//! `stagedclusternetworkpolicies`, issue 23). It lists and watches them with the same watcher,
+//! trimming, mirror and relist rules as the other kinds (`kube`), plus one state they do not
+//! have: the resource may not exist. Their CRDs come from network-policy-api or from our
+//! `deploy/`, not from Kubernetes, and a cluster may run the agent before (or without)
+//! installing them.
 //!
 //! # A missing CRD
 //!
@@ -30,6 +33,7 @@ use tracing::{debug, info, warn};
 
 use super::{wait_after_error, Closed, Kind, KubeOptions, Lists, Mirror, Out, Retry};
 use crate::model::cluster_policy::{API_VERSION, PLURAL};
+use crate::model::staged::{self, StagedClusterNetworkPolicy, StagedNetworkPolicy};
 use crate::model::{ClusterNetworkPolicy, K8sObject, ObjectKind, ObjectRef};
 
 /// How often a missing ClusterNetworkPolicy resource is looked for again.
@@ -64,6 +68,69 @@ pub fn trim_cluster_network_policy(cnp: &mut ClusterNetworkPolicy) {
     };
 }
 
+impl Kind for StagedNetworkPolicy {
+    const KIND: ObjectKind = ObjectKind::StagedNetworkPolicy;
+    fn trim(&mut self) {
+        let meta = std::mem::take(&mut self.metadata);
+        self.metadata = ObjectMeta {
+            name: meta.name,
+            namespace: meta.namespace,
+            ..ObjectMeta::default()
+        };
+    }
+    fn into_object(self) -> K8sObject {
+        K8sObject::StagedNetworkPolicy(self)
+    }
+}
+
+impl Kind for StagedClusterNetworkPolicy {
+    const KIND: ObjectKind = ObjectKind::StagedClusterNetworkPolicy;
+    fn trim(&mut self) {
+        let meta = std::mem::take(&mut self.metadata);
+        self.metadata = ObjectMeta {
+            name: meta.name,
+            namespace: meta.namespace,
+            ..ObjectMeta::default()
+        };
+    }
+    fn into_object(self) -> K8sObject {
+        K8sObject::StagedClusterNetworkPolicy(self)
+    }
+    fn datastore_ref(&self) -> ObjectRef {
+        ObjectRef {
+            kind: ObjectKind::StagedClusterNetworkPolicy,
+            key: self.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What a follower of an optional resource says when the resource is not served.
+pub(super) struct Optional {
+    pub api_version: &'static str,
+    pub plural: &'static str,
+    /// What is missing while the resource is not served, and what to install.
+    pub consequence: &'static str,
+}
+
+pub(super) const CLUSTER_POLICIES: Optional = Optional {
+    api_version: API_VERSION,
+    plural: PLURAL,
+    consequence:
+        "ClusterNetworkPolicies are not enforced until network-policy-api's CRD is installed",
+};
+
+pub(super) const STAGED_POLICIES: Optional = Optional {
+    api_version: staged::API_VERSION,
+    plural: staged::PLURAL,
+    consequence: "StagedNetworkPolicies are not evaluated until deploy/crds/ is installed",
+};
+
+pub(super) const STAGED_CLUSTER_POLICIES: Optional = Optional {
+    api_version: staged::API_VERSION,
+    plural: staged::CLUSTER_PLURAL,
+    consequence: "StagedClusterNetworkPolicies are not evaluated until deploy/crds/ is installed",
+};
+
 /// Whether the resource is served, as far as we know.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Served {
@@ -82,21 +149,23 @@ fn is_not_found(err: &watcher::Error) -> bool {
     }
 }
 
-/// Lists and watches ClusterNetworkPolicies forever; see the module documentation. Returns
-/// only when the receiver is gone.
-pub(super) async fn follow(
-    api: Api<ClusterNetworkPolicy>,
+/// Lists and watches an optional kind forever; see the module documentation. Returns only
+/// when the receiver is gone.
+pub(super) async fn follow<K: Kind>(
+    api: Api<K>,
     options: &KubeOptions,
     mut lists: Lists,
     out: &Out,
+    what: &Optional,
 ) -> Closed {
-    let kind = ObjectKind::ClusterNetworkPolicy.as_str();
-    let mut mirror = Mirror::<ClusterNetworkPolicy>::default();
+    let kind = K::KIND.as_str();
+    let (api_version, plural) = (what.api_version, what.plural);
+    let mut mirror = Mirror::<K>::default();
     let mut retry = Retry::new(options);
     let mut served = Served::Unknown;
     loop {
         let mut stream = watcher(api.clone(), lists.config(options))
-            .modify(ClusterNetworkPolicy::trim)
+            .modify(K::trim)
             .boxed();
         let mut restart = false;
         // A streaming list started (`Init`) and not ended, with no error since: a second
@@ -121,7 +190,7 @@ pub(super) async fn follow(
                     }
                     if served != Served::Yes {
                         if served == Served::No {
-                            info!(kind, "the {PLURAL} resource is served now; following it");
+                            info!(kind, "the {plural} resource is served now; following it");
                         }
                         served = Served::Yes;
                     }
@@ -136,14 +205,14 @@ pub(super) async fn follow(
                 }
                 Err(err) if is_not_found(&err) => {
                     if served == Served::No {
-                        debug!(kind, "the {PLURAL} resource is still not served");
+                        debug!(kind, "the {plural} resource is still not served");
                     } else {
                         warn!(
                             kind,
                             recheck = ?options.missing_crd_recheck,
-                            "the API server does not serve {API_VERSION} {PLURAL} (404): \
-                             ClusterNetworkPolicies are not enforced until network-policy-api's \
-                             CRD is installed; looking again every {:?}",
+                            "the API server does not serve {api_version} {plural} (404): {}; \
+                             looking again every {:?}",
+                            what.consequence,
                             options.missing_crd_recheck
                         );
                     }

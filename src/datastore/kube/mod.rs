@@ -1,6 +1,6 @@
 //! The Kubernetes API datastore: Pods (all namespaces, remote ones feed the IP sets),
-//! Namespaces and NetworkPolicies (all namespaces), and ClusterNetworkPolicies (their own
-//! follower, `cluster_policy`: the CRD may be missing), listed and watched with
+//! Namespaces and NetworkPolicies (all namespaces), and ClusterNetworkPolicies and the staged
+//! kinds (their own follower, `cluster_policy`: the CRD may be missing), listed and watched with
 //! `kube::runtime::watcher`, turned into the same [`DatastoreEvent`]s as the directory source.
 //!
 //! # API
@@ -130,13 +130,16 @@ use tracing::{debug, info, warn};
 use super::EventSink;
 use crate::backoff::Policy;
 use crate::model::validate::{namespaced_key, SANDBOX_ID_ANNOTATION};
-use crate::model::{DatastoreEvent, K8sObject, ObjectKind, ObjectRef};
+use crate::model::{
+    ClusterNetworkPolicy, DatastoreEvent, K8sObject, ObjectKind, ObjectRef,
+    StagedClusterNetworkPolicy, StagedNetworkPolicy,
+};
 
 /// Pod annotations the graph reads; every other annotation is dropped on arrival.
 pub const KEPT_POD_ANNOTATIONS: &[&str] = &[SANDBOX_ID_ANNOTATION];
 
 /// How many kinds must be listed before `InSync`.
-const KINDS: usize = 4;
+const KINDS: usize = 6;
 
 /// How often the runtime looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -315,7 +318,10 @@ async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc
         _ = follow::<Pod>(Api::all(client.clone()), &options, lists, &out) => {}
         _ = follow::<Namespace>(Api::all(client.clone()), &options, lists, &out) => {}
         _ = follow::<NetworkPolicy>(Api::all(client.clone()), &options, lists, &out) => {}
-        _ = cluster_policy::follow(Api::all(client), &options, lists, &out) => {}
+        _ = cluster_policy::follow::<ClusterNetworkPolicy>(Api::all(client.clone()), &options, lists, &out, &cluster_policy::CLUSTER_POLICIES) => {}
+        // Staged policies (issue 23): never enforced; their CRDs are ours and may be absent.
+        _ = cluster_policy::follow::<StagedNetworkPolicy>(Api::all(client.clone()), &options, lists, &out, &cluster_policy::STAGED_POLICIES) => {}
+        _ = cluster_policy::follow::<StagedClusterNetworkPolicy>(Api::all(client), &options, lists, &out, &cluster_policy::STAGED_CLUSTER_POLICIES) => {}
         () = stopped(&stop) => {}
     }
     info!("Kubernetes datastore stopped");

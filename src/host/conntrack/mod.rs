@@ -182,6 +182,24 @@ pub struct CtCounters {
 }
 
 impl CtEntry {
+    /// An entry with these tuples and nothing else, for other rooms' unit tests.
+    #[doc(hidden)]
+    pub fn for_tests(original: CtTuple, reply: CtTuple) -> CtEntry {
+        CtEntry {
+            family: Family::of(original.src),
+            original,
+            reply,
+            zone: None,
+            id: None,
+            status: 0,
+            mark: None,
+            timeout: None,
+            tcp_state: None,
+            counters: None,
+            raw_original: Vec::new(),
+        }
+    }
+
     /// Whether `addr` is in either tuple.
     pub fn involves(&self, addr: IpAddr) -> bool {
         self.original.involves(addr) || self.reply.involves(addr)

@@ -276,6 +276,12 @@ pub fn record_json(
         "verdict": verdict,
         "policies": { "enforced_policies": enforced, "pending_policies": [] },
         "num_connections_started": r.connections,
+        "num_connections_completed": r.counts.completed,
+        "num_connections_live": r.live,
+        "packets_in": r.counts.packets_in,
+        "packets_out": r.counts.packets_out,
+        "bytes_in": r.counts.bytes_in,
+        "bytes_out": r.counts.bytes_out,
     })
 }
 

@@ -15,19 +15,22 @@
 //! `deny_log::NAME_GRACE` for the same race on deny lines), so a record read after the agent
 //! learned the pod names it.
 //!
-//! Not here yet: packet and byte counts and connection ends from conntrack (records count
-//! connections started, as the kernel logged them within the per-pod rate limit), labels,
-//! ClusterNetworkPolicy hits and unknown-interface drops, pending (staged) policies.
+//! Packet and byte counts and connection ends come from conntrack ([`conntrack`]), for the
+//! connections logged (within the per-pod rate limit).
+//!
+//! Not here yet: labels, ClusterNetworkPolicy hits and unknown-interface drops, pending
+//! (staged) policies.
 //!
 //! Cost: the kernel's hashlimit bounds what reaches us per pod and direction; the store is
 //! bounded (see [`store`]), so are the streams (see [`api`]) and the file (see [`file`]).
 
 pub mod api;
+pub mod conntrack;
 pub mod file;
 pub mod store;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -40,7 +43,7 @@ use super::attribution::{Attribution, LocalChains};
 
 pub use api::{record_json, route, stream_route, Filter, StreamQuery};
 pub use file::{FileSettings, FlowFile};
-pub use store::{FlowRecord, FlowStore, KEEP_RECORDS, MAX_KEYS};
+pub use store::{Counts, FlowRecord, FlowStore, KEEP_RECORDS, MAX_KEYS};
 
 #[derive(Clone, Debug)]
 pub struct FlowLogSettings {
@@ -149,6 +152,10 @@ pub struct FlowLogShared {
     pub flushed: Condvar,
     /// Streams open now.
     pub streams: AtomicUsize,
+    /// The logged connections conntrack is read for.
+    pub tracker: Mutex<conntrack::Tracker>,
+    /// Conntrack reads that failed.
+    pub conntrack_errors: Arc<AtomicU64>,
     pub attribution: Arc<Attribution>,
     pub foreign: AtomicU64,
     pub undecodable: AtomicU64,
@@ -161,6 +168,8 @@ impl FlowLogShared {
             store: Mutex::new(FlowStore::default()),
             flushed: Condvar::new(),
             streams: AtomicUsize::new(0),
+            tracker: Mutex::new(conntrack::Tracker::default()),
+            conntrack_errors: Arc::new(AtomicU64::new(0)),
             attribution,
             foreign: AtomicU64::new(0),
             undecodable: AtomicU64::new(0),
@@ -170,8 +179,10 @@ impl FlowLogShared {
     /// Ends the interval: its records become finished ones, the streams wake, and the records
     /// are returned (oldest first) for the file.
     pub fn flush(&self) -> Vec<FlowRecord> {
+        // One lock at a time (the conntrack poll takes them in turn too).
+        let live = self.tracker.lock().map(|t| t.live()).unwrap_or_default();
         let records = match self.store.lock() {
-            Ok(mut store) => store.flush(),
+            Ok(mut store) => store.flush_with(&live, SystemTime::now()),
             Err(_) => return vec![],
         };
         self.flushed.notify_all();
@@ -211,6 +222,15 @@ impl nflog::PacketSink for Sink {
             self.shared.attribution.pod_of(ip)
         });
         let at = packet.timestamp.unwrap_or_else(SystemTime::now);
+        // Allowed connections get a conntrack entry: follow it for counts and its end.
+        if key.action != FlowAction::Deny {
+            if let (Some(id), Ok(mut tracker)) = (
+                conntrack::ConnId::of_flow(&flow),
+                self.shared.tracker.lock(),
+            ) {
+                tracker.follow(id, &key);
+            }
+        }
         if let Ok(mut store) = self.shared.store.lock() {
             store.observe(key, at);
         }
@@ -234,14 +254,18 @@ pub struct FlowLog {
     reader: Reader,
     shared: Arc<FlowLogShared>,
     exported: nflog::CountersSnapshot,
+    exported_ct_errors: u64,
     failure_logged: bool,
 }
 
 impl FlowLog {
     /// Binds the group (in the calling thread's network namespace) and starts reading.
+    /// Conntrack is read on a thread of its own until `stop` (a failure to open its socket is
+    /// logged and leaves the records without counts).
     pub fn start(
         settings: &FlowLogSettings,
         attribution: Arc<Attribution>,
+        stop: Arc<AtomicBool>,
     ) -> Result<FlowLog, nflog::Error> {
         let shared = Arc::new(FlowLogShared::new(&settings.node, attribution));
         let sink = Sink {
@@ -258,10 +282,15 @@ impl FlowLog {
             },
             sink,
         )?;
+        conntrack::enable_accounting();
+        if let Err(e) = conntrack::spawn(shared.clone(), stop) {
+            tracing::error!(error = %e, "flow logs: cannot open conntrack; records will have no packet or byte counts and no connection ends");
+        }
         Ok(FlowLog {
             reader,
             shared,
             exported: nflog::CountersSnapshot::default(),
+            exported_ct_errors: 0,
             failure_logged: false,
         })
     }
@@ -281,6 +310,10 @@ impl FlowLog {
         m.flow_log_overruns
             .inc_by(now.overruns.saturating_sub(before.overruns));
         self.exported = now;
+        let ct = self.shared.conntrack_errors.load(Ordering::Relaxed);
+        m.flow_log_conntrack_errors
+            .inc_by(ct.saturating_sub(self.exported_ct_errors));
+        self.exported_ct_errors = ct;
         if !self.failure_logged {
             if let Some(why) = self.reader.failure() {
                 tracing::error!("the flow-log reader stopped: {why}; flows are no longer recorded (restart the agent)");

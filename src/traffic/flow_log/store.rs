@@ -18,6 +18,27 @@ pub const MAX_KEYS: usize = 100_000;
 /// Finished records kept for the API.
 pub const KEEP_RECORDS: usize = 50_000;
 
+/// What conntrack adds to a record (see [`super::conntrack`]): packets and bytes seen from the
+/// reporting end (`out`: sent by it, `in`: towards it) and the connections that ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub packets_in: u64,
+    pub packets_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub completed: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, o: &Counts) {
+        self.packets_in += o.packets_in;
+        self.packets_out += o.packets_out;
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.completed += o.completed;
+    }
+}
+
 /// One record: a key's connections within one interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlowRecord {
@@ -26,6 +47,10 @@ pub struct FlowRecord {
     pub end: SystemTime,
     /// Connections whose first packet was logged (within the per-pod rate limit).
     pub connections: u64,
+    /// From conntrack, for the connections logged: this interval's traffic and ends.
+    pub counts: Counts,
+    /// Connections still open at the flush (0 for the current interval's).
+    pub live: u64,
     /// Finished records: their place in the sequence (1, 2, …); 0 for the current interval's.
     pub seq: u64,
 }
@@ -41,6 +66,8 @@ struct Open {
     first: SystemTime,
     last: SystemTime,
     connections: u64,
+    counts: Counts,
+    live: u64,
 }
 
 impl Open {
@@ -50,6 +77,8 @@ impl Open {
             start: self.first,
             end: self.last,
             connections: self.connections,
+            counts: self.counts,
+            live: self.live,
             seq,
         }
     }
@@ -64,30 +93,52 @@ pub struct FlowStore {
 }
 
 impl FlowStore {
-    pub fn observe(&mut self, key: FlowKey, at: SystemTime) {
-        if let Some(open) = self.current.get_mut(&key) {
-            open.connections += 1;
-            open.first = open.first.min(at);
-            open.last = open.last.max(at);
-            return;
-        }
-        if self.current.len() >= MAX_KEYS {
+    /// The key's aggregate, made when there is room (`None`: counted in `overflow`).
+    fn open(&mut self, key: FlowKey, at: SystemTime) -> Option<&mut Open> {
+        if !self.current.contains_key(&key) && self.current.len() >= MAX_KEYS {
             self.overflow += 1;
+            return None;
+        }
+        let open = self.current.entry(key).or_insert(Open {
+            first: at,
+            last: at,
+            connections: 0,
+            counts: Counts::default(),
+            live: 0,
+        });
+        open.first = open.first.min(at);
+        open.last = open.last.max(at);
+        Some(open)
+    }
+
+    /// A logged connection started.
+    pub fn observe(&mut self, key: FlowKey, at: SystemTime) {
+        if let Some(open) = self.open(key, at) {
+            open.connections += 1;
+        }
+    }
+
+    /// Conntrack's counts for connections of `key`; a record with nothing to add is not made.
+    pub fn count(&mut self, key: FlowKey, counts: &Counts, at: SystemTime) {
+        if *counts == Counts::default() {
             return;
         }
-        self.current.insert(
-            key,
-            Open {
-                first: at,
-                last: at,
-                connections: 1,
-            },
-        );
+        if let Some(open) = self.open(key, at) {
+            open.counts.add(counts);
+        }
     }
 
     /// Ends the interval: its aggregates become records (oldest dropped past
     /// [`KEEP_RECORDS`]); returns the new records, oldest first.
-    pub fn flush(&mut self) -> Vec<FlowRecord> {
+    /// `live`: the connections still open per key; a key with open connections gets a record
+    /// even when nothing else happened in the interval (as Goldmane reports long connections
+    /// in every interval).
+    pub fn flush_with(&mut self, live: &HashMap<FlowKey, u64>, at: SystemTime) -> Vec<FlowRecord> {
+        for (key, n) in live {
+            if let Some(open) = self.open(key.clone(), at) {
+                open.live = *n;
+            }
+        }
         let mut records: Vec<FlowRecord> = self
             .current
             .drain()
@@ -103,6 +154,11 @@ impl FlowStore {
             self.finished.push_back(r.clone());
         }
         records
+    }
+
+    /// [`FlowStore::flush_with`] without open connections.
+    pub fn flush(&mut self) -> Vec<FlowRecord> {
+        self.flush_with(&HashMap::new(), SystemTime::UNIX_EPOCH)
     }
 
     /// The current interval's aggregates as records so far (sequence 0), oldest first.
