@@ -27,7 +27,7 @@ kernel=6.1
 cells="calico/ipv4,calico/dual,bridge/ipv4,bridge/dual"
 all=0
 only=()
-extra=(--converge-timeout-secs 90 --probe-timeout-ms 2000)
+extra=(--converge-timeout-secs 180 --probe-timeout-ms 2000)
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--kernel) kernel="$2"; shift 2 ;;

@@ -20,6 +20,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::io::IsTerminal;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -170,6 +171,11 @@ struct CompileArgs {
     /// Exit with status 1 when any object was rejected.
     #[arg(long)]
     strict: bool,
+    /// With kube-proxy IPVS support on (--kube-ipvs): an address of this node (repeatable;
+    /// both families), for the this-host set the agent fills from the node's interfaces
+    /// (every address except kube-ipvs0's). Without it the set is rendered empty.
+    #[arg(long = "host-address", value_name = "IP")]
+    host_addresses: Vec<IpAddr>,
     #[command(flatten)]
     rules: RuleOptions,
 }
@@ -711,7 +717,11 @@ fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     for e in &errors {
         warn!("{e}");
     }
-    let graph = Calculation::of_objects(
+    if !args.host_addresses.is_empty() && rule_cfg.kube_ipvs.is_none() {
+        // Nothing renders them without IPVS support: say so rather than ignore them silently.
+        warn!("--host-address only feeds the IPVS this-host set; without --kube-ipvs it is unused");
+    }
+    let graph = Calculation::of_objects_on_host(
         GraphConfig {
             node_name: args.node.clone(),
             families: vec![family],
@@ -719,6 +729,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
         },
         resolver,
         &objects,
+        args.host_addresses.iter().copied(),
     );
     let state = graph.snapshot();
     let fam = state.families.get(&family).cloned().unwrap_or_default();

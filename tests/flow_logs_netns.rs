@@ -3,7 +3,8 @@
 //! ICMP traffic flows between the pods' namespaces, and then:
 //! - every flow sent appears in `GET /flows` at the node with the right action, both ends,
 //!   port, protocol and reporter (egress and ingress: both are decided on this one node);
-//! - its policy and rule index are the ones `netpol-agent explain` names for that flow;
+//! - its policy and rule index are the ones `netpol-agent explain` names for that flow,
+//!   NetworkPolicy rules and ClusterNetworkPolicy (Admin tier) Accept and Deny rules alike;
 //! - no record names a flow between pods that was not sent;
 //! - conntrack's counts: a closed TCP connection has packets and bytes both ways and counts
 //!   as completed;
@@ -36,6 +37,17 @@ spec:
   - from: [{namespaceSelector: {}, podSelector: {matchLabels: {role: client}}}]
     ports: [{protocol: TCP, port: 80}, {protocol: UDP, port: 53}]
   - from: [{namespaceSelector: {}, podSelector: {matchLabels: {role: client}}}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard-open}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: open}}}}
+  ingress:
+  - {name: no-intruders, action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {role: intruder}}}}]}
+  - {action: Accept, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {role: client}}}}]}
 "#;
 
 fn pods() -> Vec<PodSpec> {
@@ -234,13 +246,19 @@ fn merged(records: &[Value]) -> BTreeMap<Key, Merged> {
             .as_array()
             .unwrap()
             .iter()
-            .map(|p| {
-                format!(
+            .map(|p| match p["kind"].as_str().unwrap() {
+                "ClusterNetworkPolicy" => format!(
+                    "ClusterNetworkPolicy {}:{}#{}",
+                    p["tier"].as_str().unwrap(),
+                    p["name"].as_str().unwrap(),
+                    p["rule_index"]
+                ),
+                _ => format!(
                     "{}/{}#{}",
                     p["namespace"].as_str().unwrap(),
                     p["name"].as_str().unwrap(),
                     p["rule_index"]
-                )
+                ),
             })
             .collect();
         let n = |k: &str| r[k].as_u64().unwrap();
@@ -289,6 +307,24 @@ fn explain(
         )
     });
     let side = &doc[direction];
+    // A ClusterNetworkPolicy tier that decided (Accept or Deny) comes first.
+    if let Some(t) = side["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t.get("matched").is_some() && t["decision"] != "pass")
+    {
+        let m = &t["matched"];
+        return (
+            side["verdict"].as_str().unwrap().to_string(),
+            vec![format!(
+                "{}:{}#{}",
+                t["tier"].as_str().unwrap(),
+                m["policy"].as_str().unwrap(),
+                m["rule"]
+            )],
+        );
+    }
     let np = side["tiers"]
         .as_array()
         .unwrap()
@@ -350,7 +386,14 @@ fn flow_records_match_the_traffic_and_explain() {
     assert!(udp(&node, "y/client", ip4("x/server"), 53));
     assert!(ping(&node, "y/client", node.pod("x/server").v4));
     assert!(!tcp(&node, "y/intruder", ip4("x/server"), 80), "denied");
-    assert!(tcp(&node, "y/client", ip4("z/open"), 8080));
+    assert!(
+        tcp(&node, "y/client", ip4("z/open"), 8080),
+        "the Admin tier accepts"
+    );
+    assert!(
+        !tcp(&node, "y/intruder", ip4("z/open"), 8080),
+        "the Admin tier denies"
+    );
 
     let ok = |p: &str| vec![format!("{p}")];
     let mut want: BTreeMap<Key, (&str, &str, Vec<String>)> = BTreeMap::new();
@@ -379,6 +422,22 @@ fn flow_records_match_the_traffic_and_explain() {
     );
     want.insert(
         key("y/client", "z/open", Some(8080), "tcp", "Dst"),
+        (
+            "Allow",
+            "rule",
+            ok("ClusterNetworkPolicy Admin:guard-open#1"),
+        ),
+    );
+    want.insert(
+        key("y/intruder", "z/open", Some(8080), "tcp", "Dst"),
+        (
+            "Deny",
+            "rule",
+            ok("ClusterNetworkPolicy Admin:guard-open#0"),
+        ),
+    );
+    want.insert(
+        key("y/intruder", "z/open", Some(8080), "tcp", "Src"),
         ("Allow", "no policy isolates the pod", vec![]),
     );
     want.insert(
@@ -450,6 +509,23 @@ fn flow_records_match_the_traffic_and_explain() {
         "a denied connection has no conntrack entry"
     );
 
+    for (k, m) in &got {
+        if m.action == "Deny" {
+            assert_eq!(
+                (m.packets, m.bytes, m.completed),
+                ((0, 0), (0, 0), 0),
+                "{k:?}: denied, never followed"
+            );
+        }
+    }
+    let live_denied: Vec<Value> = flows(&node, "action=deny")
+        .into_iter()
+        .filter(|r| r["num_connections_live"] != 0)
+        .collect();
+    assert!(
+        live_denied.is_empty(),
+        "denied connections are never live: {live_denied:?}"
+    );
     // The same policy and rule as explain, both directions.
     for (from, to, port, proto) in [
         ("y/client", "x/server", 80, "TCP"),
@@ -457,6 +533,7 @@ fn flow_records_match_the_traffic_and_explain() {
         ("y/client", "x/server", 53, "UDP"),
         ("y/intruder", "x/server", 80, "TCP"),
         ("y/client", "z/open", 8080, "TCP"),
+        ("y/intruder", "z/open", 8080, "TCP"),
     ] {
         for (direction, reporter) in [("ingress", "Dst"), ("egress", "Src")] {
             let (action, policies) = explain(&node, from, to, port, proto, direction);
@@ -481,6 +558,13 @@ fn flow_records_match_the_traffic_and_explain() {
     assert!(!denied.is_empty() && denied.iter().all(|r| r["action"] == "Deny"));
     let open = flows(&node, "pod=z%2Fopen");
     assert!(!open.is_empty() && open.iter().all(|r| r["dest_name"] == "open"));
+    let cnp = flows(&node, "policy=guard-open");
+    assert!(
+        !cnp.is_empty()
+            && cnp
+                .iter()
+                .all(|r| r["reporter"] == "Dst" && r["dest_name"] == "open")
+    );
     assert!(flows(&node, "policy=x/allow-client")
         .iter()
         .all(|r| r["dest_name"] == "server"));
@@ -537,10 +621,8 @@ fn flow_records_match_the_traffic_and_explain() {
     println!("{table}");
     assert!(table.starts_with("START"));
     assert!(
-        table
-            .lines()
-            .skip(1)
-            .all(|l| l.contains("y/intruder") && l.contains("x/allow-client")),
+        table.lines().skip(1).all(|l| l.contains("y/intruder")
+            && (l.contains("x/allow-client") || l.contains("Admin:guard-open#0"))),
         "{table}"
     );
     let out = common::agent_in(&node.node.name)

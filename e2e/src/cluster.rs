@@ -868,6 +868,11 @@ impl Cluster {
         }
         if self.cfg.proxy == ServiceProxy::Ipvs && compile_kube_ipvs(&self.cfg.agent) {
             cmd.arg("--kube-ipvs");
+            // The this-host set the agent fills from the node's interfaces.
+            let addrs = node.netns.exec_ok("ip", &["-o", "addr", "show"], None)?;
+            for ip in services::node_addresses(&addrs) {
+                cmd.arg("--host-address").arg(ip.to_string());
+            }
         }
         let out = cmd
             .arg("--manifests")

@@ -366,6 +366,33 @@ pub fn ipvs_dummy_addrs(services: &[Service]) -> String {
     s
 }
 
+/// A node's own addresses from `ip -o addr show` (one line per address: index, interface,
+/// family, address), without those of `kube-ipvs0`: what the agent puts in its this-host set
+/// (felix leaves kube-ipvs0's ClusterIPs out so traffic to them counts as Service traffic),
+/// read by the tool rather than the agent's netlink reader, so `compile --host-address` with
+/// them checks the agent's reading. A point-to-point `peer` is the far end, not ours.
+pub fn node_addresses(ip_o_addr: &str) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for line in ip_o_addr.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(_index), Some(iface), Some(kind), Some(addr)) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        // `eth0@if7`: the part after `@` names the peer's index, not this interface.
+        if iface.split('@').next() == Some(IPVS_DUMMY) || !kind.starts_with("inet") {
+            continue;
+        }
+        if let Ok(ip) = addr.split('/').next().unwrap_or(addr).parse() {
+            out.push(ip);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// kube-proxy's nftables mode for `nft -f`: table `ip kube-proxy` (`ip6` for IPv6) replaced
 /// whole in one transaction. `service_cidr` is the ClusterIP range of the family.
 pub fn kube_proxy_nft(family: IpFamily, services: &[Service], service_cidr: IpNet) -> String {
@@ -441,6 +468,32 @@ pub fn kube_proxy_nft(family: IpFamily, services: &[Service], service_cidr: IpNe
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn node_addresses_leave_out_kube_ipvs0_and_peers() {
+        let text = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+1: lo    inet6 ::1/128 scope host noprefixroute \\       valid_lft forever preferred_lft forever
+2: eth0@if9    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth0\\       valid_lft forever preferred_lft forever
+2: eth0@if9    inet6 fe80::1c5b:2eff:fe0a:1/64 scope link \\       valid_lft forever preferred_lft forever
+3: kube-ipvs0    inet 10.96.0.10/32 scope global kube-ipvs0\\       valid_lft forever preferred_lft forever
+3: kube-ipvs0    inet6 fd00:e2e::a60:a/128 scope global \\       valid_lft forever preferred_lft forever
+4: tun0    inet 10.9.0.1 peer 10.9.0.2/32 scope global tun0\\       valid_lft forever preferred_lft forever
+";
+        let got: Vec<String> = super::node_addresses(text)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "10.0.0.2",
+                "10.9.0.1",
+                "127.0.0.1",
+                "::1",
+                "fe80::1c5b:2eff:fe0a:1"
+            ]
+        );
+    }
+
     use super::*;
 
     fn svc(cluster_ip: &str, backend: &str) -> Service {

@@ -96,7 +96,21 @@ impl Calculation {
         resolver: Box<dyn InterfaceResolver>,
         objects: &[K8sObject],
     ) -> Calculation {
+        Calculation::of_objects_on_host(cfg, resolver, objects, [])
+    }
+
+    /// As `of_objects`, on a host with these addresses (IPVS mode: the this-host set holds
+    /// them, as the agent's own graph does once it has read the node; ignored otherwise).
+    /// They are handed in before the first flush so the set is rendered full, never empty
+    /// first: what `compile --host-address` and `audit` compare a node's kernel against.
+    pub fn of_objects_on_host(
+        cfg: GraphConfig,
+        resolver: Box<dyn InterfaceResolver>,
+        objects: &[K8sObject],
+        host_addrs: impl IntoIterator<Item = std::net::IpAddr>,
+    ) -> Calculation {
         let mut calc = Calculation::new(cfg, resolver);
+        calc.graph.set_host_addresses(host_addrs);
         calc.graph.feed(objects);
         calc.flush();
         calc

@@ -89,6 +89,12 @@ pub struct ExplainArgs {
     /// Protocol of the connection.
     #[arg(long, value_enum, ignore_case = true, default_value = "TCP")]
     pub protocol: ProtocolArg,
+    /// With --kernel: the client addressed this Service IP (ClusterIP) and the proxy chose
+    /// --to as the backend. Under kube-proxy's IPVS mode the trace then follows the packet
+    /// on the client's node through INPUT (to the ClusterIP) and OUTPUT (to the backend);
+    /// under its other modes the ClusterIP is rewritten before filtering and changes nothing.
+    #[arg(long, value_name = "IP", requires = "kernel")]
+    pub service_ip: Option<std::net::IpAddr>,
     /// The node whose rules `--kernel` follows (default: NODENAME, FELIX_FELIXHOSTNAME, the
     /// hostname); without `--kernel`, workload chains are named for the pods wherever they run.
     #[arg(long, env = "NODENAME")]

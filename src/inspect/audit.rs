@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use serde_json::json;
 
 use super::args::{AuditArgs, OutputFormat};
-use super::{family_name, load_objects, read_live, read_saved, resolver, EXIT_BAD_INPUT};
+use super::{
+    family_name, kube_ipvs_mode, load_objects, read_live, read_saved, resolver, EXIT_BAD_INPUT,
+};
 use crate::agent::{Calculation, OWNERSHIP};
 use crate::calc_graph::GraphConfig;
 use crate::dataplane::audit::{audit, AuditInput, AuditReport, Finding};
@@ -34,7 +36,7 @@ pub fn run(args: &AuditArgs) -> ExitCode {
 }
 
 fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
-    let cfg = args.rules.rule_config()?;
+    let mut cfg = args.rules.rule_config()?;
     let saved = match (&args.saved.iptables_save, &args.saved.ipset_save) {
         (Some(i), Some(s)) => Some((i.clone(), s.clone())),
         _ => None,
@@ -55,7 +57,17 @@ fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
         Some((i, s)) => read_saved(i, s, families[0])?,
         None => read_live(args.dataplane.backend_mode(), &families)?,
     };
-    let calc = Calculation::of_objects(
+    let host_addrs = kube_ipvs_mode(
+        &args.rules,
+        &mut cfg,
+        saved.is_some().then(|| {
+            (
+                text.iptables.get(&families[0]).map_or("", String::as_str),
+                text.ipsets.as_str(),
+            )
+        }),
+    )?;
+    let calc = Calculation::of_objects_on_host(
         GraphConfig {
             node_name: args.node.clone(),
             families: families.clone(),
@@ -63,6 +75,7 @@ fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
         },
         resolver,
         &objects,
+        host_addrs,
     );
     let desired = calc.snapshot();
     let mut reports: Vec<AuditReport> = Vec::new();

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 
 use super::args::{ExplainArgs, OutputFormat};
 use super::{
-    family_name, load_objects, node_name, read_live, read_saved, resolver, staged, KernelText,
-    EXIT_BAD_INPUT, EXIT_KERNEL_DIFFERS,
+    family_name, kube_ipvs_mode, load_objects, node_name, read_live, read_saved, resolver, staged,
+    KernelText, EXIT_BAD_INPUT, EXIT_KERNEL_DIFFERS,
 };
 use crate::agent::Calculation;
 use crate::calc_graph::GraphConfig;
@@ -22,7 +22,7 @@ use crate::iface_naming::{CriConfig, InterfaceResolver};
 use crate::model::IpFamily;
 use crate::rules::provenance::Provenance;
 use crate::rules::Direction;
-use crate::verdict::kernel::{trace, KernelSets, NodeView, Ruleset, Trace};
+use crate::verdict::kernel::{trace_marked, KernelSets, NodeView, Ruleset, Trace};
 use crate::verdict::{Action, Endpoint, Flow, State, Verdict};
 
 /// One flow's kernel check on one node.
@@ -63,15 +63,15 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
 fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let from = Endpoint::parse(&args.from).map_err(|e| anyhow!("--from: {e}"))?;
     let to = Endpoint::parse(&args.to).map_err(|e| anyhow!("--to: {e}"))?;
-    let cfg = args.rules.rule_config()?;
+    let mut cfg = args.rules.rule_config()?;
+    let kernel_mode = args.kernel || args.saved.iptables_save.is_some();
+    let live = kernel_mode && args.saved.iptables_save.is_none();
     let objects = load_objects(&args.source.source())?;
     let (mut state, errors) = State::from_objects(cfg.clone(), &objects);
     if !errors.is_empty() {
         let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
         bail!("invalid objects:\n  {}", list.join("\n  "));
     }
-    let kernel_mode = args.kernel || args.saved.iptables_save.is_some();
-    let live = kernel_mode && args.saved.iptables_save.is_none();
     let cri = CriConfig::new(args.cri_endpoint.clone());
     let resolver = resolver(&args.rules, live.then_some(&cri))?;
 
@@ -126,7 +126,25 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
                 "--node is needed with --iptables-save/--ipset-save: the node the dumps come from"
             ),
         };
-        let c = Calculation::of_objects(
+        // The kernel is read with the agent's view of IPVS mode (its chains and this-host
+        // set are then ours, and a Service flow's passes differ); the verdicts do not depend
+        // on it: a Service connection is judged as the one to the backend.
+        let saved = match (&args.saved.iptables_save, &args.saved.ipset_save) {
+            (Some(i), Some(s)) => {
+                let read = |p: &std::path::PathBuf| {
+                    std::fs::read_to_string(p)
+                        .map_err(|e| anyhow!("cannot read {}: {e}", p.display()))
+                };
+                Some((read(i)?, read(s)?))
+            }
+            _ => None,
+        };
+        let host_addrs = kube_ipvs_mode(
+            &args.rules,
+            &mut cfg,
+            saved.as_ref().map(|(i, s)| (i.as_str(), s.as_str())),
+        )?;
+        let c = Calculation::of_objects_on_host(
             GraphConfig {
                 node_name: n.clone(),
                 families: vec![IpFamily::V4, IpFamily::V6],
@@ -134,6 +152,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             },
             resolver,
             &objects,
+            host_addrs,
         );
         name_pods(&mut state, c.resolver());
         calc = Some(c);
@@ -184,6 +203,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
                 &text,
                 family,
                 provenance.clone(),
+                args.service_ip.filter(|_| cfg.kube_ipvs.is_some()),
             )?));
         }
     }
@@ -273,6 +293,8 @@ fn kernel_check(
     text: &KernelText,
     family: IpFamily,
     provenance: Provenance,
+    // The ClusterIP of a Service flow under IPVS mode (`None`: the direct flow's passes).
+    service_ip: Option<std::net::IpAddr>,
 ) -> anyhow::Result<KernelCheck> {
     let rules = Ruleset::parse(text.iptables.get(&family).map_or("", String::as_str));
     let sets = KernelSets::parse(&text.ipsets);
@@ -280,7 +302,11 @@ fn kernel_check(
         pod_prefixes: state.config().interface_prefixes.clone(),
         bridge: state.config().bridge.clone(),
     };
-    let passes = state.node_passes(&v.flow, node)?;
+    let passes = match service_ip {
+        Some(ip) => state.node_passes_via_service(&v.flow, node, ip)?,
+        None => state.node_passes(&v.flow, node)?,
+    };
+    let mut mark = 0;
     let mut enforces = Vec::new();
     let mut expected = Action::Allow;
     let mut traces = Vec::new();
@@ -296,7 +322,9 @@ fn kernel_check(
                 expected = Action::Deny;
             }
         }
-        let t = trace(&rules, &sets, &view, pass.hook, &pass.packet);
+        let start = if pass.carries_mark { mark } else { 0 };
+        let t = trace_marked(&rules, &sets, &view, pass.hook, &pass.packet, start);
+        mark = t.end_mark;
         kernel = match (kernel, t.verdict.allowed()) {
             (Some(a), Some(b)) => Some(a && b),
             _ => None,

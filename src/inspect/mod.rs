@@ -225,6 +225,69 @@ pub fn read_live(mode: BackendMode, families: &[IpFamily]) -> anyhow::Result<Ker
     })
 }
 
+/// kube-proxy IPVS mode as the agent on the node sees it, for `explain` and `audit`: sets
+/// `cfg.kube_ipvs` and returns the node's addresses for the this-host set, so both render
+/// what the agent there renders. `FELIX_KUBEIPVSSUPPORTENABLED=true|false` decides as it does
+/// for the agent. `auto` on the live node (`saved` is `None`) detects `kube-ipvs0` as the
+/// agent does; over saved dumps (`iptables-save`, `ipset save` text) it follows the dump (our
+/// `cali-forward-check` chain is there exactly when the agent ran with IPVS support). The
+/// addresses are read from the live node (every address but kube-ipvs0's, with the agent's
+/// own reader); over saved dumps nothing else knows them, so the this-host set's members in
+/// the dump are taken as they are (the set's existence and type are still checked, its
+/// members are not).
+pub fn kube_ipvs_mode(
+    opts: &RuleOptions,
+    cfg: &mut crate::rules::RuleConfig,
+    saved: Option<(&str, &str)>,
+) -> anyhow::Result<std::collections::BTreeSet<std::net::IpAddr>> {
+    use crate::config::IpvsSupport;
+    use crate::rules::ipvs::{this_host_set, FORWARD_CHECK_CHAIN};
+    let view = match saved {
+        None if opts.kube_ipvs_support_enabled != IpvsSupport::Off => {
+            Some(crate::host::ipvs::read().context("reading this node's links and addresses")?)
+        }
+        _ => None,
+    };
+    let on = match opts.kube_ipvs_support_enabled {
+        IpvsSupport::On => true,
+        IpvsSupport::Off => false,
+        IpvsSupport::Auto => match (&view, saved) {
+            (Some(v), _) => v.present,
+            (None, Some((iptables, _))) => {
+                let header = format!(":{FORWARD_CHECK_CHAIN} ");
+                iptables.lines().any(|l| l.starts_with(&header))
+            }
+            (None, None) => false,
+        },
+    };
+    cfg.kube_ipvs = if on {
+        Some(opts.kube_ipvs_config(&cfg.marks)?)
+    } else {
+        None
+    };
+    if !on {
+        return Ok(Default::default());
+    }
+    if let Some(v) = view {
+        return Ok(v.host_addrs);
+    }
+    let names = [this_host_set(IpFamily::V4), this_host_set(IpFamily::V6)];
+    let mut addrs = std::collections::BTreeSet::new();
+    for line in saved.map_or("", |(_, ipsets)| ipsets).lines() {
+        let mut w = line.split_whitespace();
+        if let (Some("add"), Some(set), Some(member)) = (w.next(), w.next(), w.next()) {
+            if names.iter().any(|n| n == set) {
+                // hash:net prints a host address bare; a wider net is no host address and is
+                // left out, so audit reports it as a member that should not be there.
+                if let Ok(ip) = member.parse() {
+                    addrs.insert(ip);
+                }
+            }
+        }
+    }
+    Ok(addrs)
+}
+
 pub fn family_name(f: IpFamily) -> &'static str {
     match f {
         IpFamily::V4 => "IPv4",

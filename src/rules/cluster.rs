@@ -36,6 +36,7 @@ use crate::model::{
 };
 
 use super::deny_log::{logged_drop, DropKind};
+use super::flow_log::{FlowAction, FlowPrefix};
 use super::policy::{merge_ranges, split_multiport};
 use super::provenance::{
     traced, ChainRole, ClusterPortsRole, ClusterRuleRole, ClusterStep, Rendered, RuleRole,
@@ -357,23 +358,28 @@ fn render_cluster(
             );
             if traced {
                 roles.extend(steps.into_iter().map(|step| match step {
-                    Some(step) => RuleRole::ClusterPolicy(ClusterRuleRole {
+                    Ok(step) => RuleRole::ClusterPolicy(ClusterRuleRole {
                         rule: rule.index,
                         name: rule.name.clone(),
                         action: rule.action,
                         step,
                     }),
-                    None => RuleRole::DenyLog,
+                    Err(role) => role,
                 }));
             }
         }
         let description = format!("{KIND_LONG} {} {}", policy.name, dir.as_str());
         match out.first_mut() {
             Some(first) => {
-                // A Deny rule's log rule goes first: the drop after it keeps the description
-                // too, so the drop reads as it does with deny logging off.
-                if matches!(first.action, Some(Action::Nflog(_))) {
-                    out[1].comments.insert(0, description.clone());
+                // A Deny rule's log rule (and a flow-log copy) go first: the rule after them
+                // keeps the description too, so it reads as it does with logging off.
+                let _ = first;
+                if let Some(decides) = out
+                    .iter()
+                    .position(|r| !matches!(r.action, Some(Action::Nflog(_))))
+                    .filter(|&i| i > 0)
+                {
+                    out[decides].comments.insert(0, description.clone());
                 }
                 out[0].comments.insert(0, description);
             }
@@ -410,7 +416,7 @@ fn render_rule(
     set_name: &dyn Fn(&SetDef) -> String,
     chain: &str,
     out: &mut Vec<Rule>,
-    steps: &mut Vec<Option<ClusterStep>>,
+    steps: &mut Vec<Result<ClusterStep, RuleRole>>,
 ) {
     let marks = cfg.marks;
     let (action, verdict_bit) = match rule.action {
@@ -511,18 +517,37 @@ fn render_rule(
     }
     rendered[0].0.comments.push(label);
     for (r, step) in rendered {
+        // Flow logs: Accept and Deny decide, so the new connection is logged right before
+        // the rule with its index; a Pass leaves the decision to the next tier's copy.
+        let flow_action = match rule.action {
+            RuleAction::Accept => Some(FlowAction::Allow),
+            RuleAction::Deny => Some(FlowAction::RuleDeny),
+            RuleAction::Pass => None,
+        };
+        if let (Some(flow), Some(action)) = (cfg.flow_log.as_ref(), flow_action) {
+            let prefix = FlowPrefix {
+                action,
+                direction: dir,
+                rule: Some(rule.index),
+                chain: chain.to_string(),
+            };
+            if let Some(copy) = flow.copy_of(&r, &prefix) {
+                out.push(copy);
+                steps.push(Err(RuleRole::FlowLog));
+            }
+        }
         if rule.action == RuleAction::Deny {
             let logged = logged_drop(cfg.deny_log.as_ref(), r, DropKind::Cluster, dir, chain);
-            steps.extend((1..logged.len()).map(|_| None));
+            steps.extend((1..logged.len()).map(|_| Err(RuleRole::DenyLog)));
             out.extend(logged);
         } else {
             out.push(r);
         }
-        steps.push(Some(step));
+        steps.push(Ok(step));
     }
     if let Some(bit) = verdict_bit {
         out.push(Rule::new(Action::Return).mark_match(bit, bit));
-        steps.push(Some(ClusterStep::ReturnAfter));
+        steps.push(Ok(ClusterStep::ReturnAfter));
     }
 }
 

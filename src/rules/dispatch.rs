@@ -11,6 +11,7 @@ use crate::model::IpFamily;
 
 use super::deny;
 use super::deny_log::{push_logged_drop, DropKind};
+use super::flow_log::{FlowAction, FlowPrefix};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
 use super::{
     bridge, from_workload_chain, to_workload_chain, Action, Chain, Direction, Rule, RuleConfig,
@@ -121,10 +122,25 @@ fn tree(
         Side::To => Direction::Ingress,
     };
     let unknown = |rules: &mut RuleList, chain: &str| {
+        let drop = Rule::new(deny(cfg)).comment("Unknown interface");
+        // Flow logs: the copy before the drop (and before its deny-log rule).
+        if let Some(copy) = cfg.flow_log.as_ref().and_then(|f| {
+            f.copy_of(
+                &drop,
+                &FlowPrefix {
+                    action: FlowAction::UnknownInterface,
+                    direction,
+                    rule: None,
+                    chain: chain.to_string(),
+                },
+            )
+        }) {
+            rules.push(copy, || RuleRole::FlowLog);
+        }
         push_logged_drop(
             rules,
             cfg.deny_log.as_ref(),
-            Rule::new(deny(cfg)).comment("Unknown interface"),
+            drop,
             DropKind::UnknownInterface,
             direction,
             chain,

@@ -15,6 +15,10 @@
 //!   passed packet" (the same place as the deny log's copy, on its own group).
 //! - **No policy isolates the pod**: right before a workload chain's jump to its namespace
 //!   profile when no NetworkPolicy selects the pod in that direction.
+//! - **ClusterNetworkPolicy Accept and Deny rules** (Admin and Baseline tiers): right before
+//!   each of their rules in the cluster policy chain, as for NetworkPolicy allows (Pass rules
+//!   decide nothing: the next tier's copy is taken).
+//! - **Unknown interface**: right before a dispatch chain's "Unknown interface" drop.
 //!
 //! Ingress is decided in the destination's `cali-tw-` chain on the destination's node and
 //! egress in the source's `cali-fw-` chain on the source's node, so each node reports the
@@ -35,7 +39,10 @@
 //! - `npa-fa-<in|eg>-<rule index>-<policy chain>`: allowed by that rule of the policy whose
 //!   chain this is (`npa-fa-in-0-cali-pi-x/allow-web`);
 //! - `npa-fd-<in|eg>-<workload chain>`: the pod is isolated and no rule allowed;
-//! - `npa-fn-<in|eg>-<workload chain>`: no NetworkPolicy isolates the pod (allowed).
+//! - `npa-fn-<in|eg>-<workload chain>`: no NetworkPolicy isolates the pod (allowed);
+//! - `npa-fr-<in|eg>-<rule index>-<cluster policy chain>`: denied by that Deny rule of a
+//!   ClusterNetworkPolicy (its Accept rules use `npa-fa-` with their chain);
+//! - `npa-fu-<in|eg>-<dispatch chain>`: dropped as an interface of no local pod.
 //!
 //! At most 10 + 6 + 28 = 44 characters, within the 63 both iptables backends keep.
 
@@ -65,6 +72,10 @@ pub enum FlowAction {
     Deny,
     /// No NetworkPolicy isolates the pod in this direction: allowed by the namespace profile.
     NoPolicy,
+    /// A Deny rule of a ClusterNetworkPolicy (the prefix carries the rule index).
+    RuleDeny,
+    /// The "Unknown interface" drop of a dispatch chain: an interface of no local pod.
+    UnknownInterface,
 }
 
 impl FlowAction {
@@ -73,14 +84,21 @@ impl FlowAction {
             FlowAction::Allow => "fa",
             FlowAction::Deny => "fd",
             FlowAction::NoPolicy => "fn",
+            FlowAction::RuleDeny => "fr",
+            FlowAction::UnknownInterface => "fu",
         }
+    }
+
+    /// Whether its prefixes carry the rule index (a rule of a policy decided).
+    pub fn has_rule(self) -> bool {
+        matches!(self, FlowAction::Allow | FlowAction::RuleDeny)
     }
 
     /// `allow` or `deny`, as records and the API say it.
     pub fn verdict(self) -> &'static str {
         match self {
             FlowAction::Allow | FlowAction::NoPolicy => "allow",
-            FlowAction::Deny => "deny",
+            FlowAction::Deny | FlowAction::RuleDeny | FlowAction::UnknownInterface => "deny",
         }
     }
 }
@@ -111,11 +129,11 @@ impl FlowPrefix {
             self.action.tag(),
             direction_tag(self.direction)
         );
-        let text = match (self.action, self.rule) {
-            (FlowAction::Allow, Some(rule)) if rule <= MAX_RULE_INDEX => {
+        let text = match (self.action.has_rule(), self.rule) {
+            (true, Some(rule)) if rule <= MAX_RULE_INDEX => {
                 format!("{head}-{rule}-{}", self.chain)
             }
-            (FlowAction::Allow, _) => return Err(RuleTextError::NotOurPrefix(head)),
+            (true, _) => return Err(RuleTextError::NotOurPrefix(head)),
             (_, None) => format!("{head}-{}", self.chain),
             (_, Some(_)) => return Err(RuleTextError::NotOurPrefix(head)),
         };
@@ -136,6 +154,8 @@ impl FlowPrefix {
             Some("fa") => FlowAction::Allow,
             Some("fd") => FlowAction::Deny,
             Some("fn") => FlowAction::NoPolicy,
+            Some("fr") => FlowAction::RuleDeny,
+            Some("fu") => FlowAction::UnknownInterface,
             _ => return Err(not_ours()),
         };
         let direction = match parts.next() {
@@ -148,7 +168,7 @@ impl FlowPrefix {
             .filter(|r| !r.is_empty())
             .ok_or_else(not_ours)?;
         let (rule, chain) = match action {
-            FlowAction::Allow => {
+            _ if action.has_rule() => {
                 let (index, chain) = rest.split_once('-').ok_or_else(not_ours)?;
                 if index.is_empty()
                     || index.len() > 5
@@ -370,6 +390,26 @@ mod tests {
                 "npa-fn-eg-cali-fw-cali1234567890a",
             ),
         ];
+        let cases = cases.into_iter().chain([
+            (
+                FlowPrefix {
+                    action: FlowAction::RuleDeny,
+                    direction: Direction::Egress,
+                    rule: Some(3),
+                    chain: "cali-po-kcnp-deny-all".into(),
+                },
+                "npa-fr-eg-3-cali-po-kcnp-deny-all",
+            ),
+            (
+                FlowPrefix {
+                    action: FlowAction::UnknownInterface,
+                    direction: Direction::Ingress,
+                    rule: None,
+                    chain: "cali-to-wl-dispatch".into(),
+                },
+                "npa-fu-in-cali-to-wl-dispatch",
+            ),
+        ]);
         for (prefix, text) in cases {
             assert_eq!(prefix.render().unwrap(), text);
             assert_eq!(FlowPrefix::parse(text).unwrap(), prefix);

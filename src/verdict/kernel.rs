@@ -856,9 +856,14 @@ pub struct Trace {
     pub verdict: KernelVerdict,
     /// `Some(chain)` when the built-in chain's policy decided.
     pub by_policy: Option<String>,
+    /// The packet mark the walk started with (0 unless an earlier hook set it).
+    pub start_mark: u32,
+    /// The packet mark when the walk ended: what a later hook sees (IPVS: the endpoint mark
+    /// `INPUT` sets is read in `OUTPUT`).
+    pub end_mark: u32,
 }
 
-/// Follows `packet` from the built-in chain `hook` of `rules`.
+/// Follows `packet` from the built-in chain `hook` of `rules`, with a clear mark.
 pub fn trace(
     rules: &Ruleset,
     sets: &KernelSets,
@@ -866,14 +871,27 @@ pub fn trace(
     hook: &str,
     packet: &Packet,
 ) -> Trace {
+    trace_marked(rules, sets, view, hook, packet, 0)
+}
+
+/// As `trace`, for a packet that enters `hook` carrying `start_mark` (a mark survives from
+/// one hook to the next: kube-proxy IPVS mode's `INPUT` → `OUTPUT`).
+pub fn trace_marked(
+    rules: &Ruleset,
+    sets: &KernelSets,
+    view: &NodeView,
+    hook: &str,
+    packet: &Packet,
+    start_mark: u32,
+) -> Trace {
     let interp = Interp { sets, view, packet };
     let mut steps = Vec::new();
-    let mut mark: u32 = 0;
+    let mut mark: u32 = start_mark;
     // Frames to return to: (chain, next rule index).
     let mut stack: Vec<(String, usize)> = Vec::new();
     let mut chain = hook.to_string();
     let mut index = 0usize;
-    let policy = |steps: Vec<TraceStep>| {
+    let policy = |steps: Vec<TraceStep>, mark: u32| {
         let p = rules.policies.get(hook).map_or("ACCEPT", String::as_str);
         let verdict = match p {
             "ACCEPT" => KernelVerdict::Accept,
@@ -886,23 +904,28 @@ pub fn trace(
             steps,
             verdict,
             by_policy: Some(hook.to_string()),
+            start_mark,
+            end_mark: mark,
         }
     };
-    let done = |steps: Vec<TraceStep>, verdict: KernelVerdict| Trace {
+    let done = |steps: Vec<TraceStep>, verdict: KernelVerdict, mark: u32| Trace {
         hook: hook.to_string(),
         packet: packet.clone(),
         steps,
         verdict,
         by_policy: None,
+        start_mark,
+        end_mark: mark,
     };
     if rules.chain(hook).is_none() {
-        return policy(steps);
+        return policy(steps, mark);
     }
     loop {
         if steps.len() >= MAX_STEPS {
             return done(
                 steps,
                 KernelVerdict::CannotEvaluate(format!("more than {MAX_STEPS} rules: a loop?")),
+                mark,
             );
         }
         let list = rules.chain(&chain).unwrap_or_default();
@@ -914,7 +937,7 @@ pub fn trace(
                     index = i;
                     continue;
                 }
-                None => return policy(steps),
+                None => return policy(steps, mark),
             }
         };
         let mut unknown = None;
@@ -957,6 +980,7 @@ pub fn trace(
             return done(
                 steps,
                 KernelVerdict::CannotEvaluate(format!("{chain} #{}: {why}", index + 1)),
+                mark,
             );
         }
         let target = &rule.parsed.target;
@@ -976,15 +1000,15 @@ pub fn trace(
             Target::None | Target::Log | Target::SetXMark(..) | Target::SetMark(..) => {
                 index += 1;
             }
-            Target::Accept => return done(steps, KernelVerdict::Accept),
-            Target::Drop => return done(steps, KernelVerdict::Drop),
-            Target::Reject => return done(steps, KernelVerdict::Reject),
+            Target::Accept => return done(steps, KernelVerdict::Accept, mark),
+            Target::Drop => return done(steps, KernelVerdict::Drop, mark),
+            Target::Reject => return done(steps, KernelVerdict::Reject, mark),
             Target::Return => match stack.pop() {
                 Some((c, i)) => {
                     chain = c;
                     index = i;
                 }
-                None => return policy(steps),
+                None => return policy(steps, mark),
             },
             Target::Jump(c) | Target::Goto(c) => {
                 if rules.chain(c).is_none() {
@@ -992,7 +1016,7 @@ pub fn trace(
                     if let Some(last) = steps.last_mut() {
                         last.result = StepResult::CannotEvaluate(why.clone());
                     }
-                    return done(steps, KernelVerdict::CannotEvaluate(why));
+                    return done(steps, KernelVerdict::CannotEvaluate(why), mark);
                 }
                 if matches!(target, Target::Jump(_)) {
                     stack.push((chain.clone(), index + 1));
@@ -1005,7 +1029,7 @@ pub fn trace(
                 if let Some(last) = steps.last_mut() {
                     last.result = StepResult::CannotEvaluate(why.clone());
                 }
-                return done(steps, KernelVerdict::CannotEvaluate(why));
+                return done(steps, KernelVerdict::CannotEvaluate(why), mark);
             }
         }
     }
@@ -1037,6 +1061,9 @@ impl Trace {
                 ),
             }
         );
+        if self.start_mark != 0 {
+            let _ = writeln!(out, "  (enters with mark {:#x})", self.start_mark);
+        }
         let mut skipped: Option<(String, usize)> = None;
         let flush = |out: &mut String, skipped: &mut Option<(String, usize)>| {
             if let Some((chain, n)) = skipped.take() {
@@ -1110,6 +1137,8 @@ impl Trace {
             "verdict": self.verdict.as_str(),
             "cannot_evaluate_because": match &self.verdict { KernelVerdict::CannotEvaluate(w) => Some(w.clone()), _ => None },
             "by_chain_policy": self.by_policy,
+            "start_mark": format!("{:#x}", self.start_mark),
+            "end_mark": format!("{:#x}", self.end_mark),
         })
     }
 }

@@ -43,6 +43,7 @@
 //! known.
 
 mod cluster;
+mod ipvs;
 pub mod kernel;
 mod netpol;
 mod staged;
@@ -900,6 +901,9 @@ pub struct NodePass {
     pub packet: kernel::Packet,
     /// The directions this pass enforces (what the policies' answer for the node is).
     pub enforces: Vec<Direction>,
+    /// The packet enters this hook with the mark the previous pass left on it (kube-proxy
+    /// IPVS mode: `OUTPUT` reads the endpoint mark `INPUT` set), not a clear one.
+    pub carries_mark: bool,
 }
 
 impl State {
@@ -985,6 +989,7 @@ impl State {
             hook,
             packet: p,
             enforces,
+            carries_mark: false,
         }])
     }
 }

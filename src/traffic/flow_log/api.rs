@@ -38,7 +38,8 @@ pub struct Filter {
     pub pod: Option<String>,
     /// `allow` or `deny`.
     pub action: Option<String>,
-    /// `namespace/name` of a policy the record names.
+    /// `namespace/name` of a NetworkPolicy, or the name of a ClusterNetworkPolicy, the
+    /// record names.
     pub policy: Option<String>,
     /// Records that ended at or after this time.
     pub since: Option<SystemTime>,
@@ -161,7 +162,8 @@ pub fn policy_names(hit: &PolicyHit) -> Vec<String> {
     match hit {
         PolicyHit::Rule { policy, .. } => vec![policy.to_string()],
         PolicyHit::Isolated(ps) => ps.iter().map(ToString::to_string).collect(),
-        PolicyHit::NoPolicy | PolicyHit::Unknown { .. } => vec![],
+        PolicyHit::ClusterRule { name, .. } => vec![name.clone()],
+        PolicyHit::NoPolicy | PolicyHit::Unknown { .. } | PolicyHit::UnknownInterface => vec![],
     }
 }
 
@@ -250,10 +252,24 @@ pub fn record_json(
                 })
             })
             .collect(),
-        PolicyHit::NoPolicy | PolicyHit::Unknown { .. } => vec![],
+        PolicyHit::ClusterRule {
+            tier,
+            name,
+            rule,
+            allow,
+        } => vec![json!({
+            "kind": "ClusterNetworkPolicy",
+            "namespace": "",
+            "name": name,
+            "tier": tier.as_str(),
+            "action": if *allow { "Allow" } else { "Deny" },
+            "rule_index": rule,
+        })],
+        PolicyHit::NoPolicy | PolicyHit::Unknown { .. } | PolicyHit::UnknownInterface => vec![],
     };
     let verdict = match &k.hit {
-        PolicyHit::Rule { .. } => "rule",
+        PolicyHit::Rule { .. } | PolicyHit::ClusterRule { .. } => "rule",
+        PolicyHit::UnknownInterface => "interface of no local pod (fail-closed)",
         PolicyHit::Isolated(_) => "isolated, no rule allowed",
         PolicyHit::NoPolicy => "no policy isolates the pod",
         PolicyHit::Unknown { .. } => "unknown (the chain changed since)",

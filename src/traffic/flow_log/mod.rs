@@ -35,7 +35,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::host::nflog::{self, Config, Flow, LogPacket, Reader};
-use crate::model::ObjectKey;
+use crate::model::{ObjectKey, Tier};
 use crate::rules::flow_log::{FlowAction, FlowPrefix};
 use crate::rules::Direction;
 
@@ -71,6 +71,15 @@ pub enum PolicyHit {
     Isolated(Vec<ObjectKey>),
     /// No NetworkPolicy isolates the pod in this direction.
     NoPolicy,
+    /// Rule `rule` (an Accept or a Deny) of this ClusterNetworkPolicy decided.
+    ClusterRule {
+        tier: Tier,
+        name: String,
+        rule: usize,
+        allow: bool,
+    },
+    /// Dropped as the interface of no local pod (fail-closed).
+    UnknownInterface,
     /// A chain the agent no longer knows (changed since the packet was logged).
     Unknown { chain: String },
 }
@@ -104,16 +113,29 @@ pub fn attribute(
         ip: flow.dst,
         pod: pod_of(&flow.dst),
     };
+    let unknown = || PolicyHit::Unknown {
+        chain: prefix.chain.clone(),
+    };
+    // A rule of a ClusterNetworkPolicy, read back through the chain map (names are hashed).
+    let cluster = |allow: bool| match (chains.cluster_owner(&prefix.chain), prefix.rule) {
+        (Some(owner), Some(rule)) => PolicyHit::ClusterRule {
+            tier: owner.tier,
+            name: owner.name.clone(),
+            rule,
+            allow,
+        },
+        _ => unknown(),
+    };
     let hit = match prefix.action {
         FlowAction::Allow => match (chains.policy_of_chain(&prefix.chain), prefix.rule) {
             (Some(policy), Some(rule)) => PolicyHit::Rule {
                 policy: policy.clone(),
                 rule,
             },
-            _ => PolicyHit::Unknown {
-                chain: prefix.chain.clone(),
-            },
+            _ => cluster(true),
         },
+        FlowAction::RuleDeny => cluster(false),
+        FlowAction::UnknownInterface => PolicyHit::UnknownInterface,
         FlowAction::Deny | FlowAction::NoPolicy => match chains.owner(&prefix.chain) {
             Some(owner) => {
                 // The chain is the pod's own: it names the local end, whatever the address
@@ -128,9 +150,7 @@ pub fn attribute(
                     PolicyHit::NoPolicy
                 }
             }
-            None => PolicyHit::Unknown {
-                chain: prefix.chain.clone(),
-            },
+            None => unknown(),
         },
     };
     FlowKey {
@@ -223,7 +243,7 @@ impl nflog::PacketSink for Sink {
         });
         let at = packet.timestamp.unwrap_or_else(SystemTime::now);
         // Allowed connections get a conntrack entry: follow it for counts and its end.
-        if key.action != FlowAction::Deny {
+        if key.action.verdict() == "allow" {
             if let (Some(id), Ok(mut tracker)) = (
                 conntrack::ConnId::of_flow(&flow),
                 self.shared.tracker.lock(),
@@ -333,7 +353,7 @@ mod tests {
     use super::*;
     use crate::calc_graph::EndpointView;
     use crate::host::nflog::L4;
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     fn key(s: &str) -> ObjectKey {
         let (ns, name) = s.split_once('/').unwrap();
@@ -398,6 +418,58 @@ mod tests {
         let k = attribute(&none, &tcp("10.0.0.1", "10.0.0.2", 53), &chains(), lookup);
         assert_eq!(k.hit, PolicyHit::NoPolicy);
         assert_eq!(k.action.verdict(), "allow");
+        // ClusterNetworkPolicy rules, read back with their tier; the unknown-interface drop.
+        let admin = chains().with_cluster_policies([(Tier::Admin, "guard")]);
+        let cnp = crate::rules::cluster::cluster_policy_chain(Direction::Ingress, "guard");
+        let deny = FlowPrefix::parse(&format!("npa-fr-in-2-{cnp}")).unwrap();
+        let k = attribute(&deny, &tcp("10.0.0.2", "10.0.0.1", 22), &admin, lookup);
+        assert_eq!(
+            k.hit,
+            PolicyHit::ClusterRule {
+                tier: Tier::Admin,
+                name: "guard".into(),
+                rule: 2,
+                allow: false
+            }
+        );
+        assert_eq!(k.action.verdict(), "deny");
+        let v = record_json(
+            "n",
+            &FlowRecord {
+                key: k,
+                start: SystemTime::UNIX_EPOCH,
+                end: SystemTime::UNIX_EPOCH,
+                connections: 1,
+                counts: Counts::default(),
+                live: 0,
+                seq: 1,
+            },
+            &lookup,
+        );
+        let p = &v["policies"]["enforced_policies"][0];
+        assert_eq!(
+            (
+                &p["kind"],
+                &p["tier"],
+                &p["name"],
+                &p["action"],
+                &p["rule_index"]
+            ),
+            (
+                &json!("ClusterNetworkPolicy"),
+                &json!("Admin"),
+                &json!("guard"),
+                &json!("Deny"),
+                &json!(2)
+            )
+        );
+        let accept = FlowPrefix::parse(&format!("npa-fa-in-0-{cnp}")).unwrap();
+        let k = attribute(&accept, &tcp("10.0.0.2", "10.0.0.1", 80), &admin, lookup);
+        assert!(matches!(k.hit, PolicyHit::ClusterRule { allow: true, .. }));
+        let unk = FlowPrefix::parse("npa-fu-in-cali-to-wl-dispatch").unwrap();
+        let k = attribute(&unk, &tcp("10.0.0.2", "10.9.9.9", 80), &admin, lookup);
+        assert_eq!(k.hit, PolicyHit::UnknownInterface);
+        assert_eq!(k.action.verdict(), "deny");
         let gone = FlowPrefix::parse("npa-fa-in-0-cali-pi-gone").unwrap();
         let k = attribute(&gone, &tcp("10.0.0.2", "10.0.0.1", 80), &chains(), lookup);
         assert!(matches!(k.hit, PolicyHit::Unknown { .. }));
