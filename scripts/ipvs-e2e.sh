@@ -2,7 +2,7 @@
 # The e2e scenarios with kube-proxy's IPVS mode (`netpol-e2e run --service-proxy ipvs`),
 # inside a Debian-kernel VM (issue 21: this machine's kernel has no IPVS).
 #
-#   bash scripts/ipvs-e2e.sh [--kernel 5.10|6.1|6.12] [--cells CELL,...] [--all] [--only PATH]...
+#   bash scripts/ipvs-e2e.sh [--kernel 5.10|6.1|6.12] [--cells CELL,...] [--all|--quick] [--only PATH]...
 #                          [-- EXTRA...]
 #
 # Builds nothing: runs target/release/netpol-e2e and netpol-agent as the host built them
@@ -26,6 +26,7 @@ cd "$proj"
 kernel=6.1
 cells="calico/ipv4,calico/dual,bridge/ipv4,bridge/dual"
 all=0
+quick=0
 only=()
 extra=(--converge-timeout-secs 180 --probe-timeout-ms 2000)
 while [ $# -gt 0 ]; do
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
 	--kernel) kernel="$2"; shift 2 ;;
 	--cells) cells="$2"; shift 2 ;;
 	--all) all=1; shift ;;
+	--quick) quick=1; shift ;;
 	--only) only+=("$2"); shift 2 ;;
 	--) shift; extra+=("$@"); break ;;
 	*) echo "usage: bash scripts/ipvs-e2e.sh [--kernel K] [--cells CNI/FAMILY,...] [--all] [-- EXTRA...]" >&2; exit 2 ;;
@@ -53,8 +55,21 @@ IPVS_SUBSET=(
 	e2e/scenarios/cnp/cnp-admin-tier-ingress-tcp.yaml
 	e2e/scenarios/cnp/cnp-baseline-tier-egress-tcp.yaml
 )
+# --quick (the test command's cell): six of them, one per defect class IPVS support fixes or
+# could break: a same-node backend's ingress isolation, egress rules naming pods by selector,
+# named ports, port lists, UDP, and a ClusterNetworkPolicy tier.
+IPVS_QUICK=(
+	e2e/scenarios/netpol/should-support-a-default-deny-ingress-policy.yaml
+	e2e/scenarios/netpol/should-deny-egress-from-pods-based-on-podselector.yaml
+	e2e/scenarios/netpol/should-allow-egress-access-on-one-named-port.yaml
+	e2e/scenarios/netpol/should-enforce-policy-based-on-ports.yaml
+	e2e/scenarios/netpol-udp/should-support-a-default-deny-ingress-policy.yaml
+	e2e/scenarios/cnp/cnp-admin-tier-ingress-tcp.yaml
+)
 if [ ${#only[@]} -gt 0 ]; then
 	scenarios=("${only[@]}")
+elif [ "$quick" = 1 ]; then
+	scenarios=("${IPVS_QUICK[@]}")
 elif [ "$all" = 1 ]; then
 	scenarios=(e2e/scenarios e2e/regressions)
 else
