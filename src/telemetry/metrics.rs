@@ -70,6 +70,8 @@ pub struct Metrics {
     pub flow_log_overruns: IntCounter,
     pub flow_log_file_errors: IntCounter,
     pub flow_log_conntrack_errors: IntCounter,
+    /// Labels: kind, name (of the staged object), change (`newly_denied`, `newly_allowed`).
+    pub staged_flows: IntCounterVec,
     /// Labels: namespace, pod, direction (local pods only; series of pods gone are removed).
     pub denied_packets: IntCounterVec,
     /// Labels: direction.
@@ -144,6 +146,7 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_flow_log_overruns_total",
     "netpol_flow_log_file_errors_total",
     "netpol_flow_log_conntrack_errors_total",
+    "netpol_staged_flows_total",
     "netpol_denied_packets_total",
     "netpol_denied_unknown_interface_packets_total",
     "netpol_policy_packets_total",
@@ -376,7 +379,7 @@ impl Metrics {
             rejections: counter_vec(
                 &r,
                 "netpol_rejections_total",
-                "rejected input: `kind` Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy (`reason` `invalid`, or `interface` when a local pod's veth cannot be named) or Manifest (`reason` `parse`: a broken document in the directory datastore)",
+                "rejected input: `kind` Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, the staged kinds (`reason` `invalid`, or `interface` when a local pod's veth cannot be named) or Manifest (`reason` `parse`: a broken document in the directory datastore)",
                 &["kind", "reason"],
             ),
             rejected_objects: gauge_vec(
@@ -435,6 +438,12 @@ impl Metrics {
                 &r,
                 "netpol_flow_log_conntrack_errors_total",
                 "flow logs: conntrack reads for packet and byte counts that failed",
+            ),
+            staged_flows: counter_vec(
+                &r,
+                "netpol_staged_flows_total",
+                "flow logs: connections of finished flow records a staged object alone would newly deny or newly allow (one series pair per staged object)",
+                &["kind", "name", "change"],
             ),
             deny_log_undecodable: counter(
                 &r,

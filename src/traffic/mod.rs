@@ -4,7 +4,8 @@
 //! ([`reevaluate`], [`cutter`]), which cuts tracked connections a policy change now denies. The
 //! calculation loop publishes what the graph knows ([`attribution`], [`counters::CounterPlan`])
 //! and hands over each batch's changes once the dataplane applied it; these threads never touch
-//! the graph.
+//! the graph. Pending verdicts of flow records under staged policies ([`staged`]) are
+//! computed from the objects the loop sees, never from the graph (which ignores staged ones).
 
 pub mod attribution;
 pub mod counters;
@@ -12,6 +13,7 @@ pub mod cutter;
 pub mod deny_log;
 pub mod flow_log;
 pub mod reevaluate;
+pub mod staged;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -58,6 +60,8 @@ pub struct Traffic {
     names: Option<Names>,
     deny: Option<DenyLog>,
     flow: Option<FlowLog>,
+    /// The objects pending verdicts are computed from (flow logs on; `staged`).
+    staged: Option<staged::Objects>,
     counters: Option<CounterState>,
     cut: Option<CutState>,
 }
@@ -127,6 +131,7 @@ impl Traffic {
                 )
             })?;
             traffic.flow = Some(reader);
+            traffic.staged = Some(staged::Objects::default());
         }
         let denies = cfg.deny_log.is_some();
         if let Some(settings) = cfg.counters.filter(|_| cfg.policy_counters || denies) {
@@ -167,6 +172,10 @@ impl Traffic {
 
     /// A datastore event is about to enter the graph: remembers a pod's addresses before it.
     pub fn before(&mut self, graph: &CalcGraph, event: &DatastoreEvent) {
+        match self.staged.as_mut() {
+            Some(objects) => objects.observe(event),
+            None => staged::check(event),
+        }
         if let Some(cut) = self.cut.as_mut() {
             cut.pending.extend(Change::of_event(event));
         }
@@ -195,6 +204,7 @@ impl Traffic {
 
     /// After a batch of events (and its flush, when there was one).
     pub fn after_batch(&mut self, graph: &CalcGraph, update: Option<&Update>) {
+        self.publish_pending(graph);
         if let Some(cut) = self.cut.as_mut() {
             if !cut.pending.is_empty() {
                 let job = Job {
@@ -250,6 +260,7 @@ impl Traffic {
     /// The calculation loop's turn (also when idle): metrics of the deny-log reader, and a
     /// counter plan that waited for its interval.
     pub fn tick(&mut self, graph: &CalcGraph) {
+        self.publish_pending(graph);
         if let Some(deny) = self.deny.as_mut() {
             deny.sync();
         }
@@ -260,6 +271,15 @@ impl Traffic {
             if c.built.is_some() {
                 c.maybe_build(graph);
             }
+        }
+    }
+}
+
+impl Traffic {
+    /// A new pending state for the flow records, when the objects changed (spaced).
+    fn publish_pending(&mut self, graph: &CalcGraph) {
+        if let (Some(objects), Some(flow)) = (self.staged.as_mut(), self.flow.as_ref()) {
+            objects.maybe_publish(&graph.config().rules, &flow.shared().pending);
         }
     }
 }

@@ -20,7 +20,6 @@ use serde_json::{json, Value};
 use crate::model::{ObjectKey, RuleAction, StagedInfo, StagedTarget};
 use crate::rules::Direction;
 
-use super::cluster::tier_name;
 use super::{Action, DirectionVerdict, NpOutcome, ResolvedFlow, Side, State, TierDetail};
 
 /// A policy that decided one direction, in Goldmane's shape (`kind`, `namespace`, `name`,
@@ -209,7 +208,7 @@ pub fn deciding_policies(d: &DirectionVerdict, staged: &[StagedInfo]) -> Vec<Dec
                         kind: cluster_kind(&m.policy),
                         namespace: String::new(),
                         name: m.policy.clone(),
-                        tier: tier_name(c.tier).into(),
+                        tier: c.tier.as_str().into(),
                         action: match m.effect() {
                             RuleAction::Accept => "Allow",
                             RuleAction::Deny => "Deny",

@@ -321,7 +321,11 @@ impl FlowLogShared {
             // Name unknown ends now, before filtering by namespace or pod.
             .map(|r| self.named(r))
             .filter(|r| filter.matches(r))
-            .map(|r| record_json(&self.node, &r, &pod_of))
+            .map(|r| {
+                let mut v = record_json(&self.node, &r, &pod_of);
+                super::super::staged::annotate(&self.pending, &r, &mut v);
+                v
+            })
             .collect()
     }
 

@@ -179,6 +179,9 @@ pub struct FlowLogShared {
     pub attribution: Arc<Attribution>,
     pub foreign: AtomicU64,
     pub undecodable: AtomicU64,
+    /// Pending verdicts (staged policies, `traffic::staged`), published by the calculation
+    /// loop.
+    pub pending: Arc<super::staged::PendingSlot>,
 }
 
 impl FlowLogShared {
@@ -193,6 +196,7 @@ impl FlowLogShared {
             attribution,
             foreign: AtomicU64::new(0),
             undecodable: AtomicU64::new(0),
+            pending: Arc::default(),
         }
     }
 
@@ -261,6 +265,7 @@ impl nflog::PacketSink for Sink {
         if now >= self.next_flush {
             self.next_flush = now + self.flush_interval;
             let records = self.shared.flush();
+            super::staged::count(&self.shared.pending, &records);
             if let Some(file) = self.file.as_mut() {
                 // Errors are counted and logged by the target; the records stay in the API.
                 let _ = file.write(&self.shared.lines(records));
