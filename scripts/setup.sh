@@ -18,6 +18,9 @@ command -v protoc >/dev/null 2>&1 || need_pkgs+=(protobuf-compiler)
 # gcc with a static libc builds the pause image (no registry is reachable).
 command -v containerd >/dev/null 2>&1 || need_pkgs+=(containerd)
 [ -x /usr/lib/cni/ptp ] || need_pkgs+=(containernetworking-plugins)
+# tests/flow_page_browser.rs: the flow-log page in headless Chromium, driven over WebDriver.
+command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_pkgs+=(chromium-driver)
 { command -v gcc >/dev/null 2>&1 && [ -e "/usr/lib/$(gcc -print-multiarch)/libc.a" ]; } || need_pkgs+=(gcc libc6-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"

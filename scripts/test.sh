@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+# Tests that skip when a tool is missing fail instead here: setup.sh installed it.
+export NETPOL_TEST_SH=1
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

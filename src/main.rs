@@ -61,7 +61,7 @@ use netpol_agent::telemetry::http;
 use netpol_agent::traffic::counters::CounterSettings;
 use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
-use netpol_agent::traffic::{flow_log, Traffic, TrafficConfig};
+use netpol_agent::traffic::{flow_log, flow_page, Traffic, TrafficConfig};
 
 /// The JSON-lines target of flow logs, when on; on without flow logs is a configuration error
 /// (records to write would never come).
@@ -353,7 +353,8 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
     }
     let flow_file = flow_log_file(opts, &args.rules)?;
-    // Flow logs: GET /flows on the health server, answered once the reader runs.
+    // Flow logs: GET /flows on the health server, answered once the reader runs, and the
+    // page that reads it (GET /flows/ui).
     let flows_slot: Arc<flow_log::FlowsSlot> = Arc::default();
     if opts.health_enabled {
         if args.rules.flow_logs_enabled {
@@ -362,7 +363,9 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
                 &opts.health_host,
                 opts.health_port,
                 health.clone(),
-                move |path, query| flow_log::route(&slot, path, query),
+                move |path, query| {
+                    flow_page::route(path).or_else(|| flow_log::route(&slot, path, query))
+                },
                 Box::new(move |path, query| flow_log::stream_route(&streams, path, query)),
             )?;
         } else {

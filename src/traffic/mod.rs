@@ -12,6 +12,7 @@ pub mod counters;
 pub mod cutter;
 pub mod deny_log;
 pub mod flow_log;
+pub mod flow_page;
 pub mod reevaluate;
 pub mod staged;
 
