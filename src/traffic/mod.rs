@@ -63,6 +63,8 @@ pub struct Traffic {
     flow: Option<FlowLog>,
     /// The objects pending verdicts are computed from (flow logs on; `staged`).
     staged: Option<staged::Objects>,
+    /// Where the pending verdicts are published for the flow records.
+    pending: Arc<staged::PendingSlot>,
     counters: Option<CounterState>,
     cut: Option<CutState>,
 }
@@ -125,7 +127,8 @@ impl Traffic {
             traffic.deny = Some(reader);
         }
         if let (Some(settings), Some(names)) = (&cfg.flow_log, &traffic.names) {
-            let reader = FlowLog::start(settings, names.attribution.clone(), stop.clone()).with_context(|| {
+            let annotator: Arc<dyn flow_log::Annotator> = traffic.pending.clone();
+            let reader = FlowLog::start(settings, names.attribution.clone(), annotator, stop.clone()).with_context(|| {
                 format!(
                     "flow logs (FELIX_FLOWLOGSENABLED): binding NFLOG group {} (FELIX_FLOWLOGSNFLOGGROUP)",
                     settings.group
@@ -279,8 +282,8 @@ impl Traffic {
 impl Traffic {
     /// A new pending state for the flow records, when the objects changed (spaced).
     fn publish_pending(&mut self, graph: &CalcGraph) {
-        if let (Some(objects), Some(flow)) = (self.staged.as_mut(), self.flow.as_ref()) {
-            objects.maybe_publish(&graph.config().rules, &flow.shared().pending);
+        if let (Some(objects), Some(_)) = (self.staged.as_mut(), self.flow.as_ref()) {
+            objects.maybe_publish(&graph.config().rules, &self.pending);
         }
     }
 }

@@ -33,7 +33,7 @@ use crate::model::{
 use crate::rules::{Direction, RuleConfig};
 use crate::verdict::{deciding_policies, Action, Endpoint, Flow, Staging, State};
 
-use super::flow_log::FlowRecord;
+use super::flow_log::{Annotator, FlowRecord, NoAnnotations};
 use super::reevaluate::Change;
 
 /// At most one rebuild of the pending state per this interval.
@@ -119,6 +119,16 @@ fn action_name(a: Action) -> &'static str {
     }
 }
 
+impl Annotator for PendingSlot {
+    fn annotate(&self, record: &FlowRecord, json: &mut Value) {
+        annotate(self, record, json)
+    }
+
+    fn finished(&self, records: &[FlowRecord]) {
+        count(self, records)
+    }
+}
+
 /// Fills `pending_action` and `policies.pending_policies` of a record's JSON: the staged
 /// decision when staged objects exist and the flow can be judged, else the enforced one (no
 /// staged object changes it).
@@ -133,10 +143,7 @@ pub fn annotate(slot: &PendingSlot, r: &FlowRecord, v: &mut Value) {
             v["pending_action"] = json!(action_name(pv.action));
             v["policies"]["pending_policies"] = Value::Array(pv.policies);
         }
-        None => {
-            v["pending_action"] = v["action"].clone();
-            v["policies"]["pending_policies"] = v["policies"]["enforced_policies"].clone();
-        }
+        None => NoAnnotations.annotate(r, v),
     }
 }
 

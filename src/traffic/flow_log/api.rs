@@ -323,7 +323,7 @@ impl FlowLogShared {
             .filter(|r| filter.matches(r))
             .map(|r| {
                 let mut v = record_json(&self.node, &r, &pod_of);
-                super::super::staged::annotate(&self.pending, &r, &mut v);
+                self.annotator.annotate(&r, &mut v);
                 v
             })
             .collect()

@@ -179,13 +179,43 @@ pub struct FlowLogShared {
     pub attribution: Arc<Attribution>,
     pub foreign: AtomicU64,
     pub undecodable: AtomicU64,
-    /// Pending verdicts (staged policies, `traffic::staged`), published by the calculation
-    /// loop.
-    pub pending: Arc<super::staged::PendingSlot>,
+    /// What adds to each record beyond the enforced verdict (the pending verdicts of staged
+    /// policies, `traffic::staged`).
+    pub annotator: Arc<dyn Annotator>,
+}
+
+/// Adds to flow records what flow logs do not compute themselves (the pending verdicts of
+/// staged policies). A trait so that flow logs know nothing of who annotates: the staged
+/// evaluator builds on the records' types, and the data walks one way.
+pub trait Annotator: Send + Sync {
+    /// Adds fields to one record's JSON.
+    fn annotate(&self, record: &FlowRecord, json: &mut serde_json::Value);
+    /// Sees the records of each finished interval, once.
+    fn finished(&self, records: &[FlowRecord]);
+}
+
+/// No annotations: a record's pending verdict is its enforced one.
+pub struct NoAnnotations;
+
+impl Annotator for NoAnnotations {
+    fn annotate(&self, _: &FlowRecord, v: &mut serde_json::Value) {
+        v["pending_action"] = v["action"].clone();
+        v["policies"]["pending_policies"] = v["policies"]["enforced_policies"].clone();
+    }
+
+    fn finished(&self, _: &[FlowRecord]) {}
 }
 
 impl FlowLogShared {
     pub fn new(node: &str, attribution: Arc<Attribution>) -> FlowLogShared {
+        FlowLogShared::with_annotator(node, attribution, Arc::new(NoAnnotations))
+    }
+
+    pub fn with_annotator(
+        node: &str,
+        attribution: Arc<Attribution>,
+        annotator: Arc<dyn Annotator>,
+    ) -> FlowLogShared {
         FlowLogShared {
             node: node.to_string(),
             store: Mutex::new(FlowStore::default()),
@@ -196,7 +226,7 @@ impl FlowLogShared {
             attribution,
             foreign: AtomicU64::new(0),
             undecodable: AtomicU64::new(0),
-            pending: Arc::default(),
+            annotator,
         }
     }
 
@@ -265,7 +295,7 @@ impl nflog::PacketSink for Sink {
         if now >= self.next_flush {
             self.next_flush = now + self.flush_interval;
             let records = self.shared.flush();
-            super::staged::count(&self.shared.pending, &records);
+            self.shared.annotator.finished(&records);
             if let Some(file) = self.file.as_mut() {
                 // Errors are counted and logged by the target; the records stay in the API.
                 let _ = file.write(&self.shared.lines(records));
@@ -290,9 +320,14 @@ impl FlowLog {
     pub fn start(
         settings: &FlowLogSettings,
         attribution: Arc<Attribution>,
+        annotator: Arc<dyn Annotator>,
         stop: Arc<AtomicBool>,
     ) -> Result<FlowLog, nflog::Error> {
-        let shared = Arc::new(FlowLogShared::new(&settings.node, attribution));
+        let shared = Arc::new(FlowLogShared::with_annotator(
+            &settings.node,
+            attribution,
+            annotator,
+        ));
         let sink = Sink {
             shared: shared.clone(),
             flush_interval: settings.flush_interval,
