@@ -129,8 +129,12 @@ pub const NAMES: &[&str] = &[
     "process_start_time_seconds",
 ];
 
-/// Metrics with a series only once something happened (a variable was ignored at start).
-pub const WHEN_SET_NAMES: &[&str] = &["netpol_config_ignored_variables"];
+/// Metrics with a series only once something happened (a variable was ignored at start; a
+/// staged policy would change a logged flow's verdict).
+pub const WHEN_SET_NAMES: &[&str] = &[
+    "netpol_config_ignored_variables",
+    "netpol_staged_flows_total",
+];
 
 /// The metrics of deny logging and the rule counters: exported when those are on, the
 /// labelled ones once something was counted for a pod or policy.
@@ -146,7 +150,6 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_flow_log_overruns_total",
     "netpol_flow_log_file_errors_total",
     "netpol_flow_log_conntrack_errors_total",
-    "netpol_staged_flows_total",
     "netpol_denied_packets_total",
     "netpol_denied_unknown_interface_packets_total",
     "netpol_policy_packets_total",
@@ -612,6 +615,8 @@ mod tests {
         m.policy_packets.with_label_values(&["x", "p", "ingress"]);
         m.policy_bytes.with_label_values(&["x", "p", "ingress"]);
         m.conntrack_cuts.with_label_values(&["ingress"]);
+        m.staged_flows
+            .with_label_values(&["StagedNetworkPolicy", "x/p", "newly_denied"]);
         let text = m.encode();
         for name in NAMES
             .iter()
