@@ -459,6 +459,8 @@ fn flow_page_shows_filters_and_marks_real_flows_in_a_browser() {
         keep: node.agent_pid(),
     };
     let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/flow-page.png");
+    // target/ is not there when the build went to another CARGO_TARGET_DIR.
+    std::fs::create_dir_all(shot.parent().unwrap()).expect("create target/");
     let url = format!("http://127.0.0.1:{HEALTH_PORT}/flows/ui");
     // The WebDriver client's sockets must be in the node namespace (chromedriver listens on
     // its loopback): a single-threaded runtime on a thread that entered it.

@@ -419,6 +419,13 @@ fn impact_groups_changed_flows_by_staged_object() {
         let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
         let mut request = String::new();
         reader.read_line(&mut request).unwrap();
+        // The rest of the request's head, as a server reads it before answering.
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                break;
+            }
+        }
         write!(
             conn,
             "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}"

@@ -149,11 +149,12 @@ fn get(url: &str, path: &str, stream: bool) -> Result<(u16, BufReader<TcpStream>
     conn.set_read_timeout((!stream).then_some(TIMEOUT))
         .map_err(|e| format!("{url}: {e}"))?;
     let host = authority.clone();
-    write!(
-        conn,
-        "GET {prefix}{path} HTTP/1.0\r\nHost: {host}\r\nAccept: application/json\r\n\r\n"
-    )
-    .map_err(|e| format!("{url}: {e}"))?;
+    // One write: `write!` on the socket would send each piece of the format on its own, and
+    // an agent that answers after the request line could close before the rest (EPIPE).
+    let request =
+        format!("GET {prefix}{path} HTTP/1.0\r\nHost: {host}\r\nAccept: application/json\r\n\r\n");
+    conn.write_all(request.as_bytes())
+        .map_err(|e| format!("{url}: {e}"))?;
     let mut reader = BufReader::new(conn);
     let mut status_line = String::new();
     reader
