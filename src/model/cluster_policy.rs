@@ -21,7 +21,6 @@
 //! the semantics: a peer with only unknown fields fails closed (upstream's rule for a peer
 //! whose field an older CRD pruned), other unions with an unknown member are rejected.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
@@ -214,29 +213,14 @@ pub struct PortRange {
     pub end: Option<i64>,
 }
 
-impl kube::Resource for ClusterNetworkPolicy {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+custom_resource!(
+    ClusterNetworkPolicy,
+    k8s_openapi::ClusterResourceScope,
+    KIND,
+    GROUP,
+    VERSION,
+    PLURAL
+);
 
 // ---- the validated form ----
 

@@ -7,6 +7,38 @@
 //! `validate` turns `k8s-openapi` objects into these types; everything past that point can
 //! trust them (CIDRs parse, ports are in range, selectors use known operators).
 
+/// `kube::Resource` for a custom resource type whose kind, group, version and plural are
+/// constants (kube's derive needs the CRD schema machinery we do not use).
+macro_rules! custom_resource {
+    ($ty:ty, $scope:ty, $kind:expr, $group:expr, $version:expr, $plural:expr) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($kind)
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($group)
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($version)
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($plural)
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 pub mod cluster_policy;
 mod object;
 pub mod staged;

@@ -16,7 +16,6 @@
 //! `cluster_policy`: every field is optional so that a missing one becomes a validation error
 //! naming it, never a parse failure of the whole document.
 
-use std::borrow::Cow;
 use std::fmt;
 
 use k8s_openapi::api::networking::v1::NetworkPolicySpec;
@@ -127,53 +126,23 @@ impl Serialize for StagedClusterNetworkPolicy {
     }
 }
 
-impl kube::Resource for StagedNetworkPolicy {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+custom_resource!(
+    StagedNetworkPolicy,
+    k8s_openapi::NamespaceResourceScope,
+    KIND,
+    GROUP,
+    VERSION,
+    PLURAL
+);
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl kube::Resource for StagedClusterNetworkPolicy {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(CLUSTER_KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(CLUSTER_PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+custom_resource!(
+    StagedClusterNetworkPolicy,
+    k8s_openapi::ClusterResourceScope,
+    CLUSTER_KIND,
+    GROUP,
+    VERSION,
+    CLUSTER_PLURAL
+);
 
 // ---- the validated form ----
 
