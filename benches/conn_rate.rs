@@ -13,7 +13,9 @@
 //! - `stopped`: as `flowlogs`, with both agents stopped (SIGSTOP) for the measurement: nobody
 //!   reads the NFLOG socket, so the kernel's copies overrun it; the rate must hold (the copy
 //!   never holds the packet) and the loss must be counted (`netpol_flow_log_overruns_total`,
-//!   `netpol_flow_log_lost_total`, read after SIGCONT).
+//!   `netpol_flow_log_lost_total`, read after SIGCONT);
+//! - `prev-agent`, `prev-flowlogs`: `agent` and `flowlogs` with another build of the agent
+//!   (`--previous PATH`), so a change's before and after are measured in the same run.
 //!
 //! Topology (IPv4, legacy iptables): two node namespaces joined by a veth and routed
 //! (10.78.0.0/24 on node-a, 10.78.1.0/24 on node-b), pods wired the Calico way (/32 host
@@ -30,7 +32,8 @@
 //! flow-log counters; asserts nothing about time.
 //!
 //! `cargo bench --bench conn_rate -- [--rounds 3] [--secs 5] [--clients 1] [--policies 1000]
-//! [--configs none,agent,policies,flowlogs,stopped]` (root).
+//! [--configs none,agent,policies,flowlogs,stopped,prev-agent,prev-flowlogs]
+//! [--previous PATH]` (root).
 
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -447,6 +450,8 @@ enum Config {
     Policies,
     FlowLogs,
     Stopped,
+    PrevAgent,
+    PrevFlowLogs,
 }
 
 impl Config {
@@ -457,6 +462,8 @@ impl Config {
             Config::Policies => "policies",
             Config::FlowLogs => "flowlogs",
             Config::Stopped => "stopped",
+            Config::PrevAgent => "prev-agent",
+            Config::PrevFlowLogs => "prev-flowlogs",
         }
     }
 
@@ -467,6 +474,8 @@ impl Config {
             "policies" => Config::Policies,
             "flowlogs" => Config::FlowLogs,
             "stopped" => Config::Stopped,
+            "prev-agent" => Config::PrevAgent,
+            "prev-flowlogs" => Config::PrevFlowLogs,
             _ => panic!("unknown configuration {s}"),
         }
     }
@@ -475,7 +484,8 @@ impl Config {
     fn reference(self) -> Option<Config> {
         match self {
             Config::None => None,
-            Config::Agent => Some(Config::None),
+            Config::Agent | Config::PrevAgent => Some(Config::None),
+            Config::PrevFlowLogs => Some(Config::PrevAgent),
             Config::Policies | Config::FlowLogs => Some(Config::Agent),
             Config::Stopped => Some(Config::FlowLogs),
         }
@@ -501,6 +511,8 @@ struct Opts {
     clients: usize,
     policies: usize,
     configs: Vec<Config>,
+    /// The other build `prev-*` configurations run.
+    previous: Option<PathBuf>,
 }
 
 fn options() -> Opts {
@@ -513,6 +525,7 @@ fn options() -> Opts {
             .into_iter()
             .map(Config::parse)
             .collect(),
+        previous: None,
     };
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -527,9 +540,19 @@ fn options() -> Opts {
             "--clients" => o.clients = v.parse().expect("--clients N"),
             "--policies" => o.policies = v.parse().expect("--policies N"),
             "--configs" => o.configs = v.split(',').map(Config::parse).collect(),
+            "--previous" => o.previous = Some(PathBuf::from(v)),
             other => panic!("unknown option {other}"),
         }
         i += 2;
+    }
+    let wants_previous = o
+        .configs
+        .iter()
+        .any(|c| matches!(c, Config::PrevAgent | Config::PrevFlowLogs));
+    match (&o.previous, wants_previous) {
+        (None, true) => panic!("prev-agent and prev-flowlogs need --previous PATH"),
+        (Some(_), false) => o.configs.extend([Config::PrevAgent, Config::PrevFlowLogs]),
+        _ => {}
     }
     o
 }
@@ -543,7 +566,14 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
         0
     };
     write_cluster(&dir, policies);
-    let flowlogs = matches!(config, Config::FlowLogs | Config::Stopped);
+    let flowlogs = matches!(
+        config,
+        Config::FlowLogs | Config::Stopped | Config::PrevFlowLogs
+    );
+    let bin = match config {
+        Config::PrevAgent | Config::PrevFlowLogs => opts.previous.as_deref().unwrap_or(bin),
+        _ => bin,
+    };
     let mut agents = Vec::new();
     if config != Config::None {
         agents.push(Agent::start(
@@ -643,12 +673,13 @@ fn main() {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_netpol-agent"));
     let work = std::env::temp_dir().join(format!("npa-bench-connrate-{}", std::process::id()));
     println!(
-        "conn_rate: {} rounds x {:?}, {} s per path, {} client thread(s), {} policies; load {}",
+        "conn_rate: {} rounds x {:?}, {} s per path, {} client thread(s), {} policies, previous build {:?}; load {}",
         opts.rounds,
         opts.configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
         opts.secs,
         opts.clients,
         opts.policies,
+        opts.previous,
         load()
     );
     let mut cells: Vec<Vec<(Config, Cell)>> = Vec::new();

@@ -310,3 +310,70 @@ fn an_overrun_is_counted_and_the_sequence_gap_says_exactly_how_many_were_lost() 
         "every message the kernel sequenced is either received or counted as lost"
     );
 }
+
+/// Flow logs ask the kernel to batch (`flush_threshold`, `batch_bytes`): many messages arrive
+/// in one datagram, none is lost or counted twice, and a batch short of the threshold still
+/// comes within the flush timeout.
+#[test]
+fn batched_messages_arrive_together_all_of_them_and_within_the_timeout() {
+    let pair = Pair::new("nflog-batch");
+    pair.restore(
+        "iptables-legacy",
+        &format!(
+            "*filter\n-A INPUT -i {NODE_IF} -p udp -m udp --dport 7010 -j NFLOG --nflog-prefix batch --nflog-group {GROUP} --nflog-size 128\n\
+             -A INPUT -i {NODE_IF} -p udp -m udp --dport 7010 -j DROP\nCOMMIT\n"
+        ),
+    );
+    let mut socket = in_netns(&pair.node.name, || {
+        NflogSocket::open(&Config {
+            group: GROUP,
+            flush_threshold: 64,
+            flush_timeout: Duration::from_millis(100),
+            batch_bytes: Some(netpol_agent::host::nflog::MAX_BATCH_BYTES),
+            ..Config::default()
+        })
+    })
+    .unwrap();
+    let dst = SocketAddr::new(addr(NODE4), 7010);
+    // 200 = three full batches of 64 and 8 left for the timeout to send.
+    let sent: u64 = 200;
+    in_netns(&pair.peer.name, || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for i in 0..sent {
+            s.send_to(&i.to_be_bytes(), dst).unwrap();
+        }
+    });
+    let start = Instant::now();
+    let (mut received, mut largest, mut datagrams) = (0u64, 0usize, 0u64);
+    while received < sent && start.elapsed() < Duration::from_secs(2) {
+        let n = socket
+            .read(Duration::from_millis(50), |p| {
+                assert_eq!(p.prefix, "batch");
+                received += 1;
+            })
+            .unwrap();
+        if n > 0 {
+            datagrams += 1;
+            largest = largest.max(n);
+        }
+    }
+    let waited = start.elapsed();
+    let c = socket.counters().snapshot();
+    println!(
+        "received {received} in {datagrams} datagrams (largest {largest}) in {waited:?}: {c:?}"
+    );
+    assert_eq!(received, sent, "every message arrives: {c:?}");
+    assert_eq!((c.lost, c.overruns), (0, 0));
+    assert!(
+        largest >= 32,
+        "the kernel batched: at most {largest} messages per datagram"
+    );
+    assert!(
+        datagrams < sent / 8,
+        "{datagrams} datagrams for {sent} messages"
+    );
+    assert!(
+        waited < Duration::from_secs(1),
+        "the tail short of a batch came with the timeout, not never: {waited:?}"
+    );
+}

@@ -13,7 +13,8 @@
 //! through its own `emit_value`.
 //!
 //! What the kernel needs: one config message binding the group (`NFULNL_CFG_CMD_BIND`) that
-//! also sets copy-packet mode with the snap length, the socket's flush threshold and timeout,
+//! also sets copy-packet mode with the snap length, the socket's flush threshold and timeout
+//! (and, when asked, the batch buffer's size: flow logs batch, deny logs do not),
 //! and per-group sequence numbers (`NFULNL_CFG_F_SEQ`; not `NFULNL_CFG_F_SEQ_GLOBAL`, whose
 //! counter is shared by every group of the namespace, so its gaps are other groups' messages,
 //! not our losses). No `PF_BIND`/`PF_UNBIND`: the NFLOG
@@ -37,6 +38,9 @@ pub mod dedup;
 /// extension headers and the transport header. `rules::deny_log` renders `--nflog-size` with
 /// the same number.
 pub const DEFAULT_SNAP_LEN: u32 = 128;
+
+/// The largest batch buffer nfnetlink_log accepts (`NFULNL_CFG_NLBUFSIZ`).
+pub const MAX_BATCH_BYTES: u32 = 128 << 10;
 
 use std::ffi::CString;
 use std::io;
@@ -71,6 +75,10 @@ pub struct Config {
     pub flush_threshold: u32,
     /// Longest time a queued message waits when `flush_threshold` is above 1.
     pub flush_timeout: Duration,
+    /// Size of the kernel's batch buffer (`NFULNL_CFG_NLBUFSIZ`): a batch is sent early when
+    /// the next message would not fit. `None` keeps the kernel's default (one page), which
+    /// holds some 15 flow-log messages; the kernel takes up to 128 KiB.
+    pub batch_bytes: Option<u32>,
     /// Socket receive buffer asked for (the kernel may cap it; see the overrun counter).
     pub receive_buffer: usize,
     /// How often the reader thread looks at its stop flag while no packet arrives.
@@ -84,6 +92,7 @@ impl Default for Config {
             snap_len: DEFAULT_SNAP_LEN,
             flush_threshold: 1,
             flush_timeout: Duration::from_millis(100),
+            batch_bytes: None,
             receive_buffer: 4 << 20,
             poll_interval: Duration::from_millis(200),
         }
@@ -238,16 +247,19 @@ impl NflogSocket {
             bound: false,
         };
         let centis = u32::try_from(config.flush_timeout.as_millis() / 10).unwrap_or(u32::MAX);
-        let request = config_message(
-            config.group,
-            vec![
-                ConfigNla::Cmd(ConfigCmd::Bind),
-                ConfigNla::Mode(ConfigMode::new_packet(config.snap_len.max(1))),
-                ConfigNla::QThresh(config.flush_threshold.max(1)),
-                ConfigNla::Timeout(Timeout::new(centis)),
-                ConfigNla::Flags(ConfigFlags::SEQ),
-            ],
-        );
+        let mut nlas = vec![
+            ConfigNla::Cmd(ConfigCmd::Bind),
+            ConfigNla::Mode(ConfigMode::new_packet(config.snap_len.max(1))),
+            ConfigNla::QThresh(config.flush_threshold.max(1)),
+            ConfigNla::Timeout(Timeout::new(centis)),
+            ConfigNla::Flags(ConfigFlags::SEQ),
+        ];
+        if let Some(bytes) = config.batch_bytes {
+            // The kernel refuses sizes outside [one page, 128 KiB] (ERANGE) and, the bind
+            // being in the same message, would refuse the bind with it: clamp here.
+            nlas.push(ConfigNla::NlBufSiz(bytes.clamp(4096, MAX_BATCH_BYTES)));
+        }
+        let request = config_message(config.group, nlas);
         match me.socket.request(request, 0) {
             Ok(()) => {
                 me.bound = true;

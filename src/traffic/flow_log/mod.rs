@@ -45,6 +45,17 @@ pub use api::{record_json, route, stream_route, Filter, StreamQuery};
 pub use file::{FileSettings, FlowFile};
 pub use store::{Counts, FlowRecord, FlowStore, KEEP_RECORDS, MAX_KEYS};
 
+/// Flow-log messages the kernel queues before it sends them in one datagram. Every new
+/// connection is a message: sent one by one, each wakes the reader for one `poll` and one
+/// `recv`, which was most of the agent's CPU per logged connection (issue 22's benchmark); in
+/// batches the wake-ups and system calls are shared. Deny logs keep 1 (rate-limited, and a
+/// line is wanted at once).
+pub const KERNEL_BATCH: u32 = 256;
+/// The longest a queued message waits for its batch: records are aggregated per flush
+/// interval (seconds), so a tenth of a second changes nothing a reader sees but the interval
+/// a connection opened at the very end of one falls in.
+pub const KERNEL_BATCH_WAIT: Duration = Duration::from_millis(100);
+
 #[derive(Clone, Debug)]
 pub struct FlowLogSettings {
     pub node: String,
@@ -338,6 +349,9 @@ impl FlowLog {
             Config {
                 group: settings.group,
                 snap_len: settings.snap_len,
+                flush_threshold: KERNEL_BATCH,
+                flush_timeout: KERNEL_BATCH_WAIT,
+                batch_bytes: Some(nflog::MAX_BATCH_BYTES),
                 ..Config::default()
             },
             sink,
