@@ -62,14 +62,14 @@ use crate::scenario::{PortKey, Step, Target};
 use crate::services::ServiceProxy;
 
 /// How long records may take to appear, and to name both ends, after the probes ended.
-const SETTLE: Duration = Duration::from_secs(3);
+pub(crate) const SETTLE: Duration = Duration::from_secs(3);
 
 /// One direction's record as a probe makes it: which node served it and the flow it names.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct RecordKey {
-    node: String,
+pub(crate) struct RecordKey {
+    pub(crate) node: String,
     /// `Src` (egress) or `Dst` (ingress).
-    reporter: &'static str,
+    pub(crate) reporter: &'static str,
     proto: String,
     src_ip: String,
     dst_ip: String,
@@ -199,19 +199,19 @@ fn want_of(d: &DirectionVerdict) -> Option<Want> {
 }
 
 /// One expected direction of one probe.
-struct Expected {
+pub(crate) struct Expected {
     /// `ns/pod -> ns/pod proto/port (family)`, for messages.
-    what: String,
-    key: RecordKey,
+    pub(crate) what: String,
+    pub(crate) key: RecordKey,
     src: String,
     dst: String,
     want: Want,
     /// A record must exist (otherwise one is checked only if present).
-    required: bool,
+    pub(crate) required: bool,
 }
 
 /// The records one node served, each with the key it names (`None`: a field is missing).
-fn record_key(node: &str, r: &Value) -> Option<RecordKey> {
+pub(crate) fn record_key(node: &str, r: &Value) -> Option<RecordKey> {
     Some(RecordKey {
         node: node.to_string(),
         reporter: match r["reporter"].as_str()? {
@@ -341,7 +341,10 @@ fn fetch(cluster: &Cluster, i: usize, since: u64) -> anyhow::Result<Vec<Value>> 
 }
 
 /// Every node's records that end at or after `since`, with the node that served them.
-fn records_since(cluster: &Cluster, since: SystemTime) -> anyhow::Result<Vec<(String, Value)>> {
+pub(crate) fn records_since(
+    cluster: &Cluster,
+    since: SystemTime,
+) -> anyhow::Result<Vec<(String, Value)>> {
     let secs = since
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -403,7 +406,7 @@ fn expectations(
     Ok(out)
 }
 
-fn expect_probe(
+pub(crate) fn expect_probe(
     cluster: &Cluster,
     target: Target,
     state: &netpol_agent::verdict::State,
