@@ -143,7 +143,8 @@ pub fn staged_docs(
         if before.policies.get(key) != Some(doc) {
             // The same addresses the enforced object gets (see `family`).
             let doc = crate::family::rewrite_policy(doc, family)?;
-            let v = staged_set(&doc, "StagedNetworkPolicy").with_context(|| format!("{key}"))?;
+            let v = staged_set(&doc, "StagedNetworkPolicy")
+                .with_context(|| format!("NetworkPolicy {key}"))?;
             out.push((file("np", key), serde_yaml_ng::to_string(&v)?));
         }
     }
@@ -181,11 +182,17 @@ fn write_docs(dir: &Path, docs: &[(String, String)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes the staged files, keeping the directory: the agents' directory watch then sees
+/// file deletions only (removing a watched directory makes the watcher log a warning).
 fn remove_docs(dir: &Path) -> anyhow::Result<()> {
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-        _ => Ok(()),
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    for entry in entries {
+        std::fs::remove_file(entry?.path())?;
     }
+    Ok(())
 }
 
 /// Waits until every node's log since `marks` has a line holding `line`; the nodes that did
