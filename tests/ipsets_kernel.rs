@@ -229,6 +229,45 @@ fn member_additions_and_removals_are_deltas() {
     assert_eq!(mgr.stats().errors, 0);
 }
 
+/// The `hashsize` ipset's header reports for `set` in `ns`.
+fn header_hashsize(ns: &NetNs, set: &str) -> u32 {
+    let out = run_ok(
+        "ip",
+        &["netns", "exec", &ns.name, "ipset", "list", "-t", set],
+    );
+    out.split_whitespace()
+        .skip_while(|w| *w != "hashsize")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no hashsize in {out:?}"))
+}
+
+#[test]
+fn small_sets_start_small_and_the_kernel_grows_them() {
+    // Issue 20: the set check's cost follows the sets' bucket counts, so a set is created
+    // with a table fitted to its members; one that grows past it must still take them all.
+    let ns = NetNs::new("ipset-hashsize");
+    let mut mgr = manager(&ns, MAX);
+    mgr.resync().unwrap();
+    let v1 = desired(vec![net_set("cali40s:grow", &["10.0.0.1", "10.0.0.2"])]);
+    mgr.apply_additions(&v1, &all_names(&v1)).unwrap();
+    assert_eq!(header_hashsize(&ns, "cali40s:grow"), 64);
+
+    let many: Vec<String> = (0..20_000u32)
+        .map(|i| format!("10.{}.{}.1", i / 250, i % 250))
+        .collect();
+    let many_refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    let v2 = desired(vec![net_set("cali40s:grow", &many_refs)]);
+    mgr.apply_additions(&v2, &all_names(&v2)).unwrap();
+    mgr.apply_removals(&v2, &all_names(&v2)).unwrap();
+    assert_eq!(kernel_sets(&ns), expected(&v2, MAX));
+    assert!(
+        header_hashsize(&ns, "cali40s:grow") > 64,
+        "the kernel resized the table"
+    );
+    assert_eq!(mgr.stats().errors, 0);
+}
+
 #[test]
 fn maxelem_change_swaps_through_a_temp_set_and_keeps_members() {
     let ns = NetNs::new("ipset-maxelem");

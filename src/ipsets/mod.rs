@@ -236,19 +236,51 @@ pub struct SetSpec {
 
 impl SetSpec {
     pub fn create_line(&self, max_size: u32) -> String {
-        create_line(&self.name, self.family, self.set_type, max_size)
+        create_line(
+            &self.name,
+            self.family,
+            self.set_type,
+            max_size,
+            self.members.len(),
+        )
     }
 }
 
-/// The `ipset restore` line that creates set `name` the way we create every set.
-pub fn create_line(name: &str, family: IpFamily, set_type: SetType, max_size: u32) -> String {
+/// The `hashsize` a set created with `members` members gets: a quarter of them per bucket
+/// rounded up to a power of two, between the kernel's minimum (64) and its default (1024).
+///
+/// Why not the default for every set: the kernel works out a hash set's memory size, which
+/// every header read (`ipset list -terse`, our 1.5 s set check's netlink header dump) returns,
+/// by visiting each bucket, so the check's cost grows with the sum of the sets' bucket counts,
+/// not with their members. Most of our sets hold a handful of pods; at 1024 buckets each,
+/// 554 sets of 61k members cost ~570k bucket visits per check (issue 20's idle profile:
+/// `hash_net4_head`). The kernel doubles a table when one of its buckets fills, so a set
+/// that grows later is never limited by this; and it ignores the table size when `create
+/// -exist` meets an existing set (resizing changes it), so a set created by another size
+/// stays as it is.
+pub fn fitted_hashsize(members: usize) -> u32 {
+    const MIN: usize = 64;
+    const MAX: usize = 1024;
+    members.div_ceil(4).next_power_of_two().clamp(MIN, MAX) as u32
+}
+
+/// The `ipset restore` line that creates set `name`, about to receive `members` members, the
+/// way we create every set.
+pub fn create_line(
+    name: &str,
+    family: IpFamily,
+    set_type: SetType,
+    max_size: u32,
+    members: usize,
+) -> String {
     let family = match family {
         IpFamily::V4 => "inet",
         IpFamily::V6 => "inet6",
     };
     format!(
-        "create {name} {} family {family} maxelem {max_size}",
-        set_type.as_str()
+        "create {name} {} family {family} hashsize {} maxelem {max_size}",
+        set_type.as_str(),
+        fitted_hashsize(members)
     )
 }
 
@@ -374,7 +406,24 @@ mod tests {
         let script = restore_script(&BTreeMap::from([(set.name.clone(), set)]), 1024);
         assert_eq!(
             script,
-            "create cali40s:abc hash:net family inet maxelem 1024\nadd cali40s:abc 10.0.0.1\nadd cali40s:abc 10.0.0.2\n"
+            "create cali40s:abc hash:net family inet hashsize 64 maxelem 1024\nadd cali40s:abc 10.0.0.1\nadd cali40s:abc 10.0.0.2\n"
+        );
+    }
+
+    #[test]
+    fn hashsize_fits_the_members_within_the_kernels_bounds() {
+        // The kernel's minimum is 64 buckets: small sets (most of ours) get it.
+        assert_eq!(fitted_hashsize(0), 64);
+        assert_eq!(fitted_hashsize(256), 64);
+        // A quarter of the members per bucket, rounded up to a power of two.
+        assert_eq!(fitted_hashsize(257), 128);
+        assert_eq!(fitted_hashsize(1000), 256);
+        // Never above the default: a big set starts as it always did and the kernel grows it.
+        assert_eq!(fitted_hashsize(4096), 1024);
+        assert_eq!(fitted_hashsize(1_000_000), 1024);
+        assert!(
+            create_line("cali40s:x", IpFamily::V6, SetType::HashIpPort, 7, 1000)
+                .ends_with("hash:ip,port family inet6 hashsize 256 maxelem 7")
         );
     }
 }

@@ -97,7 +97,10 @@ impl Op {
                 }
                 line(
                     out,
-                    format_args!("{}", create_line(name, self.family, *set_type, max_size)),
+                    format_args!(
+                        "{}",
+                        create_line(name, self.family, *set_type, max_size, members.len())
+                    ),
                 );
                 for m in members {
                     line(out, format_args!("add {name} {m}"));
@@ -110,7 +113,10 @@ impl Op {
             } => {
                 line(
                     out,
-                    format_args!("{}", create_line(temp, self.family, *set_type, max_size)),
+                    format_args!(
+                        "{}",
+                        create_line(temp, self.family, *set_type, max_size, members.len())
+                    ),
                 );
                 for m in members {
                     line(out, format_args!("add {temp} {m}"));

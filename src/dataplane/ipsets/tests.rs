@@ -165,7 +165,7 @@ fn plans_only_what_differs_from_the_cache() {
     assert_eq!(
         script(&mgr, &ops),
         "add cali40s:a 10.0.0.3\n\
-         create cali40s:new hash:net family inet maxelem 1048576\n\
+         create cali40s:new hash:net family inet hashsize 64 maxelem 1048576\n\
          add cali40s:new 10.1.0.1\n"
     );
     let ops = mgr.plan_removals(&desired, &dirty, &BTreeSet::new());
@@ -192,8 +192,8 @@ fn replaces_sets_of_another_kind() {
     assert_eq!(
         script(&mgr, &ops),
         "destroy cali40s:a\n\
-         create cali40s:a hash:ip,port family inet maxelem 1048576\n\
-         create cali4t0 hash:net family inet maxelem 1048576\n\
+         create cali40s:a hash:ip,port family inet hashsize 64 maxelem 1048576\n\
+         create cali4t0 hash:net family inet hashsize 64 maxelem 1048576\n\
          add cali4t0 10.0.0.1\n\
          swap cali4t0 cali40s:cidr\n"
     );
@@ -236,7 +236,7 @@ fn bad_desired_input_is_reported_not_written() {
     assert_eq!(problems.len(), 4, "{problems:?}");
     assert_eq!(
         script(&mgr, &ops),
-        "create cali40s:f hash:net family inet maxelem 10\nadd cali40s:f 10.0.0.1\n"
+        "create cali40s:f hash:net family inet hashsize 64 maxelem 10\nadd cali40s:f 10.0.0.1\n"
     );
 }
 
