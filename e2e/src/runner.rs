@@ -133,6 +133,7 @@ fn run_steps(
     let mut phase = crate::staged_check::Phase::default();
     // The previous step and what its last round saw: the "before" of a staged phase.
     let mut before: Option<(&Step, Results)> = None;
+    let mut flows_earlier = crate::flow_check::Earlier::default();
     for (i, step) in scenario.steps.iter().enumerate() {
         if stop.load(Ordering::Relaxed) {
             anyhow::bail!("interrupted");
@@ -185,7 +186,8 @@ fn run_steps(
         cluster.sync(&step.world)?;
         let converged = cluster.wait_converged();
         let mut marks = cluster.log_marks();
-        let mut round_start = std::time::SystemTime::now();
+        let first_round_start = std::time::SystemTime::now();
+        let mut round_start = first_round_start;
         let (first, mut ports) = probe_step(&cluster, scenario.target, step, cfg);
         let families = cfg.cluster.family.families();
         let mut failing = failing_keys(step, families, &first);
@@ -252,7 +254,11 @@ fn run_steps(
                 step,
                 families,
                 &ports,
-                round_start,
+                crate::flow_check::Rounds {
+                    first: first_round_start,
+                    last: round_start,
+                },
+                &mut flows_earlier,
             );
             if !checked.problems.is_empty() {
                 let _ = writeln!(
@@ -268,12 +274,15 @@ fn run_steps(
                 return Ok(false);
             }
             flow_text = format!(
-                "; flow logs: {} directions recorded ({} denied){}",
+                "; flow logs: {} directions recorded ({} denied; {} records read, {} counts only, {} from before the round){}",
                 checked.matched,
                 checked.denied,
+                checked.records,
+                checked.count_only,
+                checked.carried,
                 if checked.cluster_decided > 0 {
                     format!(
-                        ", {} decided by a ClusterNetworkPolicy not required",
+                        ", {} by a ClusterNetworkPolicy",
                         checked.cluster_decided
                     )
                 } else {
