@@ -10,6 +10,8 @@
 //!   as completed;
 //! - `GET /flows/stream` sends records as newline-delimited JSON, `netpol-agent flows` prints
 //!   them, and a filter narrows them;
+//! - `netpol_flow_rule_connections_total` has a series per deciding rule with the connections
+//!   sent through it, and a deleted policy's series go;
 //! - flow logs off: no flow-log rule, no NFLOG group bound, no `/flows`.
 
 mod common;
@@ -362,6 +364,9 @@ fn flow_records_match_the_traffic_and_explain() {
         ("FELIX_HEALTHENABLED", "true"),
         ("FELIX_HEALTHHOST", "127.0.0.1"),
         ("FELIX_HEALTHPORT", "9099"),
+        ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+        ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+        ("FELIX_PROMETHEUSMETRICSPORT", "9091"),
     ]);
     node.wait_converged(Duration::from_secs(30));
     let ip4 = |p: &str| IpAddr::from(node.pod(p).v4);
@@ -647,6 +652,112 @@ fn flow_records_match_the_traffic_and_explain() {
         all.as_array().unwrap().len() >= want.len(),
         "the readable agent's records are printed"
     );
+
+    // The per-rule hit metric, from the flushed records: every deciding rule above has its
+    // series with at least the connections sent through it.
+    let series = |kind: &str, ns: &str, policy: &str, rule: &str, action: &str, dir: &str| {
+        BTreeMap::from([
+            ("kind".to_string(), kind.to_string()),
+            ("namespace".to_string(), ns.to_string()),
+            ("policy".to_string(), policy.to_string()),
+            ("rule".to_string(), rule.to_string()),
+            ("action".to_string(), action.to_string()),
+            ("direction".to_string(), dir.to_string()),
+        ])
+    };
+    let np = |rule: &str, action: &str| {
+        series(
+            "NetworkPolicy",
+            "x",
+            "allow-client",
+            rule,
+            action,
+            "ingress",
+        )
+    };
+    let cnp = |rule: &str, action: &str| {
+        series(
+            "ClusterNetworkPolicy",
+            "",
+            "guard-open",
+            rule,
+            action,
+            "ingress",
+        )
+    };
+    let hits_want = [
+        // TCP over IPv4 and IPv6 to port 80, UDP to 53.
+        (np("0", "allow"), 3),
+        // TCP to 8443, the ping.
+        (np("1", "allow"), 2),
+        (cnp("1", "allow"), 1),
+        (cnp("0", "deny"), 1),
+        // Isolated, no rule allowed: the intruder to the server.
+        (series("", "", "", "", "deny", "ingress"), 1),
+        // No policy isolates the clients' egress: every connection they opened.
+        (series("", "", "", "", "allow", "egress"), 8),
+    ];
+    let start = Instant::now();
+    let hits = loop {
+        let hits = rule_hits(&node);
+        if hits_want
+            .iter()
+            .all(|(labels, n)| hits.get(labels).is_some_and(|v| v >= n))
+        {
+            break hits;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "per-rule hits missing: have {hits:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    println!("per-rule hits: {hits:#?}");
+    assert!(
+        hits.keys().all(|l| l["kind"].is_empty()
+            || ["allow-client", "guard-open"].contains(&l["policy"].as_str())),
+        "a series only for rules that decided: {hits:#?}"
+    );
+    // The NetworkPolicy deleted: its series go at the next flush, the ClusterNetworkPolicy's
+    // stay.
+    let cnp_only = POLICIES.split_once("---\n").unwrap().1;
+    node.write_policies(cnp_only);
+    let start = Instant::now();
+    loop {
+        let hits = rule_hits(&node);
+        if !hits.keys().any(|l| l["policy"] == "allow-client") {
+            assert!(hits.contains_key(&cnp("0", "deny")), "{hits:#?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the deleted policy's series stay: {hits:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `netpol_flow_rule_connections_total`'s series (labels by name) and values.
+fn rule_hits(node: &PodNode) -> BTreeMap<BTreeMap<String, String>, u64> {
+    let (status, text) = common::http_get(&node.node.name, 9091, "/metrics").unwrap();
+    assert_eq!(status, 200, "{text}");
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("netpol_flow_rule_connections_total{") else {
+            continue;
+        };
+        let (labels, value) = rest.rsplit_once("} ").unwrap();
+        let labels: BTreeMap<String, String> = labels
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap();
+                (k.to_string(), v.trim_matches('"').to_string())
+            })
+            .collect();
+        out.insert(labels, value.trim().parse().unwrap());
+    }
+    out
 }
 
 #[test]

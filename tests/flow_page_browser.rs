@@ -4,8 +4,12 @@
 //! policy), and headless Chromium, driven by chromedriver over WebDriver (`fantoccini`),
 //! opens the page inside the node namespace. It must show both flows with the right action
 //! (the denied one marked), narrow the table when filtered by pod, action and policy, count
-//! hits per policy, write hostile names as text, and load nothing from outside the agent. The
-//! screenshot is kept as `target/flow-page.png`. With flow logs off the path answers 404.
+//! hits per policy, write hostile names as text, and load nothing from outside the agent. Then a
+//! staged object is added (issue 23: a `StagedNetworkPolicy` replacing `allow-client` by one
+//! that admits the intruder instead): both connections' rows must show the verdict they would
+//! get, and the "would change only" toggle must narrow the table to exactly them. The
+//! screenshots are kept as `target/flow-page.png` and `target/flow-page-staged.png`. With flow
+//! logs off the path answers 404.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (scripts/setup.sh installs them). Without
 //! them the test skips with a line saying so, unless it runs under scripts/test.sh
@@ -24,6 +28,20 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use pod_node::{PodNode, PodSpec};
 use serde_json::{json, Value};
+
+/// The staged change the page must show: `allow-client` as if it admitted only the intruder.
+const STAGED: &str = r#"
+---
+apiVersion: netpol-agent.io/v1alpha1
+kind: StagedNetworkPolicy
+metadata: {name: allow-client, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{namespaceSelector: {}, podSelector: {matchLabels: {role: intruder}}}]
+    ports: [{protocol: TCP, port: 80}]
+"#;
 
 const HEALTH_PORT: u16 = 9099;
 const DRIVER_PORT: u16 = 9515;
@@ -176,8 +194,8 @@ async fn wait_rows(
         if start.elapsed() > Duration::from_secs(15) {
             let state = c
                 .execute(
-                    "return ['f-namespace','f-pod','f-action','f-policy']\
-                       .map(id => id + '=' + document.getElementById(id).value)\
+                    "return ['f-namespace','f-pod','f-action','f-policy','f-changes']\
+                       .map(id => id + '=' + document.getElementById(id).value + (document.getElementById(id).checked ? ' (checked)' : ''))\
                        .concat([document.getElementById('status').textContent]);",
                     vec![],
                 )
@@ -196,7 +214,7 @@ async fn set_input(c: &Client, id: &str, text: &str) {
     }
 }
 
-async fn browse(url: String, shot: PathBuf) {
+async fn browse(url: String, shot: PathBuf, stage: impl FnOnce()) {
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
@@ -323,6 +341,94 @@ async fn browse(url: String, shot: PathBuf) {
     wait_rows(&c, "namespace filter", |r| r.is_empty()).await;
     set_input(&c, "f-namespace", "x").await;
     wait_rows(&c, "namespace x", |r| r.len() == n).await;
+    set_input(&c, "f-namespace", "").await;
+    wait_rows(&c, "namespace filter cleared", |r| r.len() >= n).await;
+
+    // Staged policies: nothing would change yet (every row says so, the toggle shows none).
+    let staged_badge = |r: &[(String, String, String)]| {
+        r.iter()
+            .filter(|(_, class, _)| class.contains("changes"))
+            .count()
+    };
+    let r = rows(&c).await;
+    assert_eq!(
+        staged_badge(&r),
+        0,
+        "changes without a staged object: {r:#?}"
+    );
+    assert!(r.iter().all(|(_, _, t)| t.contains("no change")), "{r:#?}");
+    let toggle = c.find(Locator::Id("f-changes")).await.unwrap();
+    toggle.click().await.unwrap();
+    wait_rows(&c, "would-change toggle without staged objects", |r| {
+        r.is_empty()
+    })
+    .await;
+    toggle.click().await.unwrap();
+    wait_rows(&c, "toggle off", |r| r.len() >= n).await;
+    // The staged object arrives (the agent rebuilds pending verdicts within 5 s): the
+    // client's allowed connection would be denied (isolated, the staged allow-client no
+    // longer admitting it) and the intruder's denied one allowed by the staged rule.
+    stage();
+    let client_denied = |t: &str| {
+        t.contains("y/client")
+            && t.contains("would deny")
+            && t.contains("StagedNetworkPolicy x/allow-client")
+    };
+    let intruder_allowed = |t: &str| {
+        t.contains("y/intruder")
+            && t.contains("would allow")
+            && t.contains("StagedNetworkPolicy x/allow-client rule 0")
+    };
+    let all = wait_rows(&c, "rows the staged object would change", |r| {
+        r.iter()
+            .any(|(a, class, t)| a == "Allow" && class.contains("changes") && client_denied(t))
+            && r.iter().any(|(a, class, t)| {
+                a == "Deny" && class.contains("changes") && intruder_allowed(t)
+            })
+    })
+    .await;
+    let changing = staged_badge(&all);
+    assert!(changing >= 2 && changing < all.len(), "{all:#?}");
+    // The toggle narrows the table to exactly the flows whose verdict would change.
+    toggle.click().await.unwrap();
+    let r = wait_rows(&c, "would-change toggle", |r| {
+        r.len() == changing
+            && r.iter().all(|(_, class, _)| class.contains("changes"))
+            && r.iter().any(|(_, _, t)| client_denied(t))
+            && r.iter().any(|(_, _, t)| intruder_allowed(t))
+    })
+    .await;
+    assert!(r.iter().all(|(_, _, t)| !t.contains("no change")), "{r:#?}");
+    let status = c
+        .execute(
+            "return document.getElementById('status').textContent;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        status
+            .as_str()
+            .is_some_and(|s| s.contains("the staged policies would change")),
+        "status: {status}"
+    );
+    let staged_shot = shot.with_file_name("flow-page-staged.png");
+    std::fs::write(&staged_shot, c.screenshot().await.expect("screenshot"))
+        .expect("write screenshot");
+    // With the action filter too: only the intruder's denied flow that would be allowed.
+    let action = c.find(Locator::Id("f-action")).await.unwrap();
+    action.select_by_value("Deny").await.unwrap();
+    wait_rows(&c, "toggle and action", |r| {
+        !r.is_empty() && r.iter().all(|(a, _, t)| a == "Deny" && intruder_allowed(t))
+    })
+    .await;
+    c.find(Locator::Id("f-clear"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_rows(&c, "cleared, toggle off", |r| r.len() >= n).await;
 
     // Names are text: records naming hostile markup render it literally and run nothing.
     let hostile = json!([{
@@ -469,7 +575,9 @@ fn flow_page_shows_filters_and_marks_real_flows_in_a_browser() {
             .enable_all()
             .build()
             .unwrap()
-            .block_on(browse(url, shot.clone()))
+            .block_on(browse(url, shot.clone(), || {
+                node.write_policies(&format!("{POLICIES}{STAGED}"))
+            }))
     });
     drop(driver);
     let png = std::fs::read(&shot).expect("the screenshot");
@@ -479,7 +587,12 @@ fn flow_page_shows_filters_and_marks_real_flows_in_a_browser() {
         shot.display(),
         png.len()
     );
-    eprintln!("screenshot: {}", shot.display());
+    let staged = std::fs::read(shot.with_file_name("flow-page-staged.png")).expect("staged shot");
+    assert!(staged.starts_with(b"\x89PNG") && staged.len() > 10_000);
+    eprintln!(
+        "screenshots: {} and flow-page-staged.png beside it",
+        shot.display()
+    );
     drop(node);
 
     // Flow logs off: no page.

@@ -950,6 +950,22 @@ impl Cluster {
         out
     }
 
+    /// What each node's agent logged since `marks` (node name, text).
+    pub fn logs_since(&self, marks: &[u64]) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .zip(marks)
+            .map(|(node, mark)| {
+                let text = std::fs::read(&node.log).unwrap_or_default();
+                let mark = usize::try_from(*mark).unwrap_or(usize::MAX).min(text.len());
+                (
+                    node.name.clone(),
+                    String::from_utf8_lossy(&text[mark..]).into_owned(),
+                )
+            })
+            .collect()
+    }
+
     pub fn agent_logs(&self) -> String {
         let mut s = String::new();
         for node in &self.nodes {

@@ -20,9 +20,9 @@
 //!   rule index explain names (the first allow the kernel meets);
 //! - NetworkPolicy denied: `Deny`, verdict "isolated, no rule allowed", the isolating
 //!   policies (rule index -1);
-//! - a ClusterNetworkPolicy tier decided: the agent renders no flow-log copy in those chains
-//!   yet (docs/operations/flow-logs.md, "Not done yet"), so a record is not required and such
-//!   directions are counted apart; a record there must name that ClusterNetworkPolicy.
+//! - a ClusterNetworkPolicy tier decided (the agent logs those decisions: `npa-fa`/`npa-fr`
+//!   copies in its chains, `src/rules/flow_log.rs`): `Allow` or `Deny`, verdict "rule", exactly
+//!   that ClusterNetworkPolicy with the tier (`Admin`/`Baseline`) and rule index explain names.
 //!
 //! Every record also names both pods (namespace and name), the addresses, the destination
 //! port, the protocol and the node that served it.
@@ -32,17 +32,28 @@
 //! chains (iptables mode: required; nftables mode rejects it first: no record may exist).
 //!
 //! Telling steps apart: records aggregate connections per interval and carry no source port,
-//! so a step's records are told by time: those whose `end_time` (the kernel's time of the
-//! newest connection in it) is at or after the start of the step's last probe round. Nothing
-//! but probes opens connections between pods, so each such record must match a probe of the
-//! step, even one that began in an earlier step and was continued in this one (its key then
-//! is that probe's key too).
+//! so a step's records are told by time: those whose `end_time` is at or after the start of
+//! the step's last probe round. That window also holds records that are not the round's:
+//! - records that start no connection (`num_connections_started` 0): conntrack's packet and
+//!   byte counts, connection ends and live connections of connections logged before, added in
+//!   a later poll or interval. They claim no new flow and carry the verdict the connection had
+//!   when it began, so they are counted and not judged;
+//! - records that began before the round (`start_time` earlier) and reach into it, because
+//!   conntrack's counts of an earlier step's probes were added to them after the round began,
+//!   or because a key's earlier connections and the round's share one interval: such a record
+//!   must agree with this step's expectation for its key or with an earlier step's
+//!   ([`Earlier`]); a retried step's first round (its probes ran on a ruleset the runner
+//!   found not settled) may also have left one, which must still be a flow the step probed.
+//!
+//! Every other record in the window starts connections in the round, so it must match a probe
+//! of the round with the verdict explain gives now; a record of a flow no probe sent, a probe
+//! without its record, or a record with another action, policy or rule index fails the step.
 //!
 //! Naming: the kernel may log a packet before the agent has read a pod that was just created
 //! on another node (that node's kernel needs nothing new to drop or pass it, so it counts as
 //! converged); the agent names such an end again when the record is read. The check reads
-//! until every required record is there with both ends named, up to [`SETTLE`], so a record
-//! still unnamed after that is a real attribution defect.
+//! until the step's records agree, up to [`SETTLE`], so a record still unnamed after that is a
+//! real attribution defect.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -62,14 +73,14 @@ use crate::scenario::{PortKey, Step, Target};
 use crate::services::ServiceProxy;
 
 /// How long records may take to appear, and to name both ends, after the probes ended.
-const SETTLE: Duration = Duration::from_secs(3);
+pub(crate) const SETTLE: Duration = Duration::from_secs(3);
 
 /// One direction's record as a probe makes it: which node served it and the flow it names.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct RecordKey {
-    node: String,
+pub(crate) struct RecordKey {
+    pub(crate) node: String,
     /// `Src` (egress) or `Dst` (ingress).
-    reporter: &'static str,
+    pub(crate) reporter: &'static str,
     proto: String,
     src_ip: String,
     dst_ip: String,
@@ -95,11 +106,12 @@ enum Want {
         verdict: &'static str,
         policies: Vec<Enforced>,
     },
-    /// A ClusterNetworkPolicy decided (`Admin`/`Baseline`, its name, allow or deny): not
-    /// required (no flow-log copy in those chains yet), but a record must name it.
+    /// A ClusterNetworkPolicy decided (`Admin`/`Baseline`, its name, the rule's index in
+    /// `ingress`/`egress`, allow or deny).
     Cluster {
         tier: &'static str,
         name: String,
+        rule: i64,
         action: &'static str,
     },
 }
@@ -118,9 +130,12 @@ impl Want {
                     .collect();
                 format!("{action} ({verdict}) [{}]", names.join(", "))
             }
-            Want::Cluster { tier, name, action } => {
-                format!("{action} by ClusterNetworkPolicy {tier}/{name}")
-            }
+            Want::Cluster {
+                tier,
+                name,
+                rule,
+                action,
+            } => format!("{action} by ClusterNetworkPolicy {tier}/{name} rule {rule}"),
         }
     }
 }
@@ -193,25 +208,29 @@ fn want_of(d: &DirectionVerdict) -> Option<Want> {
                 .as_ref()
                 .map(|m| m.policy.clone())
                 .unwrap_or_default(),
+            rule: c
+                .matched
+                .as_ref()
+                .map_or(-1, |m| i64::try_from(m.rule).unwrap_or(i64::MAX)),
             action: action_name(d.action),
         },
     })
 }
 
 /// One expected direction of one probe.
-struct Expected {
+pub(crate) struct Expected {
     /// `ns/pod -> ns/pod proto/port (family)`, for messages.
-    what: String,
-    key: RecordKey,
+    pub(crate) what: String,
+    pub(crate) key: RecordKey,
     src: String,
     dst: String,
     want: Want,
     /// A record must exist (otherwise one is checked only if present).
-    required: bool,
+    pub(crate) required: bool,
 }
 
 /// The records one node served, each with the key it names (`None`: a field is missing).
-fn record_key(node: &str, r: &Value) -> Option<RecordKey> {
+pub(crate) fn record_key(node: &str, r: &Value) -> Option<RecordKey> {
     Some(RecordKey {
         node: node.to_string(),
         reporter: match r["reporter"].as_str()? {
@@ -255,10 +274,45 @@ fn names(r: &Value, side: &str) -> String {
     }
 }
 
-/// Whether the record names the pods `e` expects (a ClusterIP end names none).
-fn named(e: &Expected, r: &Value) -> bool {
-    (e.src.is_empty() || !names(r, "source").is_empty())
-        && (e.dst.is_empty() || !names(r, "dest").is_empty())
+/// How a record's verdict differs from `want` (`None`: it agrees).
+fn verdict_wrong(want: &Want, r: &Value) -> Option<String> {
+    let ok = match want {
+        Want::Record {
+            action,
+            verdict,
+            policies,
+        } => r["action"] == *action && r["verdict"] == *verdict && enforced_of(r) == *policies,
+        Want::Cluster {
+            tier,
+            name,
+            rule,
+            action,
+        } => {
+            let enforced = r["policies"]["enforced_policies"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            r["action"] == *action
+                && r["verdict"] == "rule"
+                && enforced.len() == 1
+                && enforced[0]["kind"] == "ClusterNetworkPolicy"
+                && enforced[0]["name"] == name.as_str()
+                && enforced[0]["rule_index"].as_i64() == Some(*rule)
+                && enforced[0]["action"] == *action
+                && enforced[0]["tier"]
+                    .as_str()
+                    .is_some_and(|t| t.eq_ignore_ascii_case(tier))
+        }
+    };
+    (!ok).then(|| {
+        format!(
+            "says {} ({}) {}, explain says {}",
+            r["action"],
+            r["verdict"],
+            r["policies"]["enforced_policies"],
+            want.describe()
+        )
+    })
 }
 
 /// Differences between a record and what explain says it must hold (empty: it agrees).
@@ -274,51 +328,54 @@ fn disagreements(e: &Expected, r: &Value) -> Vec<String> {
     if src != e.src || dst != e.dst {
         wrong.push(format!("names {src} -> {dst}"));
     }
-    match &e.want {
-        Want::Record {
-            action,
-            verdict,
-            policies,
-        } => {
-            let have = enforced_of(r);
-            if r["action"] != *action || r["verdict"] != *verdict || &have != policies {
-                wrong.push(format!(
-                    "says {} ({}) {:?}, explain says {}",
-                    r["action"],
-                    r["verdict"],
-                    have,
-                    e.want.describe()
-                ));
-            }
-        }
-        Want::Cluster { tier, name, action } => {
-            let ok = r["action"] == *action
-                && r["policies"]["enforced_policies"]
-                    .as_array()
-                    .is_some_and(|ps| {
-                        ps.iter().any(|p| {
-                            p["kind"] == "ClusterNetworkPolicy"
-                                && p["name"] == name.as_str()
-                                && p["tier"].as_str().is_some_and(|t| {
-                                    t.to_ascii_lowercase().contains(&tier.to_ascii_lowercase())
-                                })
-                        })
-                    });
-            if !ok {
-                wrong.push(format!(
-                    "says {} {}, explain says {}",
-                    r["action"],
-                    r["policies"],
-                    e.want.describe()
-                ));
-            }
-        }
-    }
+    wrong.extend(verdict_wrong(&e.want, r));
     wrong
 }
 
+/// A record's time field (`None`: missing or unreadable).
+fn time_of(r: &Value, field: &str) -> Option<SystemTime> {
+    r[field]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(SystemTime::from)
+}
+
+/// What earlier steps of the scenario expected per record key: a record that began before a
+/// step's last round and reaches into it may be theirs (see the module doc).
+#[derive(Default)]
+pub struct Earlier {
+    wants: BTreeMap<RecordKey, Vec<Want>>,
+}
+
+impl Earlier {
+    fn remember(&mut self, expected: &[Expected]) {
+        for e in expected {
+            let wants = self.wants.entry(e.key.clone()).or_default();
+            if !wants.contains(&e.want) {
+                wants.push(e.want.clone());
+            }
+        }
+    }
+
+    /// Whether an earlier step expected exactly this record's verdict for its key. Names are
+    /// not held against it: a pod of an earlier step may be gone, its address unnamed now.
+    fn accepts(&self, key: &RecordKey, r: &Value) -> bool {
+        self.wants
+            .get(key)
+            .is_some_and(|ws| ws.iter().any(|w| verdict_wrong(w, r).is_none()))
+    }
+}
+
+/// When the step's probe rounds began: `first` before the first, `last` before the last
+/// (equal unless the step was retried).
+#[derive(Clone, Copy, Debug)]
+pub struct Rounds {
+    pub first: SystemTime,
+    pub last: SystemTime,
+}
+
 /// `GET /flows?since=…` from node `i`'s agent, inside that node's namespace.
-fn fetch(cluster: &Cluster, i: usize, since: u64) -> anyhow::Result<Vec<Value>> {
+pub(crate) fn fetch(cluster: &Cluster, i: usize, since: u64) -> anyhow::Result<Vec<Value>> {
     let netns = cluster.node_netns(i);
     in_netns(&netns.handle, || -> anyhow::Result<Vec<Value>> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, FLOWS_PORT));
@@ -341,7 +398,10 @@ fn fetch(cluster: &Cluster, i: usize, since: u64) -> anyhow::Result<Vec<Value>> 
 }
 
 /// Every node's records that end at or after `since`, with the node that served them.
-fn records_since(cluster: &Cluster, since: SystemTime) -> anyhow::Result<Vec<(String, Value)>> {
+pub(crate) fn records_since(
+    cluster: &Cluster,
+    since: SystemTime,
+) -> anyhow::Result<Vec<(String, Value)>> {
     let secs = since
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -350,11 +410,7 @@ fn records_since(cluster: &Cluster, since: SystemTime) -> anyhow::Result<Vec<(St
     for i in 0..cluster.node_count() {
         let node = node_name(i);
         for r in fetch(cluster, i, secs).map_err(|e| anyhow::anyhow!("{node}: {e:#}"))? {
-            let end = r["end_time"]
-                .as_str()
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                .map(SystemTime::from);
-            match end {
+            match time_of(&r, "end_time") {
                 Some(end) if end < since => {}
                 // A record without a readable end is kept: it is reported as not matching.
                 _ => out.push((node.clone(), r)),
@@ -372,10 +428,15 @@ pub struct Checked {
     pub matched: usize,
     /// Of those, directions recorded as denied.
     pub denied: usize,
-    /// Directions a ClusterNetworkPolicy decided: not required.
+    /// Of those, directions a ClusterNetworkPolicy decided.
     pub cluster_decided: usize,
     /// Records read in the step's window.
     pub records: usize,
+    /// Of those, records that start no connection (conntrack's counts of earlier ones).
+    pub count_only: usize,
+    /// Of those, records that began before the round and agree with an earlier step (or
+    /// the retried step's first round).
+    pub carried: usize,
 }
 
 /// The expected records of every probe that left in the step's last round.
@@ -403,7 +464,7 @@ fn expectations(
     Ok(out)
 }
 
-fn expect_probe(
+pub(crate) fn expect_probe(
     cluster: &Cluster,
     target: Target,
     state: &netpol_agent::verdict::State,
@@ -459,7 +520,7 @@ fn expect_probe(
             key: key(src.node, "Src"),
             src: from.to_string(),
             dst: dst_name.clone(),
-            required: required && matches!(want, Want::Record { .. }),
+            required,
             want,
         });
     }
@@ -471,7 +532,7 @@ fn expect_probe(
                 key: key(dst.node, "Dst"),
                 src: from.to_string(),
                 dst: dst_name.clone(),
-                required: required && matches!(want, Want::Record { .. }),
+                required,
                 want,
             });
         }
@@ -479,218 +540,147 @@ fn expect_probe(
     Ok(out)
 }
 
-/// Checks the records of the step's last probe round (begun at `round_start`, its probes'
-/// source ports in `ports`) against explain's verdict for every probe.
+/// Checks the records of the step's last probe round (its rounds' starts in `rounds`, its
+/// probes' source ports in `ports`) against explain's verdict for every probe, then remembers
+/// the step's expectations in `earlier` for the next steps.
 pub fn check(
     cluster: &Cluster,
     target: Target,
     step: &Step,
     families: &[IpFamily],
     ports: &SourcePorts,
-    round_start: SystemTime,
+    rounds: Rounds,
+    earlier: &mut Earlier,
 ) -> Checked {
-    let mut checked = Checked {
-        problems: Vec::new(),
-        matched: 0,
-        denied: 0,
-        cluster_decided: 0,
-        records: 0,
-    };
     let expected = match expectations(cluster, target, step, families, ports) {
         Ok(e) => e,
         Err(e) => {
+            let mut checked = judge(&[], &[], rounds, earlier);
             checked
                 .problems
                 .push(format!("cannot compute explain's verdicts: {e:#}"));
             return checked;
         }
     };
-    // Read until every required record is there with both ends named (or SETTLE passed).
+    // Read until the records agree (a record may still miss, or not name an end yet), up to
+    // SETTLE; the last reading is the answer.
     let start = Instant::now();
-    let records = loop {
-        let read = records_since(cluster, round_start);
-        let complete = read.as_ref().is_ok_and(|records| {
-            let mut have: BTreeMap<RecordKey, Vec<&Value>> = BTreeMap::new();
-            for (node, r) in records {
-                if let Some(k) = record_key(node, r) {
-                    have.entry(k).or_default().push(r);
-                }
+    let checked = loop {
+        let checked = match records_since(cluster, rounds.last) {
+            Ok(records) => judge(&expected, &records, rounds, earlier),
+            Err(e) => {
+                let mut checked = judge(&[], &[], rounds, earlier);
+                checked
+                    .problems
+                    .push(format!("cannot read the flow records: {e:#}"));
+                checked
             }
-            expected.iter().all(|e| {
-                !e.required
-                    || have
-                        .get(&e.key)
-                        .is_some_and(|rs| rs.iter().all(|r| named(e, r)))
-            })
-        });
-        if complete || start.elapsed() > SETTLE {
-            break read;
+        };
+        if checked.problems.is_empty() || start.elapsed() > SETTLE {
+            break checked;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let records = match records {
-        Ok(r) => r,
-        Err(e) => {
+    earlier.remember(&expected);
+    checked
+}
+
+/// Judges one reading of the step's window (`records`, with the node that served each)
+/// against `expected`. Pure: the unit tests call it.
+fn judge(
+    expected: &[Expected],
+    records: &[(String, Value)],
+    rounds: Rounds,
+    earlier: &Earlier,
+) -> Checked {
+    let mut checked = Checked {
+        problems: Vec::new(),
+        matched: 0,
+        denied: 0,
+        cluster_decided: 0,
+        records: records.len(),
+        count_only: 0,
+        carried: 0,
+    };
+    let mut by_key: BTreeMap<&RecordKey, Vec<usize>> = BTreeMap::new();
+    for (i, e) in expected.iter().enumerate() {
+        by_key.entry(&e.key).or_default().push(i);
+    }
+    let retried = rounds.first < rounds.last;
+    let mut agreed = vec![false; expected.len()];
+    for (node, r) in records {
+        let Some(key) = record_key(node, r) else {
             checked
                 .problems
-                .push(format!("cannot read the flow records: {e:#}"));
-            return checked;
+                .push(format!("{node}: a record without its flow: {r}"));
+            continue;
+        };
+        // A record without the count is held to the strictest reading: it starts some.
+        if r["num_connections_started"].as_u64() == Some(0) {
+            checked.count_only += 1;
+            continue;
         }
-    };
-    checked.records = records.len();
-    let mut by_key: BTreeMap<RecordKey, Vec<Value>> = BTreeMap::new();
-    for (node, r) in records {
-        match record_key(&node, &r) {
-            Some(k) => by_key.entry(k).or_default().push(r),
-            None => checked
-                .problems
-                .push(format!("{node}: a record without its flow: {r}")),
+        let began = time_of(r, "start_time");
+        let before_round = began.is_some_and(|t| t < rounds.last);
+        let mut wrong = Vec::new();
+        let mut what = None;
+        for &i in by_key.get(&key).map(Vec::as_slice).unwrap_or(&[]) {
+            let w = disagreements(&expected[i], r);
+            if w.is_empty() {
+                agreed[i] = true;
+                wrong.clear();
+                what = None;
+                break;
+            }
+            what.get_or_insert(expected[i].what.as_str());
+            wrong.extend(w);
         }
+        let probed = by_key.contains_key(&key);
+        if probed && wrong.is_empty() {
+            continue;
+        }
+        if before_round
+            && (earlier.accepts(&key, r)
+                || (retried && probed && began.is_some_and(|t| t >= rounds.first)))
+        {
+            checked.carried += 1;
+            continue;
+        }
+        checked.problems.push(match what {
+            Some(what) => format!("{what}: record at {}: {}: {r}", key.node, wrong.join("; ")),
+            None => format!(
+                "a record at {} ({}) for a flow no probe of the step sent there: {r}",
+                key.node, key.reporter
+            ),
+        });
     }
-    for e in &expected {
-        let found = by_key.remove(&e.key).unwrap_or_default();
-        if found.is_empty() {
-            match &e.want {
-                Want::Cluster { .. } => checked.cluster_decided += 1,
-                Want::Record { .. } if !e.required => {}
-                Want::Record { .. } => checked.problems.push(format!(
-                    "{}: no record at {} ({}), explain says {}",
+    for (e, agreed) in expected.iter().zip(agreed) {
+        if !agreed {
+            if e.required {
+                checked.problems.push(format!(
+                    "{}: no record at {} ({}) that agrees, explain says {}",
                     e.what,
                     e.key.node,
                     e.key.reporter,
                     e.want.describe()
-                )),
+                ));
             }
             continue;
         }
-        let mut ok = true;
-        for r in &found {
-            let wrong = disagreements(e, r);
-            if !wrong.is_empty() {
-                ok = false;
-                checked.problems.push(format!(
-                    "{}: record at {}: {}: {r}",
-                    e.what,
-                    e.key.node,
-                    wrong.join("; ")
-                ));
+        checked.matched += 1;
+        let action = match &e.want {
+            Want::Record { action, .. } => action,
+            Want::Cluster { action, .. } => {
+                checked.cluster_decided += 1;
+                action
             }
-        }
-        match (&e.want, ok) {
-            (Want::Cluster { .. }, _) => checked.cluster_decided += 1,
-            (Want::Record { action, .. }, true) => {
-                checked.matched += 1;
-                if *action == "Deny" {
-                    checked.denied += 1;
-                }
-            }
-            (Want::Record { .. }, false) => {}
-        }
-    }
-    for (key, rs) in by_key {
-        for r in rs {
-            checked.problems.push(format!(
-                "a record at {} ({}) for a flow no probe of the step sent there: {r}",
-                key.node, key.reporter
-            ));
+        };
+        if *action == "Deny" {
+            checked.denied += 1;
         }
     }
     checked
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn expected(want: Want) -> Expected {
-        Expected {
-            what: "x/a -> y/b TCP/80 (IPv4) ingress".into(),
-            key: RecordKey {
-                node: "node-1".into(),
-                reporter: "Dst",
-                proto: "tcp".into(),
-                src_ip: "10.244.1.10".into(),
-                dst_ip: "10.244.2.10".into(),
-                dst_port: 80,
-            },
-            src: "x/a".into(),
-            dst: "y/b".into(),
-            required: matches!(want, Want::Record { .. }),
-            want,
-        }
-    }
-
-    fn record(action: &str, verdict: &str, policies: Value) -> Value {
-        json!({
-            "node": "node-1", "reporter": "Dst", "proto": "tcp",
-            "source_ip": "10.244.1.10", "dest_ip": "10.244.2.10", "dest_port": 80,
-            "source_namespace": "x", "source_name": "a",
-            "dest_namespace": "y", "dest_name": "b",
-            "action": action, "verdict": verdict,
-            "policies": {"enforced_policies": policies, "pending_policies": []},
-            "end_time": "2026-11-27T04:00:00.5Z",
-        })
-    }
-
-    #[test]
-    fn a_record_agrees_only_with_its_own_verdict() {
-        let allow = Want::Record {
-            action: "Allow",
-            verdict: "rule",
-            policies: vec![Enforced {
-                kind: "NetworkPolicy".into(),
-                namespace: "y".into(),
-                name: "allow-x".into(),
-                action: "Allow".into(),
-                rule_index: 1,
-            }],
-        };
-        let e = expected(allow);
-        let good = record(
-            "Allow",
-            "rule",
-            json!([{"kind": "NetworkPolicy", "namespace": "y", "name": "allow-x",
-                    "tier": "default", "action": "Allow", "rule_index": 1}]),
-        );
-        assert_eq!(record_key("node-1", &good), Some(e.key.clone()));
-        assert!(disagreements(&e, &good).is_empty());
-        assert!(named(&e, &good));
-        let other_rule = record(
-            "Allow",
-            "rule",
-            json!([{"kind": "NetworkPolicy", "namespace": "y", "name": "allow-x",
-                    "tier": "default", "action": "Allow", "rule_index": 0}]),
-        );
-        assert_eq!(disagreements(&e, &other_rule).len(), 1);
-        let mut unnamed = good.clone();
-        unnamed["source_name"] = json!("");
-        assert!(!named(&e, &unnamed));
-        assert_eq!(disagreements(&e, &unnamed).len(), 1, "names a -> b");
-        let no_policy = Want::Record {
-            action: "Allow",
-            verdict: "no policy isolates the pod",
-            policies: vec![],
-        };
-        let e = expected(no_policy);
-        assert!(!disagreements(&e, &good).is_empty());
-        assert!(disagreements(
-            &e,
-            &record("Allow", "no policy isolates the pod", json!([]))
-        )
-        .is_empty());
-        let cnp = expected(Want::Cluster {
-            tier: "Admin",
-            name: "deny-all".into(),
-            action: "Deny",
-        });
-        let cnp_record = record(
-            "Deny",
-            "rule",
-            json!([{"kind": "ClusterNetworkPolicy", "namespace": "", "name": "deny-all",
-                    "tier": "Admin", "action": "Deny", "rule_index": 0}]),
-        );
-        assert!(disagreements(&cnp, &cnp_record).is_empty());
-        assert!(!disagreements(&cnp, &good).is_empty());
-    }
-}
+mod tests;

@@ -22,6 +22,7 @@ mod sctp;
 mod servers;
 mod services;
 mod spoof;
+mod staged_check;
 mod tags;
 
 use std::path::{Path, PathBuf};
@@ -120,6 +121,13 @@ struct RunArgs {
     /// the step may claim a flow that was not sent.
     #[arg(long)]
     check_flow_logs: bool,
+    /// Stage every policy change first (implies flow logs on, as --check-flow-logs): for a
+    /// step that changes only NetworkPolicies or ClusterNetworkPolicies, the same change as
+    /// StagedNetworkPolicy/StagedClusterNetworkPolicy objects (Set/Delete) must leave every
+    /// probe as it was and make the flow records' pending verdicts the step's expectation;
+    /// then the staged objects are removed and the real change is checked as usual.
+    #[arg(long)]
+    check_staged: bool,
     /// After each step every pod also sends packets with the source address of a pod the
     /// destination allows, to every other pod, per probed protocol and family; none may
     /// arrive (and the same packets with the sender's own address, where allowed, must).
@@ -254,7 +262,7 @@ fn run(args: RunArgs) -> ExitCode {
             backend: args.iptables_backend,
             converge_timeout: Duration::from_secs(args.converge_timeout_secs),
             deny_logs: args.check_deny_logs,
-            flow_logs: args.check_flow_logs,
+            flow_logs: args.check_flow_logs || args.check_staged,
             family: args.ip_family,
             proxy: args.service_proxy,
             spoof_observers: args.check_spoofing,
@@ -270,6 +278,7 @@ fn run(args: RunArgs) -> ExitCode {
         check_flow_logs: args.check_flow_logs,
         check_explain: args.check_explain,
         check_spoofing: args.check_spoofing,
+        check_staged: args.check_staged,
     };
     let total = scenarios.len();
     let checks: Vec<&str> = [
@@ -277,6 +286,7 @@ fn run(args: RunArgs) -> ExitCode {
         (args.check_deny_logs, "checking deny logs"),
         (args.check_flow_logs, "checking flow logs"),
         (args.check_spoofing, "checking spoofed sources"),
+        (args.check_staged, "staging every policy change first"),
         (args.auto_wiring, "agents detect the CNI's wiring (auto)"),
     ]
     .into_iter()
@@ -309,6 +319,13 @@ fn run(args: RunArgs) -> ExitCode {
         println!(
             "interrupted: {} of {total} scenarios not run",
             total - outcomes.len()
+        );
+    }
+    if args.check_staged {
+        println!(
+            "staged first: {} steps ({} steps changing policies with pods or namespaces, or first, not staged)",
+            outcomes.iter().map(|o| o.staged_steps).sum::<usize>(),
+            outcomes.iter().map(|o| o.not_staged).sum::<usize>()
         );
     }
     println!("wall time: {:.1} s", start.elapsed().as_secs_f64());

@@ -35,6 +35,9 @@ pub struct RunConfig {
     pub check_explain: bool,
     /// Send forged-source packets after each step; none may arrive (`spoof`).
     pub check_spoofing: bool,
+    /// Make every policy change as staged objects first (`staged_check`; `cluster.flow_logs`
+    /// on).
+    pub check_staged: bool,
 }
 
 pub struct Outcome {
@@ -42,6 +45,10 @@ pub struct Outcome {
     pub passed: bool,
     pub elapsed: Duration,
     pub report: String,
+    /// Steps whose policy change was staged and checked first (`--check-staged`).
+    pub staged_steps: usize,
+    /// Steps that change policies and pods or namespaces (or are the first): not staged.
+    pub not_staged: usize,
 }
 
 static RUN_COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -80,7 +87,8 @@ pub fn run_all(scenarios: Vec<Scenario>, cfg: &RunConfig, stop: &AtomicBool) -> 
 pub fn run_one(scenario: &Scenario, cfg: &RunConfig, stop: &AtomicBool) -> Outcome {
     let start = Instant::now();
     let mut report = String::new();
-    let passed = match run_steps(scenario, cfg, stop, &mut report) {
+    let mut counts = StagedCounts::default();
+    let passed = match run_steps(scenario, cfg, stop, &mut report, &mut counts) {
         Ok(passed) => passed,
         Err(e) => {
             let _ = writeln!(report, "  error: {e:#}");
@@ -95,7 +103,16 @@ pub fn run_one(scenario: &Scenario, cfg: &RunConfig, stop: &AtomicBool) -> Outco
         passed,
         elapsed: start.elapsed(),
         report,
+        staged_steps: counts.checked,
+        not_staged: counts.skipped,
     }
+}
+
+/// How many steps the staged phase checked and skipped.
+#[derive(Default)]
+struct StagedCounts {
+    checked: usize,
+    skipped: usize,
 }
 
 fn run_steps(
@@ -103,6 +120,7 @@ fn run_steps(
     cfg: &RunConfig,
     stop: &AtomicBool,
     report: &mut String,
+    counts: &mut StagedCounts,
 ) -> anyhow::Result<bool> {
     let tag = format!(
         "{}-{}",
@@ -112,15 +130,64 @@ fn run_steps(
     let mut cluster = Cluster::new(cfg.cluster.clone(), scenario.nodes, &tag)?;
     cluster.sync(&scenario.initial)?;
     cluster.start_agents()?;
+    let mut phase = crate::staged_check::Phase::default();
+    // The previous step and what its last round saw: the "before" of a staged phase.
+    let mut before: Option<(&Step, Results)> = None;
+    let mut flows_earlier = crate::flow_check::Earlier::default();
     for (i, step) in scenario.steps.iter().enumerate() {
         if stop.load(Ordering::Relaxed) {
             anyhow::bail!("interrupted");
         }
+        let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
+        let mut staged_text = String::new();
+        if cfg.check_staged {
+            use crate::staged_check::{check_step, classify, NotStaged};
+            match classify(before.as_ref().map(|(s, _)| &s.world), &step.world) {
+                Err(NotStaged::NoPolicyChange) => {}
+                Err(NotStaged::OtherChanges) => {
+                    counts.skipped += 1;
+                    staged_text = "; not staged (pods or namespaces change too)".into();
+                }
+                Err(NotStaged::FirstStep) => {
+                    counts.skipped += 1;
+                    staged_text = "; not staged (the first step: nothing probed before)".into();
+                }
+                Ok(()) => {
+                    let (prev, seen) = before.as_ref().expect("classify had a before");
+                    let checked =
+                        check_step(&cluster, scenario.target, prev, seen, step, cfg, &mut phase)?;
+                    if !checked.problems.is_empty() {
+                        let _ = writeln!(
+                            report,
+                            "  FAIL {label}: staged first ({} objects): {} problems",
+                            checked.staged,
+                            checked.problems.len()
+                        );
+                        for p in checked.problems.iter().take(20) {
+                            let _ = writeln!(report, "    {p}");
+                        }
+                        report.push_str(&indent(&format!("agent logs:\n{}", cluster.agent_logs())));
+                        return Ok(false);
+                    }
+                    counts.checked += 1;
+                    staged_text = format!(
+                        "; staged first ({} objects): {} probes unchanged, {} pending verdicts \
+                         as expected after the step ({} with a direction no record can show, \
+                         from the evaluator), {} records' pending policies as explain's",
+                        checked.staged,
+                        checked.unchanged,
+                        checked.pending,
+                        checked.by_evaluator,
+                        checked.records
+                    );
+                }
+            }
+        }
         cluster.sync(&step.world)?;
         let converged = cluster.wait_converged();
-        let label = format!("step {}/{} ({})", i + 1, scenario.steps.len(), step.name);
         let mut marks = cluster.log_marks();
-        let mut round_start = std::time::SystemTime::now();
+        let first_round_start = std::time::SystemTime::now();
+        let mut round_start = first_round_start;
         let (first, mut ports) = probe_step(&cluster, scenario.target, step, cfg);
         let families = cfg.cluster.family.families();
         let mut failing = failing_keys(step, families, &first);
@@ -187,7 +254,11 @@ fn run_steps(
                 step,
                 families,
                 &ports,
-                round_start,
+                crate::flow_check::Rounds {
+                    first: first_round_start,
+                    last: round_start,
+                },
+                &mut flows_earlier,
             );
             if !checked.problems.is_empty() {
                 let _ = writeln!(
@@ -203,12 +274,15 @@ fn run_steps(
                 return Ok(false);
             }
             flow_text = format!(
-                "; flow logs: {} directions recorded ({} denied){}",
+                "; flow logs: {} directions recorded ({} denied; {} records read, {} counts only, {} from before the round){}",
                 checked.matched,
                 checked.denied,
+                checked.records,
+                checked.count_only,
+                checked.carried,
                 if checked.cluster_decided > 0 {
                     format!(
-                        ", {} decided by a ClusterNetworkPolicy not required",
+                        ", {} by a ClusterNetworkPolicy",
                         checked.cluster_decided
                     )
                 } else {
@@ -238,7 +312,7 @@ fn run_steps(
         if failing.is_empty() && converged.is_ok() && explain.is_empty() {
             let _ = writeln!(
                 report,
-                "  ok   {label}: {conv_text}{}{deny_text}{flow_text}{spoof_text}",
+                "  ok   {label}: {conv_text}{}{deny_text}{flow_text}{spoof_text}{staged_text}",
                 if retried { ", passed on retry" } else { "" }
             );
             if cfg.verbose {
@@ -254,6 +328,7 @@ fn run_steps(
                     }
                 }
             }
+            before = Some((step, last));
             continue;
         }
         let _ = writeln!(report, "  FAIL {label}: {conv_text}");
@@ -320,7 +395,7 @@ fn failing_keys(
 }
 
 /// Every ordered pair × probed key × family of the cluster, in one pool.
-fn probe_step(
+pub(crate) fn probe_step(
     cluster: &Cluster,
     target: Target,
     step: &Step,

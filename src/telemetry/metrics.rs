@@ -72,6 +72,9 @@ pub struct Metrics {
     pub flow_log_conntrack_errors: IntCounter,
     /// Labels: kind, name (of the staged object), change (`newly_denied`, `newly_allowed`).
     pub staged_flows: IntCounterVec,
+    /// Labels: kind, namespace, policy, rule, action, direction (series of policies gone are
+    /// removed; `traffic::flow_log::rule_metric`).
+    pub flow_rule_connections: IntCounterVec,
     /// Labels: namespace, pod, direction (local pods only; series of pods gone are removed).
     pub denied_packets: IntCounterVec,
     /// Labels: direction.
@@ -130,10 +133,11 @@ pub const NAMES: &[&str] = &[
 ];
 
 /// Metrics with a series only once something happened (a variable was ignored at start; a
-/// staged policy would change a logged flow's verdict).
+/// staged policy would change a logged flow's verdict; a flush counted a logged connection).
 pub const WHEN_SET_NAMES: &[&str] = &[
     "netpol_config_ignored_variables",
     "netpol_staged_flows_total",
+    "netpol_flow_rule_connections_total",
 ];
 
 /// The metrics of deny logging and the rule counters: exported when those are on, the
@@ -448,6 +452,12 @@ impl Metrics {
                 "flow logs: connections of finished flow records a staged object alone would newly deny or newly allow (one series pair per staged object)",
                 &["kind", "name", "change"],
             ),
+            flow_rule_connections: counter_vec(
+                &r,
+                "netpol_flow_rule_connections_total",
+                "flow logs: logged connections per policy rule that decided them, added at each flush from the finished records (`kind` and `policy` empty with `action` allow: no policy isolates the pod; with deny: isolated, no rule allowed); a policy's series are removed when the agent no longer renders it",
+                &["kind", "namespace", "policy", "rule", "action", "direction"],
+            ),
             deny_log_undecodable: counter(
                 &r,
                 "netpol_deny_log_undecodable_total",
@@ -617,6 +627,14 @@ mod tests {
         m.conntrack_cuts.with_label_values(&["ingress"]);
         m.staged_flows
             .with_label_values(&["StagedNetworkPolicy", "x/p", "newly_denied"]);
+        m.flow_rule_connections.with_label_values(&[
+            "NetworkPolicy",
+            "x",
+            "p",
+            "0",
+            "allow",
+            "ingress",
+        ]);
         let text = m.encode();
         for name in NAMES
             .iter()

@@ -4,7 +4,9 @@
 //! What it owns: one self-contained HTML page (`flow_page.html`, compiled into the binary) that
 //! polls `GET /flows` beside it ([`super::flow_log::route`]) every 2 s and shows a table of the
 //! records with filters by namespace, pod, action and policy, denied flows marked, and the hit
-//! counts per policy. Filtering happens in the page over the records it fetched, so the page
+//! counts per policy; with staged policies (issue 23), a column of each record's pending
+//! verdict and a "would change only" toggle for the records whose pending action differs from
+//! the enforced one. Filtering happens in the page over the records it fetched, so the page
 //! needs nothing of the API beyond the unfiltered list.
 //!
 //! What it guarantees: the page loads nothing from outside the agent (its

@@ -213,6 +213,23 @@ pub struct Objects {
     staged: BTreeMap<ObjectRef, StagedInfo>,
     dirty: bool,
     built: Option<Instant>,
+    /// The staged objects of the last published state, to log when they change.
+    announced: Vec<StagedInfo>,
+}
+
+/// The line [`Objects::maybe_publish`] logs when the staged objects in the pending verdicts
+/// change: operators see when their staged change takes effect, and `netpol-e2e run
+/// --check-staged` waits for it (the exact list) before probing.
+pub fn announcement(staged: &[StagedInfo]) -> String {
+    let mut names: Vec<String> = staged
+        .iter()
+        .map(|s| format!("{s} ({})", s.action().as_str()))
+        .collect();
+    names.sort();
+    format!(
+        "staged objects in the pending verdicts: [{}]",
+        names.join(", ")
+    )
 }
 
 impl Objects {
@@ -292,6 +309,13 @@ impl Objects {
         }
         self.dirty = false;
         self.built = Some(Instant::now());
+        // Logged on a change of the staged objects only (not on every rebuild a pod's
+        // change causes), so the line marks when a staged change reached the records.
+        let now: Vec<StagedInfo> = self.staged.values().cloned().collect();
+        if now != self.announced {
+            tracing::info!("{}", announcement(&now));
+            self.announced = now;
+        }
     }
 
     fn build(&self, cfg: &RuleConfig) -> Pending {
@@ -442,5 +466,26 @@ spec: {stagedAction: Maybe}
         objects.built = None;
         objects.maybe_publish(&cfg, &slot);
         assert!(slot.read().unwrap().is_none());
+        assert!(objects.announced.is_empty());
+    }
+
+    #[test]
+    fn the_announcement_lists_the_staged_objects_sorted_with_their_action() {
+        let mut objects = Objects::default();
+        feed(&mut objects, CLUSTER);
+        assert_eq!(
+            announcement(&[]),
+            "staged objects in the pending verdicts: []"
+        );
+        // The valid object only: the broken one would bump the rejections counter the test
+        // above holds to an exact count, and tests run in parallel.
+        feed(&mut objects, STAGED.split("---").next().unwrap());
+        let staged: Vec<StagedInfo> = objects.staged.values().cloned().collect();
+        assert_eq!(
+            announcement(&staged),
+            "staged objects in the pending verdicts: [StagedNetworkPolicy x/server-in (Set)]"
+        );
+        objects.maybe_publish(&RuleConfig::default(), &PendingSlot::default());
+        assert_eq!(objects.announced, staged, "announced once published");
     }
 }

@@ -16,10 +16,10 @@
 //! learned the pod names it.
 //!
 //! Packet and byte counts and connection ends come from conntrack ([`conntrack`]), for the
-//! connections logged (within the per-pod rate limit).
+//! connections logged (within the per-pod rate limit). Each flush's records also feed the
+//! per-rule hit metric ([`rule_metric`]).
 //!
-//! Not here yet: labels, ClusterNetworkPolicy hits and unknown-interface drops, pending
-//! (staged) policies.
+//! Not here yet: the ends' labels. Pending (staged) verdicts are added by an [`Annotator`].
 //!
 //! Cost: the kernel's hashlimit bounds what reaches us per pod and direction; the store is
 //! bounded (see [`store`]), so are the streams (see [`api`]) and the file (see [`file`]).
@@ -27,6 +27,7 @@
 pub mod api;
 pub mod conntrack;
 pub mod file;
+pub mod rule_metric;
 pub mod store;
 
 use std::net::IpAddr;
@@ -270,6 +271,7 @@ struct Sink {
     flush_interval: Duration,
     next_flush: Instant,
     file: Option<FlowFile>,
+    rule_hits: rule_metric::RuleHits,
 }
 
 impl nflog::PacketSink for Sink {
@@ -307,6 +309,8 @@ impl nflog::PacketSink for Sink {
             self.next_flush = now + self.flush_interval;
             let records = self.shared.flush();
             self.shared.annotator.finished(&records);
+            self.rule_hits
+                .count(&records, &self.shared.attribution.chains());
             if let Some(file) = self.file.as_mut() {
                 // Errors are counted and logged by the target; the records stay in the API.
                 let _ = file.write(&self.shared.lines(records));
@@ -344,6 +348,7 @@ impl FlowLog {
             flush_interval: settings.flush_interval,
             next_flush: Instant::now() + settings.flush_interval,
             file: settings.file.clone().map(FlowFile::new),
+            rule_hits: rule_metric::RuleHits::default(),
         };
         let reader = Reader::spawn_sink(
             Config {

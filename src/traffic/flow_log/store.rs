@@ -93,27 +93,33 @@ pub struct FlowStore {
 }
 
 impl FlowStore {
-    /// The key's aggregate, made when there is room (`None`: counted in `overflow`).
+    /// The key's aggregate, made when there is room (`None`: counted in `overflow`). A new
+    /// one's times are `at`; an existing one's are left alone: only connections move them.
     fn open(&mut self, key: FlowKey, at: SystemTime) -> Option<&mut Open> {
         if !self.current.contains_key(&key) && self.current.len() >= MAX_KEYS {
             self.overflow += 1;
             return None;
         }
-        let open = self.current.entry(key).or_insert(Open {
+        Some(self.current.entry(key).or_insert(Open {
             first: at,
             last: at,
             connections: 0,
             counts: Counts::default(),
             live: 0,
-        });
-        open.first = open.first.min(at);
-        open.last = open.last.max(at);
-        Some(open)
+        }))
     }
 
-    /// A logged connection started.
+    /// A logged connection started. A record's times span its logged connections (the API's
+    /// `start_time`/`end_time`), so counts added later for earlier connections do not make
+    /// it look newer; a record of counts alone keeps the time of the poll that made it.
     pub fn observe(&mut self, key: FlowKey, at: SystemTime) {
         if let Some(open) = self.open(key, at) {
+            if open.connections == 0 {
+                open.first = at;
+                open.last = at;
+            }
+            open.first = open.first.min(at);
+            open.last = open.last.max(at);
             open.connections += 1;
         }
     }
@@ -194,5 +200,57 @@ impl FlowStore {
 
     pub fn overflow(&self) -> u64 {
         self.overflow
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::flow_log::FlowAction;
+    use crate::rules::Direction;
+    use crate::traffic::flow_log::{End, PolicyHit};
+    use std::time::Duration;
+
+    fn key() -> FlowKey {
+        let end = |ip: &str| End {
+            ip: ip.parse().unwrap(),
+            pod: None,
+        };
+        FlowKey {
+            src: end("10.0.0.1"),
+            dst: end("10.0.0.2"),
+            dst_port: Some(80),
+            protocol: "tcp".into(),
+            reporter: Direction::Egress,
+            action: FlowAction::Allow,
+            hit: PolicyHit::NoPolicy,
+        }
+    }
+
+    #[test]
+    fn a_records_times_span_its_connections_not_its_counts() {
+        let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let counts = Counts {
+            packets_out: 3,
+            ..Counts::default()
+        };
+        let mut store = FlowStore::default();
+        store.observe(key(), t(10));
+        store.observe(key(), t(11));
+        // Conntrack's counts of those connections, read later: the record is no newer.
+        store.count(key(), &counts, t(13));
+        let r = &store.current()[0];
+        assert_eq!((r.start, r.end, r.connections), (t(10), t(11), 2));
+        assert_eq!(r.counts.packets_out, 3);
+        let live = HashMap::from([(key(), 1)]);
+        let r = &store.flush_with(&live, t(14))[0];
+        assert_eq!((r.start, r.end, r.live), (t(10), t(11), 1));
+        // The next interval: counts alone keep the poll's time, until a connection starts.
+        store.count(key(), &counts, t(15));
+        let r = &store.current()[0];
+        assert_eq!((r.start, r.end, r.connections), (t(15), t(15), 0));
+        store.observe(key(), t(17));
+        let r = &store.current()[0];
+        assert_eq!((r.start, r.end, r.connections), (t(17), t(17), 1));
     }
 }
