@@ -46,6 +46,10 @@ fn compile(ipv6: bool) -> (String, String) {
     )
 }
 
+/// The iptables binary of a family and backend. Every call of it below passes `-w`: tests of
+/// this binary run in parallel and share `/run/xtables.lock`, and without it the legacy tools
+/// fail at once on a held lock: under emulation, where restores are slow, that happened on
+/// Debian 11's 5.10 + iptables 1.8.7 (docs/verified-on.md, defect 6).
 fn tool(ipv6: bool, backend: &str) -> String {
     format!("{}-{backend}", if ipv6 { "ip6tables" } else { "iptables" })
 }
@@ -59,15 +63,15 @@ fn program(ns: &NetNs, ipv6: bool, backend: &str) {
     std::fs::write(dir.path.join("iptables"), iptables).unwrap();
     ns.restore_file("ipset restore -exist", &dir.path.join("ipsets"));
     ns.restore_file(
-        &format!("{}-restore --noflush", tool(ipv6, backend)),
+        &format!("{}-restore -w --noflush", tool(ipv6, backend)),
         &dir.path.join("iptables"),
     );
     let t = tool(ipv6, backend);
-    ns.exec_ok(&[&t, "-N", "KUBE-FOO"]);
+    ns.exec_ok(&[&t, "-w", "-N", "KUBE-FOO"]);
     ns.exec_ok(&[
-        &t, "-A", "KUBE-FOO", "-p", "tcp", "--dport", "30000", "-j", "ACCEPT",
+        &t, "-w", "-A", "KUBE-FOO", "-p", "tcp", "--dport", "30000", "-j", "ACCEPT",
     ]);
-    ns.exec_ok(&[&t, "-A", "FORWARD", "-j", "KUBE-FOO"]);
+    ns.exec_ok(&[&t, "-w", "-A", "FORWARD", "-j", "KUBE-FOO"]);
     ns.exec_ok(&["ipset", "-exist", "create", "KUBE-X", "hash:ip"]);
 }
 
@@ -178,11 +182,11 @@ fn check_legacy(ipv6: bool) {
     );
 
     // Another program's chain, then another table: no concern.
-    ns.exec_ok(&[&t, "-A", "KUBE-FOO", "-p", "udp", "-j", "ACCEPT"]);
+    ns.exec_ok(&[&t, "-w", "-A", "KUBE-FOO", "-p", "udp", "-j", "ACCEPT"]);
     assert!(w.info_moved().unwrap());
     assert_eq!(w.check().unwrap(), Finding::Foreign);
     assert!(!w.info_moved().unwrap());
-    ns.exec_ok(&[&t, "-t", "mangle", "-A", "PREROUTING", "-j", "ACCEPT"]);
+    ns.exec_ok(&[&t, "-w", "-t", "mangle", "-A", "PREROUTING", "-j", "ACCEPT"]);
     assert_eq!(
         w.check().unwrap(),
         Finding::Unchanged,
@@ -194,7 +198,13 @@ fn check_legacy(ipv6: bool) {
     // it, the entries digest is not.
     let save = ns.exec_ok(&[&format!("{t}-save"), "-t", "filter"]);
     let (chain, pos, body) = our_drop_rule(&save);
-    let mut args = vec![t.clone(), "-R".into(), chain.clone(), pos.to_string()];
+    let mut args = vec![
+        t.clone(),
+        "-w".into(),
+        "-R".into(),
+        chain.clone(),
+        pos.to_string(),
+    ];
     args.extend(words(&body.replace("-j DROP", "-j ACCEPT")));
     run_in(&ns, &args);
     assert_eq!(
@@ -207,17 +217,17 @@ fn check_legacy(ipv6: bool) {
 
     // One of our chains flushed.
     let busiest = our_busiest_chain(&save);
-    ns.exec_ok(&[&t, "-F", &busiest]);
+    ns.exec_ok(&[&t, "-w", "-F", &busiest]);
     assert_eq!(w.check().unwrap(), Finding::Ours(names(&[&busiest])));
 
     // Our jump deleted from FORWARD.
-    let mut del = vec![t.clone(), "-D".into()];
+    let mut del = vec![t.clone(), "-w".into(), "-D".into()];
     del.extend(our_forward_jump(&save));
     run_in(&ns, &del);
     assert_eq!(w.check().unwrap(), Finding::Ours(names(&["FORWARD"])));
 
     // Another program's rule inserted above (where our jump was) in FORWARD.
-    ns.exec_ok(&[&t, "-I", "FORWARD", "1", "-j", "ACCEPT"]);
+    ns.exec_ok(&[&t, "-w", "-I", "FORWARD", "1", "-j", "ACCEPT"]);
     assert_eq!(w.check().unwrap(), Finding::Ours(names(&["FORWARD"])));
     assert_eq!(w.check().unwrap(), Finding::Unchanged);
 }
@@ -302,28 +312,34 @@ fn check_nft(ipv6: bool) {
     assert_eq!(foreign, 9, "one commit per nft command");
 
     // Another program's chain of filter.
-    ns.exec_ok(&[&t, "-A", "KUBE-FOO", "-p", "udp", "-j", "ACCEPT"]);
+    ns.exec_ok(&[&t, "-w", "-A", "KUBE-FOO", "-p", "udp", "-j", "ACCEPT"]);
     assert_eq!(settle(&mut m, None).0, Finding::Foreign);
 
     let save = ns.exec_ok(&[&format!("{t}-save"), "-t", "filter"]);
     // A DROP of ours replaced in place by an ACCEPT of the same size.
     let (chain, pos, body) = our_drop_rule(&save);
-    let mut args = vec![t.clone(), "-R".into(), chain.clone(), pos.to_string()];
+    let mut args = vec![
+        t.clone(),
+        "-w".into(),
+        "-R".into(),
+        chain.clone(),
+        pos.to_string(),
+    ];
     args.extend(words(&body.replace("-j DROP", "-j ACCEPT")));
     run_in(&ns, &args);
     assert_eq!(settle(&mut m, None).0, Finding::Ours(names(&[&chain])));
 
     // One of our chains flushed.
     let busiest = our_busiest_chain(&save);
-    ns.exec_ok(&[&t, "-F", &busiest]);
+    ns.exec_ok(&[&t, "-w", "-F", &busiest]);
     assert_eq!(settle(&mut m, None).0, Finding::Ours(names(&[&busiest])));
 
     // Our jump deleted from FORWARD; another program's rule inserted above it.
-    let mut del = vec![t.clone(), "-D".into()];
+    let mut del = vec![t.clone(), "-w".into(), "-D".into()];
     del.extend(our_forward_jump(&save));
     run_in(&ns, &del);
     assert_eq!(settle(&mut m, None).0, Finding::Ours(names(&["FORWARD"])));
-    ns.exec_ok(&[&t, "-I", "FORWARD", "1", "-j", "ACCEPT"]);
+    ns.exec_ok(&[&t, "-w", "-I", "FORWARD", "1", "-j", "ACCEPT"]);
     assert_eq!(settle(&mut m, None).0, Finding::Ours(names(&["FORWARD"])));
 
     // A write of our own (its pid is known) is not somebody else's change.
@@ -431,9 +447,10 @@ fn ipset_headers_and_member_digests_see_tampering_of_our_sets_only() {
             .expect("ipset list -terse names the references")
     };
     let before = references();
-    ns.exec_ok(&["iptables-legacy", "-N", "KUBE-NAMES-OURS"]);
+    ns.exec_ok(&["iptables-legacy", "-w", "-N", "KUBE-NAMES-OURS"]);
     ns.exec_ok(&[
         "iptables-legacy",
+        "-w",
         "-A",
         "KUBE-NAMES-OURS",
         "-m",
