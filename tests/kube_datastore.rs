@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, Served, Streaming, ALL};
+use kube_api::{key_of, yaml_objects, FakeApi, Gone, Res, Served, Streaming, ALL, STAGED};
 use netpol_agent::agent::Calculation;
 use netpol_agent::backoff::Policy;
 use netpol_agent::calc_graph::update::DesiredState;
@@ -316,6 +316,9 @@ fn server_objects(api: &FakeApi) -> Vec<K8sObject> {
                 Res::ClusterPolicies => {
                     K8sObject::ClusterNetworkPolicy(serde_json::from_value(obj).unwrap())
                 }
+                Res::StagedPolicies | Res::StagedClusterPolicies => {
+                    unreachable!("ALL holds no staged kind")
+                }
             });
         }
     }
@@ -450,6 +453,8 @@ fn upserts_of(api: &FakeApi, kinds: &[Res]) -> BTreeSet<(ObjectKind, String, &'s
                 Res::Namespaces => ObjectKind::Namespace,
                 Res::Policies => ObjectKind::NetworkPolicy,
                 Res::ClusterPolicies => ObjectKind::ClusterNetworkPolicy,
+                Res::StagedPolicies => ObjectKind::StagedNetworkPolicy,
+                Res::StagedClusterPolicies => ObjectKind::StagedClusterNetworkPolicy,
             };
             api.objects(*res)
                 .into_iter()
@@ -1426,6 +1431,95 @@ fn a_missing_cluster_policy_crd_is_an_empty_listing_rechecked_slowly_and_followe
         assert_same_graph(&g, &compiled_objects(&server_objects(&api)));
         assert!(source.shutdown().is_ok());
     }
+}
+
+const STAGED_OBJECTS: &str = "
+apiVersion: netpol-agent.io/v1alpha1
+kind: StagedNetworkPolicy
+metadata: {name: default-deny, namespace: shop}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: netpol-agent.io/v1alpha1
+kind: StagedClusterNetworkPolicy
+metadata: {name: guard}
+spec:
+  stagedAction: Delete
+";
+
+fn staged_events(events: &[DatastoreEvent]) -> Vec<String> {
+    key_set(events)
+        .into_iter()
+        .filter(|(kind, _, _)| {
+            matches!(
+                kind,
+                ObjectKind::StagedNetworkPolicy | ObjectKind::StagedClusterNetworkPolicy
+            )
+        })
+        .map(|(kind, key, what)| format!("{what} {kind:?} {key}"))
+        .collect()
+}
+
+/// Issue 23: with the staged CRDs installed, staged objects come through the same list/watch
+/// as the enforced kinds: listed before InSync, then followed (an edit, a deletion, the CRD
+/// uninstalled). The missing-CRD path is the ClusterNetworkPolicy test's above (same
+/// follower).
+#[test]
+fn served_staged_kinds_are_listed_before_in_sync_and_watched() {
+    let api = FakeApi::start();
+    api.apply_yaml(&format!("{NAMESPACES}---{PODS}"));
+    for res in STAGED {
+        api.set_served(res, Served::Yes);
+    }
+    api.apply_yaml(STAGED_OBJECTS);
+    let source = Source::start(&api);
+    let synced = source.until_in_sync();
+    assert_eq!(
+        staged_events(&synced),
+        [
+            "upsert StagedNetworkPolicy shop/default-deny",
+            "upsert StagedClusterNetworkPolicy guard",
+        ]
+    );
+    for res in STAGED {
+        api.wait_watching(res, 0);
+    }
+
+    // An edit through the watch.
+    let mut edited = api.object(Res::StagedPolicies, "shop/default-deny");
+    edited["spec"]["policyTypes"] = json!(["Ingress", "Egress"]);
+    api.apply(edited);
+    let event = source.recv();
+    assert_eq!(
+        staged_events(std::slice::from_ref(&event)),
+        ["upsert StagedNetworkPolicy shop/default-deny"]
+    );
+    match &event {
+        DatastoreEvent::Upsert(o) => assert!(
+            format!("{o:?}").contains("Egress"),
+            "the edited spec is delivered: {o:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+
+    // A deletion through the watch.
+    api.delete(Res::StagedPolicies, "shop/default-deny");
+    let event = source.recv();
+    assert_eq!(
+        staged_events(std::slice::from_ref(&event)),
+        ["delete StagedNetworkPolicy shop/default-deny"]
+    );
+
+    // The cluster CRD uninstalled: its objects go with it, as a deletion.
+    api.set_served(Res::StagedClusterPolicies, Served::NotFoundStatus);
+    let event = source.recv();
+    assert_eq!(
+        staged_events(std::slice::from_ref(&event)),
+        ["delete StagedClusterNetworkPolicy guard"]
+    );
+    std::thread::sleep(RECHECK * 2);
+    let rest = source.pending();
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(source.shutdown().is_ok());
 }
 
 /// An outage escalates the back-off; once the watches have been up again for longer than the

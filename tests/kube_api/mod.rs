@@ -3,7 +3,10 @@
 //! (`/api/v1/namespaces`), NetworkPolicies (`/apis/networking.k8s.io/v1/networkpolicies`) and
 //! ClusterNetworkPolicies (`/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies`,
 //! a CRD: the test can uninstall it, and the resource then answers 404 like a real API server
-//! without the CRD, with a `Status` body or the plain text `404 page not found`):
+//! without the CRD, with a `Status` body or the plain text `404 page not found`), and the
+//! staged kinds (`/apis/netpol-agent.io/v1alpha1/stagednetworkpolicies`,
+//! `stagedclusternetworkpolicies`: CRDs not installed until the test says so, see
+//! [`STAGED`]):
 //! - lists (`PodList`…) with `metadata.resourceVersion`, paginated by `limit`/`continue` over
 //!   a snapshot, items without `kind`/`apiVersion` as the real server sends them;
 //! - `?watch=true&resourceVersion=N` streams newline-delimited `ADDED`/`MODIFIED`/`DELETED`
@@ -64,7 +67,17 @@ pub enum Res {
     Namespaces,
     Policies,
     ClusterPolicies,
+    StagedPolicies,
+    StagedClusterPolicies,
 }
+
+/// How many resources the server knows.
+const KINDS: usize = 6;
+
+/// The staged kinds (issue 23). Not in [`ALL`], the kinds every agent needs: like a cluster
+/// without deploy/crds/, the server answers them 404 (`NotFoundStatus`) until a test
+/// installs them with [`FakeApi::set_served`].
+pub const STAGED: [Res; 2] = [Res::StagedPolicies, Res::StagedClusterPolicies];
 
 pub const ALL: [Res; 4] = [
     Res::Pods,
@@ -85,6 +98,10 @@ impl Res {
             Res::ClusterPolicies => {
                 "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"
             }
+            Res::StagedPolicies => "/apis/netpol-agent.io/v1alpha1/stagednetworkpolicies",
+            Res::StagedClusterPolicies => {
+                "/apis/netpol-agent.io/v1alpha1/stagedclusternetworkpolicies"
+            }
         }
     }
     fn kind(self) -> &'static str {
@@ -93,12 +110,15 @@ impl Res {
             Res::Namespaces => "Namespace",
             Res::Policies => "NetworkPolicy",
             Res::ClusterPolicies => "ClusterNetworkPolicy",
+            Res::StagedPolicies => "StagedNetworkPolicy",
+            Res::StagedClusterPolicies => "StagedClusterNetworkPolicy",
         }
     }
     fn api_version(self) -> &'static str {
         match self {
             Res::Policies => "networking.k8s.io/v1",
             Res::ClusterPolicies => "policy.networking.k8s.io/v1alpha2",
+            Res::StagedPolicies | Res::StagedClusterPolicies => "netpol-agent.io/v1alpha1",
             _ => "v1",
         }
     }
@@ -108,11 +128,13 @@ impl Res {
             "Namespace" => Res::Namespaces,
             "NetworkPolicy" => Res::Policies,
             "ClusterNetworkPolicy" => Res::ClusterPolicies,
+            "StagedNetworkPolicy" => Res::StagedPolicies,
+            "StagedClusterNetworkPolicy" => Res::StagedClusterPolicies,
             other => panic!("the fake API server does not serve {other}"),
         }
     }
     fn from_path(path: &str) -> Option<Res> {
-        ALL.into_iter().find(|r| r.path() == path)
+        ALL.into_iter().chain(STAGED).find(|r| r.path() == path)
     }
 }
 
@@ -214,7 +236,7 @@ struct Kind {
 
 struct State {
     rv: u64,
-    kinds: [Kind; 4],
+    kinds: [Kind; KINDS],
     requests: Vec<Req>,
     next_id: u64,
     streaming: Streaming,
@@ -225,10 +247,10 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    hold_lists: [watch::Sender<bool>; 4],
-    hold_watches: [watch::Sender<bool>; 4],
+    hold_lists: [watch::Sender<bool>; KINDS],
+    hold_watches: [watch::Sender<bool>; KINDS],
     /// Response body bytes sent, per resource.
-    sent: Arc<[AtomicU64; 4]>,
+    sent: Arc<[AtomicU64; KINDS]>,
     /// Bumped by `go_away`: every connection served so far is dropped.
     generation: watch::Sender<u64>,
 }
@@ -256,7 +278,14 @@ impl FakeApi {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 rv: 100,
-                kinds: Default::default(),
+                kinds: std::array::from_fn(|i| Kind {
+                    served: if STAGED.iter().any(|r| r.index() == i) {
+                        Served::NotFoundStatus
+                    } else {
+                        Served::Yes
+                    },
+                    ..Kind::default()
+                }),
                 requests: Vec::new(),
                 next_id: 1,
                 streaming: Streaming::default(),
@@ -775,7 +804,7 @@ fn decorate(res: Res, mut obj: Value, previous: Option<&Value>, rv: u64, id: u64
                     .or_insert_with(|| json!("BestEffort"));
             }
         }
-        Res::Policies | Res::ClusterPolicies => {
+        Res::Policies | Res::ClusterPolicies | Res::StagedPolicies | Res::StagedClusterPolicies => {
             meta.insert("generation".into(), json!(1));
         }
     }
