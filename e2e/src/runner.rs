@@ -154,8 +154,21 @@ fn run_steps(
                 }
                 Ok(()) => {
                     let (prev, seen) = before.as_ref().expect("classify had a before");
-                    let checked =
-                        check_step(&cluster, scenario.target, prev, seen, step, cfg, &mut phase)?;
+                    let probe = |s: &Step| probe_step(&cluster, scenario.target, s, cfg);
+                    let prober = crate::staged_check::Prober {
+                        family: cfg.cluster.family,
+                        retry_wait: cfg.retry_wait,
+                        probe: &probe,
+                    };
+                    let checked = check_step(
+                        &cluster,
+                        scenario.target,
+                        prev,
+                        seen,
+                        step,
+                        &prober,
+                        &mut phase,
+                    )?;
                     if !checked.problems.is_empty() {
                         let _ = writeln!(
                             report,
@@ -395,7 +408,7 @@ fn failing_keys(
 }
 
 /// Every ordered pair × probed key × family of the cluster, in one pool.
-pub(crate) fn probe_step(
+fn probe_step(
     cluster: &Cluster,
     target: Target,
     step: &Step,

@@ -48,7 +48,6 @@ use crate::explain_check::{load_state, probe_flow};
 use crate::family::{family_name, FamilyMode};
 use crate::flow_check::{expect_probe, record_key, records_since, Expected, RecordKey, SETTLE};
 use crate::probe::{Results, SourcePorts};
-use crate::runner::{probe_step, RunConfig};
 use crate::scenario::{PortKey, Step, Target, World};
 
 /// The subdirectory of the manifests the staged objects are written to.
@@ -454,6 +453,15 @@ fn check_pending(
     Ok(())
 }
 
+/// How the runner probes a step, as the staged phase needs it: the cluster's families, the
+/// wait before a retried round, and one round of probes of a step's keys. Passed in rather
+/// than read from the runner's configuration, so that this check stays below the runner.
+pub struct Prober<'a> {
+    pub family: FamilyMode,
+    pub retry_wait: Duration,
+    pub probe: &'a dyn Fn(&Step) -> (Results, SourcePorts),
+}
+
 /// The staged phase of step `after`, whose previous step `before` saw `before_seen` in its
 /// last round. Leaves no staged object behind, also when it fails.
 pub fn check_step(
@@ -462,7 +470,7 @@ pub fn check_step(
     before: &Step,
     before_seen: &Results,
     after: &Step,
-    cfg: &RunConfig,
+    cfg: &Prober<'_>,
     phase: &mut Phase,
 ) -> anyhow::Result<Checked> {
     let dir = cluster.manifests().join(STAGED_DIR);
@@ -489,7 +497,7 @@ fn staged_phase(
     before: &Step,
     before_seen: &Results,
     after: &Step,
-    cfg: &RunConfig,
+    cfg: &Prober<'_>,
     phase: &mut Phase,
     dir: &Path,
 ) -> anyhow::Result<Checked> {
@@ -504,7 +512,7 @@ fn staged_phase(
             return Ok(out);
         }
     }
-    let docs = staged_docs(&before.world, &after.world, cfg.cluster.family)?;
+    let docs = staged_docs(&before.world, &after.world, cfg.family)?;
     out.staged = docs.len();
     let marks = cluster.log_marks();
     write_docs(dir, &docs).context("writing the staged objects")?;
@@ -523,15 +531,15 @@ fn staged_phase(
         return Ok(out);
     }
     let probe = shared_keys(before, after);
-    let families = cfg.cluster.family.families();
+    let families = cfg.family.families();
     let mut round_start = SystemTime::now();
-    let (mut seen, mut ports) = probe_step(cluster, target, &probe, cfg);
+    let (mut seen, mut ports) = (cfg.probe)(&probe);
     let (mut same, mut changed) = changed_probes(before_seen, &seen);
     if !changed.is_empty() {
         // As the runner does for a step: a probe may fail by chance once.
         std::thread::sleep(cfg.retry_wait);
         round_start = SystemTime::now();
-        (seen, ports) = probe_step(cluster, target, &probe, cfg);
+        (seen, ports) = (cfg.probe)(&probe);
         (same, changed) = changed_probes(before_seen, &seen);
     }
     out.unchanged = same;
