@@ -75,8 +75,8 @@ pub enum Res {
 const KINDS: usize = 6;
 
 /// The staged kinds (issue 23). Not in [`ALL`], the kinds every agent needs: like a cluster
-/// without deploy/crds/, the server answers them 404 (`NotFoundStatus`) until a test
-/// installs them with [`FakeApi::set_served`].
+/// without deploy/crds/, the server answers them 404 (`NotFoundStatus`, not logged in
+/// [`FakeApi::requests`]) until a test installs them with [`FakeApi::set_served`].
 pub const STAGED: [Res; 2] = [Res::StagedPolicies, Res::StagedClusterPolicies];
 
 pub const ALL: [Res; 4] = [
@@ -922,6 +922,17 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let (served, failing) = {
         let mut state = shared.state.lock().unwrap();
+        // A staged kind not installed answers as a path the server does not know: before any
+        // failure the test injects, and outside the request log, so the tests of the four
+        // kinds every agent needs see the requests they always saw (the agent re-checks
+        // missing CRDs in the background).
+        if STAGED.contains(&res) && state.kinds[res.index()].served != Served::Yes {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
+        }
         state.requests.push(Req {
             res,
             watch: watching,
