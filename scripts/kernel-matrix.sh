@@ -14,7 +14,7 @@
 # --smoke: the CI selection (docs/verified-on.md): the oldest kernel with its own userspace
 # (5.10 + bullseye) and the newest (6.12 + trixie), a few short binaries that touch what
 # differs across kernels and iptables releases (the save text of both backends, ipset restore,
-# NFLOG delivery, conntrack netlink). Its last line is
+# conntrack netlink). Its last line is
 # "kernel smoke: N passed, M failed" (tests, summed over every cell); without --smoke,
 # "kernel matrix: N passed, M failed". Either way a total duration line precedes it.
 #
@@ -63,7 +63,8 @@ tests=""
 test_timeout=1200
 smoke=""
 # The smoke selection; measured durations in docs/verified-on.md.
-smoke_tests="nflog_rules_netns compile_netns:demo_loads_ipv4 conntrack_netns:deleting_an_ipv4 nflog_netns:within_a_second_nft"
+# nflog_netns (NFLOG delivery) left out for time (the test command's budget); the full matrix has it.
+smoke_tests="nflog_rules_netns compile_netns:demo_loads_ipv4 conntrack_netns:deleting_an_ipv4"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--smoke) smoke=1; kernels="5.10 6.12"; userspaces="own"; tests="$smoke_tests"; test_timeout=300; shift ;;
