@@ -7,7 +7,10 @@
 //! - `agent`: the agent on both nodes, no NetworkPolicy;
 //! - `policies`: the agent with 1000 NetworkPolicies selecting the server pods, the one that
 //!   allows the client last in order (999 allow other peers), so each new connection walks
-//!   the longest policy list;
+//!   the longest policy list; past `FELIX_POLICYUNIONMIN` (default 16) the agent matches
+//!   their allows with one union set first (`rules::union`);
+//! - `policies-walk`: the same with the union set off (`FELIX_POLICYUNIONMIN=0`): every new
+//!   connection walks the 1000 policy chains, felix's layout;
 //! - `flowlogs`: the agent, no NetworkPolicy, flow logs on with the per-pod limit at its
 //!   highest (10000/s, burst 10000) so every connection is logged: the worst case;
 //! - `stopped`: as `flowlogs`, with both agents stopped (SIGSTOP) for the measurement: nobody
@@ -31,8 +34,12 @@
 //! vs agent, stopped vs flowlogs), the agents' CPU per 1000 logged connections, and the
 //! flow-log counters; asserts nothing about time.
 //!
+//! `--peer-members N` gives each of the 999 other policies' peer selectors N pods (on a third
+//! node, so remote): their sets, and the union set, then hold 999 × N addresses besides the
+//! client's, as in a cluster where policies name pods that exist.
+//!
 //! `cargo bench --bench conn_rate -- [--rounds 3] [--secs 5] [--clients 1] [--policies 1000]
-//! [--configs none,agent,policies,flowlogs,stopped,prev-agent,prev-flowlogs]
+//! [--peer-members 0] [--configs none,agent,policies,policies-walk,flowlogs,stopped,prev-agent,prev-flowlogs]
 //! [--previous PATH]` (root).
 
 use std::io::Read;
@@ -280,7 +287,7 @@ impl Topo {
 
 /// The cluster as the agents read it: pods, namespaces, and `policies` NetworkPolicies
 /// selecting the servers (the last in name order allows the client).
-fn write_cluster(dir: &Path, policies: usize) {
+fn write_cluster(dir: &Path, policies: usize, peer_members: usize) {
     std::fs::create_dir_all(dir).unwrap();
     let pod = |ns: &str, name: &str, label: &str, node: &str, ip: &str| {
         format!(
@@ -296,6 +303,21 @@ fn write_cluster(dir: &Path, policies: usize) {
     m += &pod("cli", "client", "role: client", "node-a", "10.78.0.11");
     m += &pod("srv", "server-a", "app: server", "node-a", "10.78.0.10");
     m += &pod("srv", "server-b", "app: server", "node-b", "10.78.1.10");
+    // The other policies' peers, on a node with no agent (never sent to).
+    let mut n = 0u32;
+    for i in 0..policies.saturating_sub(1) {
+        for j in 0..peer_members {
+            n += 1;
+            let ip = format!("10.79.{}.{}", n / 250, n % 250 + 1);
+            m += &pod(
+                "cli",
+                &format!("peer-{i:04}-{j}"),
+                &format!("peer: p{i:04}"),
+                "node-c",
+                &ip,
+            );
+        }
+    }
     std::fs::write(dir.join("pods.yaml"), m).unwrap();
     let mut p = String::new();
     for i in 0..policies.saturating_sub(1) {
@@ -331,7 +353,15 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(bin: &Path, ns: &Netns, node: &str, dir: &Path, map: &str, flowlogs: bool) -> Agent {
+    fn start(
+        bin: &Path,
+        ns: &Netns,
+        node: &str,
+        dir: &Path,
+        map: &str,
+        flowlogs: bool,
+        union_off: bool,
+    ) -> Agent {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &ns.0]).arg(bin);
         for (k, _) in std::env::vars() {
@@ -351,6 +381,9 @@ impl Agent {
             .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
             .env("FELIX_PROMETHEUSMETRICSPORT", METRICS_PORT.to_string())
             .env("FELIX_LOGSEVERITYSCREEN", "Warning");
+        if union_off {
+            cmd.env("FELIX_POLICYUNIONMIN", "0");
+        }
         if flowlogs {
             cmd.env("FELIX_FLOWLOGSENABLED", "true")
                 .env("FELIX_FLOWLOGSPERPODRATE", "10000")
@@ -448,6 +481,7 @@ enum Config {
     None,
     Agent,
     Policies,
+    PoliciesWalk,
     FlowLogs,
     Stopped,
     PrevAgent,
@@ -460,6 +494,7 @@ impl Config {
             Config::None => "none",
             Config::Agent => "agent",
             Config::Policies => "policies",
+            Config::PoliciesWalk => "policies-walk",
             Config::FlowLogs => "flowlogs",
             Config::Stopped => "stopped",
             Config::PrevAgent => "prev-agent",
@@ -472,6 +507,7 @@ impl Config {
             "none" => Config::None,
             "agent" => Config::Agent,
             "policies" => Config::Policies,
+            "policies-walk" => Config::PoliciesWalk,
             "flowlogs" => Config::FlowLogs,
             "stopped" => Config::Stopped,
             "prev-agent" => Config::PrevAgent,
@@ -486,7 +522,7 @@ impl Config {
             Config::None => None,
             Config::Agent | Config::PrevAgent => Some(Config::None),
             Config::PrevFlowLogs => Some(Config::PrevAgent),
-            Config::Policies | Config::FlowLogs => Some(Config::Agent),
+            Config::Policies | Config::PoliciesWalk | Config::FlowLogs => Some(Config::Agent),
             Config::Stopped => Some(Config::FlowLogs),
         }
     }
@@ -510,6 +546,7 @@ struct Opts {
     secs: f64,
     clients: usize,
     policies: usize,
+    peer_members: usize,
     configs: Vec<Config>,
     /// The other build `prev-*` configurations run.
     previous: Option<PathBuf>,
@@ -521,10 +558,18 @@ fn options() -> Opts {
         secs: 5.0,
         clients: 1,
         policies: 1000,
-        configs: ["none", "agent", "policies", "flowlogs", "stopped"]
-            .into_iter()
-            .map(Config::parse)
-            .collect(),
+        peer_members: 0,
+        configs: [
+            "none",
+            "agent",
+            "policies",
+            "policies-walk",
+            "flowlogs",
+            "stopped",
+        ]
+        .into_iter()
+        .map(Config::parse)
+        .collect(),
         previous: None,
     };
     let args: Vec<String> = std::env::args()
@@ -539,6 +584,7 @@ fn options() -> Opts {
             "--secs" => o.secs = v.parse().expect("--secs S"),
             "--clients" => o.clients = v.parse().expect("--clients N"),
             "--policies" => o.policies = v.parse().expect("--policies N"),
+            "--peer-members" => o.peer_members = v.parse().expect("--peer-members N"),
             "--configs" => o.configs = v.split(',').map(Config::parse).collect(),
             "--previous" => o.previous = Some(PathBuf::from(v)),
             other => panic!("unknown option {other}"),
@@ -560,12 +606,10 @@ fn options() -> Opts {
 fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -> Cell {
     let topo = Topo::new(&format!("r{round}-{}", config.name()));
     let dir = work.join(format!("r{round}-{}", config.name()));
-    let policies = if config == Config::Policies {
-        opts.policies
-    } else {
-        0
-    };
-    write_cluster(&dir, policies);
+    let with_policies = matches!(config, Config::Policies | Config::PoliciesWalk);
+    let policies = if with_policies { opts.policies } else { 0 };
+    write_cluster(&dir, policies, opts.peer_members);
+    let union_off = config == Config::PoliciesWalk;
     let flowlogs = matches!(
         config,
         Config::FlowLogs | Config::Stopped | Config::PrevFlowLogs
@@ -583,6 +627,7 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
             &dir,
             "map-a.yaml",
             flowlogs,
+            union_off,
         ));
         agents.push(Agent::start(
             bin,
@@ -591,12 +636,13 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
             &dir,
             "map-b.yaml",
             flowlogs,
+            union_off,
         ));
         for a in &mut agents {
             a.wait_ready();
         }
     }
-    if config == Config::Policies {
+    if with_policies {
         let chains = topo
             .b
             .sh("iptables-legacy-save -t filter | grep -c '^:cali-pi-' || true");
@@ -605,6 +651,14 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
             "node-b holds {} policy chains, not {}",
             chains.trim(),
             opts.policies
+        );
+        let unions = topo.b.sh("ipset list -n | grep -c '^cali40u:' || true");
+        assert_eq!(
+            unions.trim() != "0",
+            config == Config::Policies,
+            "node-b holds {} union sets ({})",
+            unions.trim(),
+            config.name()
         );
     }
     let _servers = [
@@ -673,12 +727,13 @@ fn main() {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_netpol-agent"));
     let work = std::env::temp_dir().join(format!("npa-bench-connrate-{}", std::process::id()));
     println!(
-        "conn_rate: {} rounds x {:?}, {} s per path, {} client thread(s), {} policies, previous build {:?}; load {}",
+        "conn_rate: {} rounds x {:?}, {} s per path, {} client thread(s), {} policies, {} peer pods each, previous build {:?}; load {}",
         opts.rounds,
         opts.configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
         opts.secs,
         opts.clients,
         opts.policies,
+        opts.peer_members,
         opts.previous,
         load()
     );

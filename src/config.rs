@@ -860,6 +860,13 @@ pub struct RuleOptions {
     /// ports of this host's addresses are judged after IPVS.
     #[arg(long, env = "FELIX_KUBENODEPORTRANGES", default_value = "30000:32767", value_parser = parse_port_ranges)]
     pub kube_node_port_ranges: PortRanges,
+    /// Pods selected by at least this many NetworkPolicies in a direction match that
+    /// direction's pod-selector, numeric-port allows with one union IP set before the
+    /// per-policy chains, so a new connection's cost does not grow with the number of
+    /// policies (netpol-agent's own setting; 0: never; unused while flow logs are on;
+    /// docs/design/rules.md, "Union sets").
+    #[arg(long, env = "FELIX_POLICYUNIONMIN", default_value_t = crate::rules::union::DEFAULT_MIN_POLICIES)]
+    pub policy_union_min: usize,
 }
 
 impl RuleOptions {
@@ -903,6 +910,7 @@ impl RuleOptions {
                 IpvsSupport::On => Some(self.kube_ipvs_config(&marks)?),
                 IpvsSupport::Auto | IpvsSupport::Off => None,
             },
+            policy_union_min: self.policy_union_min,
         })
     }
 

@@ -52,3 +52,48 @@ fn kube_ipvs0_is_found_and_its_cluster_ips_are_not_host_addresses() {
     );
     assert!(after.host_addrs.contains(&host));
 }
+
+/// A point-to-point address (`ip addr add LOCAL peer PEER`): the kernel reports the peer as
+/// the address and this host's own as the local one; only the local one is this host's (the
+/// peer's traffic is not the node's own, and a this-host set holding it would treat the
+/// peer's Service traffic as the node's). Both families.
+#[test]
+fn point_to_point_peers_are_not_host_addresses() {
+    let ns = NetNs::new("ipvs-p2p");
+    ns.exec_ok(&[
+        "ip",
+        "link",
+        "add",
+        "ptp0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "ptp0-peer",
+    ]);
+    ns.exec_ok(&["ip", "link", "set", "ptp0", "up"]);
+    ns.exec_ok(&[
+        "ip", "addr", "add", "10.9.0.1", "peer", "10.9.0.2", "dev", "ptp0",
+    ]);
+    ns.exec_ok(&[
+        "ip", "-6", "addr", "add", "fd09::1", "peer", "fd09::2", "dev", "ptp0", "nodad",
+    ]);
+    ns.exec_ok(&["ip", "addr", "add", "192.168.9.9/24", "dev", "ptp0"]);
+    let view = in_netns(&ns.name, ipvs::read).expect("read");
+    for own in ["10.9.0.1", "fd09::1", "192.168.9.9"] {
+        let ip: IpAddr = own.parse().unwrap();
+        assert!(
+            view.host_addrs.contains(&ip),
+            "{own}: {:?}",
+            view.host_addrs
+        );
+    }
+    for peer in ["10.9.0.2", "fd09::2"] {
+        let ip: IpAddr = peer.parse().unwrap();
+        assert!(
+            !view.host_addrs.contains(&ip),
+            "{peer}: {:?}",
+            view.host_addrs
+        );
+    }
+}

@@ -74,6 +74,8 @@ pub struct ClusterConfig {
     /// prefix, bridge or runtime), as the shipped DaemonSet does; `compile` still gets the
     /// truth, so convergence proves the detection right.
     pub auto_wiring: bool,
+    /// FELIX_POLICYUNIONMIN for the agents and `compile` (`None`: their default).
+    pub policy_union_min: Option<usize>,
 }
 
 struct Node {
@@ -1103,6 +1105,9 @@ fn common_env(cfg: &ClusterConfig) -> Vec<(&'static str, String)> {
     }
     if !cfg.source_check {
         env.push(("FELIX_WORKLOADSOURCESPOOFING", "Any".into()));
+    }
+    if let Some(min) = cfg.policy_union_min {
+        env.push(("FELIX_POLICYUNIONMIN", min.to_string()));
     }
     if cfg.deny_logs {
         // Every denied probe must be logged: a step's probes come in a burst, so the

@@ -224,6 +224,9 @@ pub(crate) struct Expected {
     pub(crate) key: RecordKey,
     src: String,
     dst: String,
+    /// The ends' labels as `key=value`, sorted (`[]` for an end that is no pod).
+    src_labels: Vec<String>,
+    dst_labels: Vec<String>,
     want: Want,
     /// A record must exist (otherwise one is checked only if present).
     pub(crate) required: bool,
@@ -327,6 +330,14 @@ fn disagreements(e: &Expected, r: &Value) -> Vec<String> {
     let (src, dst) = (names(r, "source"), names(r, "dest"));
     if src != e.src || dst != e.dst {
         wrong.push(format!("names {src} -> {dst}"));
+    }
+    for (field, want) in [
+        ("source_labels", &e.src_labels),
+        ("dest_labels", &e.dst_labels),
+    ] {
+        if r[field] != serde_json::json!(want) {
+            wrong.push(format!("{field} {} (the pod's: {want:?})", r[field]));
+        }
     }
     wrong.extend(verdict_wrong(&e.want, r));
     wrong
@@ -501,6 +512,15 @@ pub(crate) fn expect_probe(
         .resolve(&flow)
         .map_err(|e| anyhow::anyhow!("explain {from} -> {to} {pk}: {e}"))?;
     let verdict = state.explain(&resolved);
+    let labels_of = |pod: &str| -> Vec<String> {
+        state
+            .pods()
+            .iter()
+            .find(|p| !pod.is_empty() && p.key.to_string() == pod)
+            .map(|p| p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect())
+            .unwrap_or_default()
+    };
+    let (src_labels, dst_labels) = (labels_of(from), labels_of(&dst_name));
     let key = |node: usize, reporter| RecordKey {
         node: node_name(node),
         reporter,
@@ -520,6 +540,8 @@ pub(crate) fn expect_probe(
             key: key(src.node, "Src"),
             src: from.to_string(),
             dst: dst_name.clone(),
+            src_labels: src_labels.clone(),
+            dst_labels: dst_labels.clone(),
             required,
             want,
         });
@@ -532,6 +554,8 @@ pub(crate) fn expect_probe(
                 key: key(dst.node, "Dst"),
                 src: from.to_string(),
                 dst: dst_name.clone(),
+                src_labels: src_labels.clone(),
+                dst_labels: dst_labels.clone(),
                 required,
                 want,
             });

@@ -142,6 +142,10 @@ struct RunArgs {
     /// check on) or `Any` (off: shows what --check-spoofing catches without it).
     #[arg(long, default_value = "Disabled", value_parser = ["Disabled", "Any"])]
     workload_source_spoofing: String,
+    /// The agents' (and compile's) FELIX_POLICYUNIONMIN: 1 gives every isolated pod its
+    /// union set, so every scenario runs through it; unset keeps the agents' default.
+    #[arg(long)]
+    policy_union_min: Option<usize>,
     /// Scenario files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -268,6 +272,7 @@ fn run(args: RunArgs) -> ExitCode {
             spoof_observers: args.check_spoofing,
             source_check: args.workload_source_spoofing == "Disabled",
             auto_wiring: args.auto_wiring,
+            policy_union_min: args.policy_union_min,
         },
         jobs: args.jobs,
         probe_workers: args.probe_workers,
@@ -288,6 +293,10 @@ fn run(args: RunArgs) -> ExitCode {
         (args.check_spoofing, "checking spoofed sources"),
         (args.check_staged, "staging every policy change first"),
         (args.auto_wiring, "agents detect the CNI's wiring (auto)"),
+        (
+            args.policy_union_min == Some(1),
+            "every isolated pod matches a union set",
+        ),
     ]
     .into_iter()
     .filter_map(|(on, what)| on.then_some(what))
@@ -359,6 +368,7 @@ fn demo(args: DemoArgs) -> ExitCode {
             spoof_observers: false,
             source_check: true,
             auto_wiring: false,
+            policy_union_min: None,
             family: FamilyMode::Ipv4,
             proxy: ServiceProxy::Iptables,
         },

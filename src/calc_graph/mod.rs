@@ -22,6 +22,7 @@ mod compact_pod;
 mod host_set;
 mod provenance;
 mod set_index;
+mod union_set;
 /// A policy version's sets, which it holds only while it selects an endpoint.
 fn active_set_defs(selects: &BTreeSet<ObjectKey>, defs: Vec<SetDef>) -> Vec<SetDef> {
     if selects.is_empty() {
@@ -49,7 +50,8 @@ use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains
 use crate::rules::cluster::cluster_policy_chains;
 use crate::rules::dispatch::dispatch_chains_with_addrs;
 use crate::rules::policy::{plan_policy, policy_chains, PolicyPlan};
-use crate::rules::{Chain, RuleConfig};
+use crate::rules::union::{union_plan, UnionPlan};
+use crate::rules::{Chain, Direction, RuleConfig};
 
 use crate::model::validate;
 use crate::model::{
@@ -165,6 +167,11 @@ pub struct CalcGraph {
     to_name: BTreeSet<ObjectKey>,
     /// IPVS mode: this host's addresses (the this-host set).
     host_set: host_set::HostSet,
+    /// The union sets of workload chains past `policy_union_min` (`rules::union`).
+    unions: union_set::UnionSets,
+    /// Per local endpoint with chains: the union set ids its ingress and egress chains
+    /// match, as of the last flush.
+    endpoint_unions: HashMap<ObjectKey, [Option<String>; 2]>,
 }
 
 impl CalcGraph {
@@ -187,6 +194,8 @@ impl CalcGraph {
             emitted_sets: BTreeMap::new(),
             to_name: BTreeSet::new(),
             host_set: host_set::HostSet::default(),
+            unions: union_set::UnionSets::default(),
+            endpoint_unions: HashMap::new(),
         };
         graph.dirty.mark(Owner::Static);
         graph.dirty.mark(Owner::Dispatch);
@@ -781,7 +790,11 @@ impl CalcGraph {
     /// Renders everything dirty and returns the changes since the last flush.
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
+        self.update_endpoint_unions();
+        self.unions.peers_changed(&self.sets.pending);
         self.flush_sets(&mut update);
+        self.unions
+            .flush(&self.sets, &self.cfg.families, &mut update);
         let ipvs = self.cfg.rules.kube_ipvs.is_some();
         self.host_set.flush(ipvs, &self.cfg.families, &mut update);
         let dirty = std::mem::take(&mut self.dirty.owners);
@@ -841,6 +854,78 @@ impl CalcGraph {
             .collect();
         update.chains_removed.retain(|c| !upserted.contains(c));
         update
+    }
+
+    /// Brings the union sets of the dirty endpoints up to date (before their chains are
+    /// rendered, which name them): the new ones are taken first, so a set both versions
+    /// use is not churned.
+    fn update_endpoint_unions(&mut self) {
+        let dirty: Vec<ObjectKey> = self
+            .dirty
+            .owners
+            .iter()
+            .filter_map(|o| match o {
+                Owner::Endpoint(key) => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        for key in dirty {
+            let now = self.wanted_unions(&key);
+            let ids = [0, 1].map(|i| now[i].as_ref().map(|u| u.id.clone()));
+            let before = self.endpoint_unions.remove(&key).unwrap_or_default();
+            if ids == before {
+                if ids.iter().any(Option::is_some) {
+                    self.endpoint_unions.insert(key, before);
+                }
+                continue;
+            }
+            for plan in now.iter().flatten() {
+                self.unions.acquire(plan);
+            }
+            for id in before.iter().flatten() {
+                self.unions.release(id);
+            }
+            if ids.iter().any(Option::is_some) {
+                self.endpoint_unions.insert(key, ids);
+            }
+        }
+    }
+
+    /// The union sets an endpoint's ingress and egress chains should match: none unless it
+    /// owns its interface (the chains are rendered) and passes the threshold.
+    fn wanted_unions(&self, key: &ObjectKey) -> [Option<UnionPlan>; 2] {
+        let cfg = &self.cfg.rules;
+        if cfg.policy_union_min == 0 {
+            return [None, None];
+        }
+        let Some(ep) = self.endpoints.get(key) else {
+            return [None, None];
+        };
+        let winner = self
+            .iface_claims
+            .get(&ep.iface)
+            .and_then(|claims| claims.first());
+        if winner != Some(key) {
+            return [None, None];
+        }
+        let (ingress, egress) = self.isolating(ep);
+        let plans = |keys: &[ObjectKey]| -> Vec<&PolicyPlan> {
+            keys.iter()
+                .filter_map(|k| self.policies.get(k).map(|p| &p.plan))
+                .collect()
+        };
+        [
+            union_plan(cfg, Direction::Ingress, &plans(&ingress)),
+            union_plan(cfg, Direction::Egress, &plans(&egress)),
+        ]
+    }
+
+    /// The union set ids an endpoint's chains match (ingress, egress).
+    fn endpoint_union_ids(&self, key: &ObjectKey) -> [Option<&str>; 2] {
+        match self.endpoint_unions.get(key) {
+            Some([i, e]) => [i.as_deref(), e.as_deref()],
+            None => [None, None],
+        }
     }
 
     fn flush_sets(&mut self, update: &mut Update) {
@@ -947,6 +1032,7 @@ impl CalcGraph {
         let (ingress, egress) = self.isolating(ep);
         let [admin_in, admin_out, baseline_in, baseline_out] = self.endpoint_cluster_policies(key);
         let addrs = self.sets.pod(key).map(|p| &*p.ips).unwrap_or_default();
+        let [union_in, union_out] = self.endpoint_union_ids(key);
         tiered_endpoint_chains(
             &self.cfg.rules,
             family,
@@ -957,11 +1043,13 @@ impl CalcGraph {
                 admin: &admin_in,
                 network: &ingress,
                 baseline: &baseline_in,
+                union: union_in,
             },
             &TierChains {
                 admin: &admin_out,
                 network: &egress,
                 baseline: &baseline_out,
+                union: union_out,
             },
         )
         .into()
@@ -1045,6 +1133,7 @@ impl CalcGraph {
         }
         for (&family, f) in state.families.iter_mut() {
             self.host_set.snapshot(family, f);
+            self.unions.snapshot(family, f);
         }
         for set in self.sets.sets() {
             if !self.emitted_sets.contains_key(&set.id) {

@@ -70,6 +70,7 @@ impl CalcGraph {
             let [admin_in, admin_out, baseline_in, baseline_out] =
                 self.endpoint_cluster_policies(key);
             let addrs = self.sets.pod(key).map(|p| &*p.ips).unwrap_or_default();
+            let [union_in, union_out] = self.endpoint_union_ids(key);
             chains.extend(tiered_endpoint_chains_traced(
                 cfg,
                 family,
@@ -81,11 +82,13 @@ impl CalcGraph {
                     admin: &admin_in,
                     network: &ingress,
                     baseline: &baseline_in,
+                    union: union_in,
                 },
                 &TierChains {
                     admin: &admin_out,
                     network: &egress,
                     baseline: &baseline_out,
+                    union: union_out,
                 },
             ));
         }
@@ -122,6 +125,9 @@ impl CalcGraph {
                 .emitted_sets
                 .iter()
                 .map(|(id, def)| (set_name(family, id), describe_set(def)))
+                .chain(self.unions.emitted().map(|(id, parts)| {
+                    (set_name(family, id), crate::rules::union::describe(parts))
+                }))
                 .collect(),
         }
     }

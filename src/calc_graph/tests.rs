@@ -21,11 +21,20 @@ pub(crate) const POLICY_NAMES: [&str; 3] = ["p1", "p2", "p3"];
 pub(crate) const CLUSTER_POLICY_NAMES: [&str; 3] = ["c1", "c2", "c3"];
 
 fn graph() -> Calculation {
+    graph_with_union_min(RuleConfig::default().policy_union_min)
+}
+
+/// The test graph with `FELIX_POLICYUNIONMIN` = `min` (1: every isolated pod has union
+/// sets; 0: none).
+fn graph_with_union_min(min: usize) -> Calculation {
     Calculation::new(
         GraphConfig {
             node_name: NODE.into(),
             families: vec![IpFamily::V4, IpFamily::V6],
-            rules: RuleConfig::default(),
+            rules: RuleConfig {
+                policy_union_min: min,
+                ..RuleConfig::default()
+            },
         },
         Box::new(CalicoResolver::default()),
     )
@@ -421,8 +430,8 @@ fn apply(graph: &mut Calculation, world: &mut World, e: &Event, acc: &mut Desire
     }
 }
 
-fn from_scratch(world: &World, order: u8) -> DesiredState {
-    let mut g = graph();
+fn from_scratch(world: &World, order: u8, union_min: usize) -> DesiredState {
+    let mut g = graph_with_union_min(union_min);
     let cluster = |g: &mut Calculation, reverse: bool| {
         let mut all: Vec<&ClusterPolicyInfo> = world.cluster_policies.values().collect();
         if reverse {
@@ -535,8 +544,11 @@ proptest! {
     fn incremental_deltas_reach_the_from_scratch_state(
         events in proptest::collection::vec(event(), 1..60),
         order in 0u8..3,
+        // Union sets (rules::union) for every isolated pod, for pods of two policies or
+        // more, or never: their members follow the peers' sets through every event.
+        union_min in 0usize..3,
     ) {
-        let mut g = graph();
+        let mut g = graph_with_union_min(union_min);
         let mut world = World::default();
         let mut acc = DesiredState::default();
         for e in &events {
@@ -547,7 +559,7 @@ proptest! {
         prop_assert!(g.flush().is_empty());
         let snapshot = g.snapshot();
         prop_assert!(acc == snapshot, "updates vs snapshot:\n{}", state_diff(&acc, &snapshot));
-        let scratch = from_scratch(&world, order);
+        let scratch = from_scratch(&world, order, union_min);
         prop_assert!(acc == scratch, "incremental vs scratch:\n{}", state_diff(&acc, &scratch));
     }
 }
@@ -1200,5 +1212,120 @@ fn without_cluster_policies_the_workload_chains_keep_the_pre_tier_layout() {
             "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",
             "-m comment --comment \"Drop if no profiles matched\" -j DROP",
         ]
+    );
+}
+
+/// `rules::union`: past the threshold a workload's NetworkPolicy section matches one union
+/// set first; its members follow the peers' pods, workloads of the same policies share it,
+/// and it goes when the threshold is no longer met.
+#[test]
+fn union_sets_follow_peers_and_thresholds() {
+    let mut g = graph_with_union_min(3);
+    for (name, ip) in [("s1", "10.0.0.1"), ("s2", "10.0.0.2")] {
+        g.upsert_pod_info(local_pod("x", name, ip, &[("role", "server")]));
+    }
+    let web80 = |i: usize| {
+        let mut p = allow_from(
+            "x",
+            &format!("p{i}"),
+            &[("role", "server")],
+            vec![eq("app", &format!("app{i}"))],
+        );
+        if let Some(rules) = p.ingress.as_mut() {
+            rules[0].ports = vec![PortSpec {
+                protocol: Protocol::Tcp,
+                port: PortMatch::Range {
+                    first: 80 + i as u16,
+                    last: 80 + i as u16,
+                },
+            }];
+        }
+        p
+    };
+    let unions = |g: &Calculation| -> BTreeMap<String, BTreeSet<String>> {
+        g.snapshot().families[&IpFamily::V4]
+            .sets
+            .iter()
+            .filter(|(n, _)| n.starts_with("cali40u:"))
+            .map(|(n, s)| (n.clone(), s.members.iter().map(|m| m.to_string()).collect()))
+            .collect()
+    };
+    let union_rules = |g: &Calculation| -> usize {
+        g.snapshot().families[&IpFamily::V4]
+            .chains
+            .values()
+            .flat_map(|c| &c.rules)
+            .filter(|r| r.body.contains("--match-set cali40u:"))
+            .count()
+    };
+    g.upsert_policy_info(web80(0));
+    g.upsert_policy_info(web80(1));
+    let mut client = local_pod("x", "c0", "10.0.1.5", &[("app", "app0")]);
+    client.node = Some("node-2".into());
+    g.upsert_pod_info(client.clone());
+    g.flush();
+    assert!(unions(&g).is_empty(), "two policies, threshold three");
+    assert_eq!(union_rules(&g), 0);
+
+    g.upsert_policy_info(web80(2));
+    g.flush();
+    let u = unions(&g);
+    assert_eq!(u.len(), 1, "both servers share one set: {u:?}");
+    let (name, members) = u.into_iter().next().unwrap();
+    assert_eq!(members, BTreeSet::from(["10.0.1.5,tcp:80".to_string()]));
+    assert_eq!(union_rules(&g), 2, "one match per server's ingress chain");
+
+    // A peer pod arriving, relabelled and leaving moves only members.
+    let mut other = local_pod("x", "c2", "10.0.1.6", &[("app", "app2")]);
+    other.node = Some("node-2".into());
+    g.upsert_pod_info(other.clone());
+    let update = g.flush();
+    assert!(update.chains_upserted.is_empty());
+    assert_eq!(
+        update.members_added[&name]
+            .iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>(),
+        vec!["10.0.1.6,tcp:82".to_string()]
+    );
+    other.labels = labels(&[("app", "app1")]);
+    g.upsert_pod_info(other.clone());
+    g.flush();
+    assert_eq!(
+        unions(&g)[&name],
+        BTreeSet::from(["10.0.1.5,tcp:80".to_string(), "10.0.1.6,tcp:81".to_string()])
+    );
+    g.remove_pod(&other.key);
+    g.remove_pod(&client.key);
+    g.flush();
+    assert!(unions(&g)[&name].is_empty());
+
+    // A policy changing its port makes another set; below the threshold there is none.
+    let mut changed = web80(2);
+    if let Some(rules) = changed.ingress.as_mut() {
+        rules[0].ports[0].port = PortMatch::Range {
+            first: 90,
+            last: 90,
+        };
+    }
+    g.upsert_policy_info(changed);
+    g.flush();
+    let u = unions(&g);
+    assert_eq!(u.len(), 1);
+    assert!(!u.contains_key(&name), "a new list of parts, a new set");
+    g.remove_policy(&ObjectKey::new("x", "p2"));
+    let update = g.flush();
+    assert!(unions(&g).is_empty());
+    assert_eq!(union_rules(&g), 0);
+    let removed: Vec<&String> = update
+        .sets_removed
+        .iter()
+        .map(|(_, n)| n)
+        .filter(|n| n[5..].starts_with("0u:"))
+        .collect();
+    assert_eq!(
+        removed.len(),
+        2,
+        "the union set, both families: {removed:?}"
     );
 }

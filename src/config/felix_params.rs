@@ -91,6 +91,7 @@ pub const PARAMS: &[FelixParam] = &[
     ours("FELIX_FLOWLOGSNFLOGGROUP", ""),
     ours("FELIX_FLOWLOGSPERPODRATE", ""),
     ours("FELIX_FLOWLOGSPERPODBURST", ""),
+    ours("FELIX_POLICYUNIONMIN", ""),
     honoured("FELIX_FLOWLOGSFILEENABLED", "Calico Enterprise's name; here it needs `FELIX_FLOWLOGSENABLED`"),
     honoured("FELIX_FLOWLOGSFILEDIRECTORY", "felix's default is `/var/log/calico/flowlogs`"),
     honoured("FELIX_FLOWLOGSFILEMAXFILES", "same default"),

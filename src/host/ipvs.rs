@@ -11,10 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::RouteNetlinkMessage;
-
-use crate::host::netlink::RtnlSocket;
+use crate::host::netlink::read_local_addresses;
 use crate::rules::ipvs::KUBE_IPVS_IFACE;
 
 /// What the node shows of IPVS mode.
@@ -30,36 +27,15 @@ pub struct IpvsView {
 /// lookup by name and one address dump. Not a link dump: a node with 1500 pods has 1500 veths
 /// (about 2 MB of link messages), which every poll would parse for one name.
 pub fn read() -> io::Result<IpvsView> {
-    let mut socket = RtnlSocket::open()?;
     let ipvs_index = match nix::net::if_::if_nametoindex(KUBE_IPVS_IFACE) {
         Ok(index) => Some(index),
         Err(nix::errno::Errno::ENODEV) => None,
         Err(e) => return Err(e.into()),
     };
-    let replies = socket.dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))?;
     Ok(IpvsView {
         present: ipvs_index.is_some(),
-        host_addrs: host_addrs(&replies, ipvs_index),
+        host_addrs: read_local_addresses(ipvs_index)?,
     })
-}
-
-/// The addresses in an address dump, without those of the interface `exclude`.
-pub fn host_addrs(replies: &[RouteNetlinkMessage], exclude: Option<u32>) -> BTreeSet<IpAddr> {
-    let mut out = BTreeSet::new();
-    for r in replies {
-        let RouteNetlinkMessage::NewAddress(a) = r else {
-            continue;
-        };
-        if Some(a.header.index) == exclude {
-            continue;
-        }
-        for attr in &a.attributes {
-            if let AddressAttribute::Address(ip) | AddressAttribute::Local(ip) = attr {
-                out.insert(*ip);
-            }
-        }
-    }
-    out
 }
 
 /// How often the watcher polls (a lookup by name and an address dump).

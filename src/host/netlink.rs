@@ -166,6 +166,48 @@ pub fn parse_host_route(msg: &RouteMessage) -> Option<RouteEntry> {
 }
 
 /// A route-netlink socket.
+/// The namespace's own addresses in an address dump, without those of the interface
+/// `exclude`: per address message its `IFA_LOCAL` when it has one, else its `IFA_ADDRESS`.
+/// On a point-to-point interface `IFA_ADDRESS` is the *peer's* address (`ip addr add
+/// 10.0.0.1 peer 10.0.0.2`); only `IFA_LOCAL` is this host's. Elsewhere the two are equal
+/// (IPv4) or only `IFA_ADDRESS` is sent (IPv6 without a peer).
+pub fn local_addresses(
+    replies: &[RouteNetlinkMessage],
+    exclude: Option<u32>,
+) -> std::collections::BTreeSet<IpAddr> {
+    use netlink_packet_route::address::AddressAttribute;
+    let mut out = std::collections::BTreeSet::new();
+    for r in replies {
+        let RouteNetlinkMessage::NewAddress(a) = r else {
+            continue;
+        };
+        if Some(a.header.index) == exclude {
+            continue;
+        }
+        let local = a.attributes.iter().find_map(|attr| match attr {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let address = a.attributes.iter().find_map(|attr| match attr {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        out.extend(local.or(address));
+    }
+    out
+}
+
+/// Dumps the namespace's addresses and keeps its own ([`local_addresses`]).
+pub fn read_local_addresses(
+    exclude: Option<u32>,
+) -> io::Result<std::collections::BTreeSet<IpAddr>> {
+    let mut socket = RtnlSocket::open()?;
+    let replies = socket.dump(RouteNetlinkMessage::GetAddress(
+        netlink_packet_route::address::AddressMessage::default(),
+    ))?;
+    Ok(local_addresses(&replies, exclude))
+}
+
 pub struct RtnlSocket {
     socket: Socket,
     seq: u32,

@@ -137,7 +137,8 @@ impl SetDef {
     }
 }
 
-fn unique_id(prefix: &str, text: &str) -> String {
+/// `prefix:` + base64url(sha224(`prefix:` + text)), felix's `MakeUniqueID`.
+pub(crate) fn unique_id(prefix: &str, text: &str) -> String {
     let digest = Sha224::digest(format!("{prefix}:{text}").as_bytes());
     format!("{prefix}:{}", URL_SAFE_NO_PAD.encode(digest))
 }

@@ -6,12 +6,14 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::ipsets::set_name;
 use crate::model::{IpFamily, ObjectKey};
 
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
 use super::deny_log::{self, DropKind};
 use super::flow_log::{FlowAction, FlowPrefix};
 use super::provenance::{traced, ChainRole, Rendered, RuleList, RuleRole, TracedChain};
+use super::union;
 use super::{
     bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
     to_workload_chain, Action, AllowAction, Chain, ChainInsertMode, Direction,
@@ -214,6 +216,9 @@ pub struct TierChains<'a> {
     pub admin: &'a [String],
     pub network: &'a [ObjectKey],
     pub baseline: &'a [String],
+    /// The id of the union set of the NetworkPolicy section ([`super::union`]), when the
+    /// workload has one in this direction.
+    pub union: Option<&'a str>,
 }
 
 impl<'a> TierChains<'a> {
@@ -315,7 +320,15 @@ fn render_endpoint(
         if direction == Direction::Egress && cfg.workload_source_check {
             source_check(cfg, family, ep.addrs, &mut rules);
         }
-        endpoint_rules(cfg, &name, direction, ep.namespace, tiers, &mut rules);
+        endpoint_rules(
+            cfg,
+            family,
+            &name,
+            direction,
+            ep.namespace,
+            tiers,
+            &mut rules,
+        );
         rules.finish(name.clone(), family, || ChainRole::Workload {
             pod: ep.pod.cloned(),
             iface: ep.iface.to_string(),
@@ -432,6 +445,7 @@ fn flow_log_copy(
 /// drop: a Deny drops in the policy chain, and nothing matched falls through to the next tier.
 fn endpoint_rules(
     cfg: &RuleConfig,
+    family: IpFamily,
     chain: &str,
     direction: Direction,
     namespace: &str,
@@ -526,6 +540,27 @@ fn endpoint_rules(
                     .comment("Start of policies"),
                     || RuleRole::StartOfPolicies,
                 );
+                if let Some(id) = tiers.union {
+                    let set = set_name(family, id);
+                    rules.push(
+                        Rule::new(Action::SetMark {
+                            value: m.accept,
+                            mask: m.accept,
+                        })
+                        .comment("Accept if in the union set of the policies")
+                        .matching(format!(
+                            "-m set --match-set {set} {}",
+                            union::set_flags(direction)
+                        )),
+                        || RuleRole::UnionAccept { set: set.clone() },
+                    );
+                    rules.push(
+                        Rule::new(Action::Return)
+                            .comment("Return if policy accepted")
+                            .mark_match(m.accept, m.accept),
+                        || RuleRole::ReturnIfUnionAccepted,
+                    );
+                }
                 for p in policies {
                     rules.push(
                         Rule::new(Action::Jump(policy_chain(direction, &p.namespace, &p.name)))

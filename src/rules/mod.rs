@@ -25,6 +25,7 @@ pub mod policy;
 pub mod provenance;
 pub mod render;
 pub mod token;
+pub mod union;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -166,6 +167,10 @@ pub struct RuleConfig {
     /// kube-proxy's IPVS mode (see [`ipvs`]): tag in `INPUT`, judge in `OUTPUT`. `None`
     /// renders nothing of it.
     pub kube_ipvs: Option<ipvs::IpvsConfig>,
+    /// Workloads selected by at least this many NetworkPolicies in a direction match that
+    /// direction's allows with one union set before the per-policy jumps (see [`union`]);
+    /// 0 never does.
+    pub policy_union_min: usize,
 }
 
 impl Default for RuleConfig {
@@ -182,6 +187,7 @@ impl Default for RuleConfig {
             flow_log: None,
             workload_source_check: true,
             kube_ipvs: None,
+            policy_union_min: union::DEFAULT_MIN_POLICIES,
         }
     }
 }

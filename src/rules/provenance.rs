@@ -195,6 +195,11 @@ pub enum RuleRole {
     JumpToPolicy { policy: ObjectKey },
     /// Returns when that policy accepted.
     ReturnIfPolicyAccepted { policy: ObjectKey },
+    /// Marks accepted what the union set of the NetworkPolicies' allows holds
+    /// (`rules::union`).
+    UnionAccept { set: String },
+    /// Returns when the union set accepted.
+    ReturnIfUnionAccepted,
     /// "Drop if no policies passed packet": the pod is isolated and no policy allowed.
     DropIfNoPolicyPassed,
     /// "Start of tier kube-admin|kube-baseline": clears the pass bit.
@@ -484,6 +489,10 @@ pub fn describe_rule<'a>(
         RuleRole::ReturnIfPolicyAccepted { policy } => {
             format!("return if NetworkPolicy {policy} accepted")
         }
+        RuleRole::UnionAccept { set } => format!(
+            "accept if the peer address and port are in {set}, the union of the NetworkPolicies' selector and numeric-port allows"
+        ),
+        RuleRole::ReturnIfUnionAccepted => "return if the union set accepted".into(),
         RuleRole::DropIfNoPolicyPassed => {
             "drop: isolated and no policy allowed (Drop if no policies passed packet)".into()
         }

@@ -488,7 +488,7 @@ impl Metrics {
             policy_packets: counter_vec(
                 &r,
                 "netpol_policy_packets_total",
-                "packets a policy's allow rules matched (`FELIX_POLICYCOUNTERSENABLED`): new connections, since established traffic is accepted before any policy; only active policies, a policy's series removed when it stops selecting local pods",
+                "packets a policy's allow rules matched (`FELIX_POLICYCOUNTERSENABLED`): new connections, since established traffic is accepted before any policy; only active policies, a policy's series removed when it stops selecting local pods; a connection a pod's union set accepts (`FELIX_POLICYUNIONMIN`, pods selected by that many policies) is not counted",
                 &["namespace", "policy", "direction"],
             ),
             policy_bytes: counter_vec(

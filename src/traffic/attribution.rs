@@ -192,9 +192,60 @@ pub struct Attribution {
     /// Bumped by every address update: a reader holding lines back for an unknown address
     /// looks again only when this moved.
     address_generation: AtomicU64,
+    /// Flow logs only (`with_labels`): each known pod's labels as `key=value`, sorted, for
+    /// the records' `source_labels`/`dest_labels`. Empty otherwise: deny logs name pods only,
+    /// and at 150k pods the labels are tens of MiB.
+    labels: Option<RwLock<HashMap<ObjectKey, Arc<[String]>>>>,
 }
 
 impl Attribution {
+    /// An attribution that also keeps the pods' labels (flow logs).
+    pub fn with_labels() -> Attribution {
+        Attribution {
+            labels: Some(RwLock::default()),
+            ..Attribution::default()
+        }
+    }
+
+    /// Whether labels are kept (`with_labels`).
+    pub fn keeps_labels(&self) -> bool {
+        self.labels.is_some()
+    }
+
+    /// Sets (or, with `None`, forgets) pods' labels; nothing unless labels are kept.
+    pub fn update_labels<'a>(
+        &self,
+        changes: impl IntoIterator<
+            Item = (
+                ObjectKey,
+                Option<&'a std::collections::BTreeMap<String, String>>,
+            ),
+        >,
+    ) {
+        let Some(labels) = &self.labels else {
+            return;
+        };
+        let mut labels = labels.write().unwrap_or_else(|p| p.into_inner());
+        for (pod, now) in changes {
+            match now {
+                Some(map) => {
+                    let list: Vec<String> = map.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    labels.insert(pod, list.into());
+                }
+                None => {
+                    labels.remove(&pod);
+                }
+            }
+        }
+    }
+
+    /// A pod's labels as `key=value`, sorted by key (`None`: unknown, or labels not kept).
+    pub fn labels_of(&self, pod: &ObjectKey) -> Option<Arc<[String]>> {
+        let labels = self.labels.as_ref()?;
+        let labels = labels.read().unwrap_or_else(|p| p.into_inner());
+        labels.get(pod).cloned()
+    }
+
     pub fn publish_chains(&self, chains: LocalChains) {
         if let Ok(mut c) = self.chains.write() {
             *c = Arc::new(chains);

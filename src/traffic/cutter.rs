@@ -32,12 +32,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::RouteNetlinkMessage;
 use tracing::{debug, info, warn};
 
 use crate::host::conntrack::{ConntrackSocket, Deleted, Family};
-use crate::host::netlink::RtnlSocket;
 use crate::rules::RuleConfig;
 use crate::telemetry::metrics;
 
@@ -230,19 +227,7 @@ fn reevaluate_once(
 /// Every address of the node's network namespace (the node's own traffic to its pods is not
 /// policed; the evaluator needs to know it).
 fn host_addresses() -> std::io::Result<Vec<IpAddr>> {
-    let mut socket = RtnlSocket::open()?;
-    let replies = socket.dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))?;
-    let mut out = Vec::new();
-    for r in replies {
-        if let RouteNetlinkMessage::NewAddress(a) = r {
-            for attr in a.attributes {
-                if let AddressAttribute::Address(ip) | AddressAttribute::Local(ip) = attr {
-                    if !out.contains(&ip) {
-                        out.push(ip);
-                    }
-                }
-            }
-        }
-    }
-    Ok(out)
+    Ok(crate::host::netlink::read_local_addresses(None)?
+        .into_iter()
+        .collect())
 }

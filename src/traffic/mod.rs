@@ -111,7 +111,11 @@ impl Traffic {
         let mut traffic = Traffic::off();
         if cfg.deny_log.is_some() || cfg.flow_log.is_some() {
             traffic.names = Some(Names {
-                attribution: Arc::new(Attribution::default()),
+                attribution: Arc::new(if cfg.flow_log.is_some() {
+                    Attribution::with_labels()
+                } else {
+                    Attribution::default()
+                }),
                 policy_chains: cfg.flow_log.is_some(),
                 touched: HashMap::new(),
                 chains_published: false,
@@ -236,6 +240,19 @@ impl Traffic {
                         let new = graph.pod_ips(key);
                         (key, old.as_slice(), new)
                     }));
+                if deny.attribution.keeps_labels() {
+                    let pods: Vec<(ObjectKey, Option<crate::model::PodInfo>)> = touched
+                        .into_keys()
+                        .map(|key| {
+                            let pod = graph.pod(&key);
+                            (key, pod)
+                        })
+                        .collect();
+                    deny.attribution.update_labels(
+                        pods.iter()
+                            .map(|(key, pod)| (key.clone(), pod.as_ref().map(|p| &p.labels))),
+                    );
+                }
             }
             if chains_changed || (update.is_some() && !deny.chains_published) {
                 let mut chains = LocalChains::from_views(graph.programmed_endpoints())

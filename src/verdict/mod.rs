@@ -64,7 +64,9 @@ use crate::model::{
     Protocol, StagedInfo, Tier,
 };
 use crate::rules::chains::{tiered_endpoint_chains_traced, TierChains};
+use crate::rules::policy::{plan_policy, PolicyPlan};
 use crate::rules::provenance::{ChainRole, TracedChain};
+use crate::rules::union::{union_plan, UnionPlan};
 use crate::rules::{Direction, EndpointToHostAction, RuleConfig};
 
 pub use cluster::{tier_name, ClusterMatch, ClusterTierReport};
@@ -724,6 +726,8 @@ impl State {
                 .collect()
         };
         let (ingress, egress) = (keys(Direction::Ingress), keys(Direction::Egress));
+        let union = self.union_plan(pod, dir).map(|u| u.id);
+        let union_of = |d: Direction| union.as_deref().filter(|_| d == dir);
         let [admin_in, baseline_in] = cluster::chain_names(self, Direction::Ingress, pod);
         let [admin_out, baseline_out] = cluster::chain_names(self, Direction::Egress, pod);
         tiered_endpoint_chains_traced(
@@ -737,15 +741,31 @@ impl State {
                 admin: &admin_in,
                 network: &ingress,
                 baseline: &baseline_in,
+                union: union_of(Direction::Ingress),
             },
             &TierChains {
                 admin: &admin_out,
                 network: &egress,
                 baseline: &baseline_out,
+                union: union_of(Direction::Egress),
             },
         )
         .into_iter()
         .find(|c| matches!(&c.role, ChainRole::Workload { direction, .. } if *direction == dir))
+    }
+
+    /// The union set the pod's workload chain of `dir` matches before its NetworkPolicies'
+    /// chains, as the calc graph derives it (`rules::union`), or `None`.
+    pub(crate) fn union_plan(&self, pod: usize, dir: Direction) -> Option<UnionPlan> {
+        let isolating = &self.selected[pod][dir_index(dir)];
+        if self.cfg.policy_union_min == 0 || isolating.len() < self.cfg.policy_union_min {
+            return None;
+        }
+        let plans: Vec<PolicyPlan> = isolating
+            .iter()
+            .map(|&i| plan_policy(&self.policies[i]))
+            .collect();
+        union_plan(&self.cfg, dir, &plans.iter().collect::<Vec<_>>())
     }
 
     /// The full answer: per direction, which tiers ran, which policy, rule, peer and port

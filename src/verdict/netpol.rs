@@ -422,6 +422,27 @@ fn all_ports_text(rule: &PolicyRule) -> String {
     describe_port_entries(&rule.ports, &(0..rule.ports.len()).collect::<Vec<_>>())
 }
 
+/// Whether the pod's union set of `dir` (`rules::union`) holds the flow: a part with the
+/// flow's protocol and port whose peer selector matches the peer's address.
+fn union_covers(state: &State, dir: Direction, pod: usize, flow: &ResolvedFlow) -> bool {
+    let Some(union) = state.union_plan(pod, dir) else {
+        return false;
+    };
+    let ip = peer_ip(dir, flow);
+    union.parts.iter().any(|p| {
+        p.protocol == flow.protocol
+            && p.port == flow.port
+            && peer_result(
+                state,
+                &Peer::Pods {
+                    namespaces: p.peer.namespaces().clone(),
+                    pods: p.peer.pods().clone(),
+                },
+                &ip,
+            ) == PeerResult::Match
+    })
+}
+
 /// Whether a rendered allow rule's role matches the flow (its Kubernetes rule, peer,
 /// protocol and port entries): the kernel's first such rule decides.
 fn role_matches(
@@ -576,6 +597,21 @@ pub(super) fn report(
             &format!("the workload chain jumps to {key}"),
         );
         let r = &rules[rule];
+        // Past the union threshold the kernel accepts at the union set when it holds the
+        // flow (any eligible rule of any isolating policy): the policy chains never run.
+        let steps = match union_covers(state, dir, pod, flow) {
+            true => vec![chains.workload_ref(
+                &workload,
+                &RuleRole::UnionAccept {
+                    set: set_name(
+                        flow.family,
+                        &state.union_plan(pod, dir).map(|u| u.id).unwrap_or_default(),
+                    ),
+                },
+                "the union set of the policies' allows holds the peer address and port",
+            )],
+            false => vec![jump, allow_ref],
+        };
         return NetworkPolicyReport {
             policies,
             outcome: NpOutcome::Allowed(AllowMatch {
@@ -585,7 +621,7 @@ pub(super) fn report(
                 peer_text: peer_text(r, peer),
                 port,
                 port_text: port_text(r, port),
-                steps: vec![jump, allow_ref],
+                steps,
             }),
         };
     }

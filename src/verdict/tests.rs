@@ -144,9 +144,13 @@ spec:
 "#;
 
 fn fixture() -> State {
+    fixture_with(RuleConfig::default())
+}
+
+fn fixture_with(cfg: RuleConfig) -> State {
     let (objects, errors) = parse_manifests(FIXTURE, "fixture");
     assert!(errors.is_empty(), "{errors:?}");
-    let (mut state, errors) = State::from_objects(RuleConfig::default(), &objects);
+    let (mut state, errors) = State::from_objects(cfg, &objects);
     assert!(errors.is_empty(), "{errors:?}");
     let resolver = CalicoResolver::default();
     let pods: Vec<PodInfo> = state.pods().to_vec();
@@ -203,6 +207,29 @@ fn misses(d: &DirectionVerdict) -> &[Miss] {
 }
 
 use crate::model::Protocol::{Sctp, Tcp, Udp};
+
+/// Past the union threshold a flow the union set holds is accepted there (one step, the
+/// union rule of the workload chain), the policy and rule named are still the first that
+/// allows; a flow it cannot hold (a named port) still walks to its policy's rule.
+#[test]
+fn union_set_decides_what_it_holds_and_the_walk_the_rest() {
+    let s = fixture_with(RuleConfig {
+        policy_union_min: 1,
+        ..RuleConfig::default()
+    });
+    let v = explain(&s, "x/a", "y/c", Sctp, 7777);
+    let e = allowed_by(&v.egress);
+    assert_eq!((e.policy.to_string().as_str(), e.rule), ("x/a-egress", 0));
+    assert_eq!(e.steps.len(), 1, "{}", v.to_text());
+    assert!(e.steps[0].chain.as_deref().unwrap().starts_with("cali-fw-"));
+    assert!(e.steps[0].what.contains("union set"), "{}", e.steps[0].what);
+    assert_eq!(e.steps[0].hash.as_ref().map(String::len), Some(16));
+    // The named port http is no entry of the set: the walk to the policy's rule decides.
+    let v = explain(&s, "x/a", "x/b1", Tcp, 80);
+    let e = allowed_by(&v.egress);
+    assert_eq!(e.steps.len(), 2, "{}", v.to_text());
+    assert!(e.steps[1].chain.as_deref().unwrap().starts_with("cali-po-"));
+}
 
 #[test]
 fn named_ports_resolve_on_each_destination_pod() {
@@ -486,7 +513,8 @@ fn deciding_hash(d: &DirectionVerdict) -> Option<String> {
         }
     };
     match &np.outcome {
-        NpOutcome::Allowed(m) => m.steps[1].hash.clone(),
+        // The policy's allow rule, or the union set's when the kernel accepts there.
+        NpOutcome::Allowed(m) => m.steps.last()?.hash.clone(),
         NpOutcome::Denied { steps, .. } => steps[0].hash.clone(),
         NpOutcome::NotIsolated { steps } => steps.last()?.hash.clone(),
     }
@@ -498,9 +526,12 @@ fn check_cluster(
     policies: Vec<PolicyInfo>,
     cluster_policies: Vec<ClusterPolicyInfo>,
     bridge: bool,
+    union: bool,
 ) -> Result<(), TestCaseError> {
     let cfg = RuleConfig {
         bridge: bridge.then(|| "cni0".to_string()),
+        // Every isolated pod gets its union set (`rules::union`), or none does.
+        policy_union_min: if union { 1 } else { 0 },
         ..RuleConfig::default()
     };
     let compiled = compile(&cfg, &namespaces, &pods, &policies, &cluster_policies);
@@ -675,7 +706,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// For random small clusters the evaluator's verdict equals the kernel interpreter's over
-    /// `compile` output, on both nodes, in both families, routed and in bridge mode, and the rule the report names as
+    /// `compile` output, on both nodes, in both families, routed and in bridge mode, with and
+    /// without union sets, and the rule the report names as
     /// deciding is one the kernel's trace matched.
     #[test]
     fn evaluator_agrees_with_the_kernel_interpreter(
@@ -683,10 +715,11 @@ proptest! {
         pods in proptest::collection::vec(pod(), 1..7),
         policies in proptest::collection::vec(policy(), 0..5),
         bridge in any::<bool>(),
+        union in any::<bool>(),
     ) {
         let mut seen = std::collections::BTreeSet::new();
         let pods: Vec<PodInfo> = pods.into_iter().rev().filter(|p| seen.insert(p.key.clone())).collect();
-        check_cluster(namespaces, pods, policies, Vec::new(), bridge)?;
+        check_cluster(namespaces, pods, policies, Vec::new(), bridge, union)?;
     }
 
     /// The same with ClusterNetworkPolicies of both tiers beside the NetworkPolicies (every
@@ -698,6 +731,7 @@ proptest! {
         policies in proptest::collection::vec(policy(), 0..3),
         cluster_policies in proptest::collection::vec(cluster_policy(), 1..4),
         bridge in any::<bool>(),
+        union in any::<bool>(),
     ) {
         let mut seen = std::collections::BTreeSet::new();
         let pods: Vec<PodInfo> = pods.into_iter().rev().filter(|p| seen.insert(p.key.clone())).collect();
@@ -708,7 +742,7 @@ proptest! {
             .rev()
             .filter(|p| names.insert(p.name.clone()))
             .collect();
-        check_cluster(namespaces, pods, policies, cluster_policies, bridge)?;
+        check_cluster(namespaces, pods, policies, cluster_policies, bridge, union)?;
     }
 }
 

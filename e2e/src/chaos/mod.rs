@@ -316,6 +316,7 @@ impl Harness {
             spoof_observers: false,
             source_check: true,
             auto_wiring: false,
+            policy_union_min: None,
         };
         let mut gen = Gen::new(XorShiftRng::seed_from_u64(seed), NODES);
         let builder = gen.initial()?;

@@ -17,6 +17,8 @@ fn expected(want: Want) -> Expected {
         },
         src: "x/a".into(),
         dst: "y/b".into(),
+        src_labels: vec!["pod=a".into()],
+        dst_labels: vec!["app=web".into(), "pod=b".into()],
         required: matches!(want, Want::Record { .. }),
         want,
     }
@@ -28,6 +30,7 @@ fn record(action: &str, verdict: &str, policies: Value) -> Value {
         "source_ip": "10.244.1.10", "dest_ip": "10.244.2.10", "dest_port": 80,
         "source_namespace": "x", "source_name": "a",
         "dest_namespace": "y", "dest_name": "b",
+        "source_labels": ["pod=a"], "dest_labels": ["app=web", "pod=b"],
         "action": action, "verdict": verdict,
         "policies": {"enforced_policies": policies, "pending_policies": []},
         "end_time": "2026-11-27T04:00:00.5Z",
@@ -66,6 +69,13 @@ fn a_record_agrees_only_with_its_own_verdict() {
     let mut unnamed = good.clone();
     unnamed["source_name"] = json!("");
     assert_eq!(disagreements(&e, &unnamed).len(), 1, "names a -> b");
+    // Labels are the pods' own, in order; stale or missing ones disagree.
+    let mut stale = good.clone();
+    stale["dest_labels"] = json!(["app=db", "pod=b"]);
+    assert_eq!(disagreements(&e, &stale).len(), 1, "dest labels");
+    let mut missing = good.clone();
+    missing["source_labels"] = json!([]);
+    assert_eq!(disagreements(&e, &missing).len(), 1, "source labels");
     let no_policy = Want::Record {
         action: "Allow",
         verdict: "no policy isolates the pod",

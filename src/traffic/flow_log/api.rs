@@ -323,6 +323,13 @@ impl FlowLogShared {
             .filter(|r| filter.matches(r))
             .map(|r| {
                 let mut v = record_json(&self.node, &r, &pod_of);
+                // The ends' labels as the agent knows them now (Goldmane's fields).
+                let labels = |pod: &Option<ObjectKey>| -> Value {
+                    let list = pod.as_ref().and_then(|k| attribution.labels_of(k));
+                    json!(list.as_deref().unwrap_or_default())
+                };
+                v["source_labels"] = labels(&r.key.src.pod);
+                v["dest_labels"] = labels(&r.key.dst.pod);
                 self.annotator.annotate(&r, &mut v);
                 v
             })

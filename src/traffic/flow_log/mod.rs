@@ -19,7 +19,8 @@
 //! connections logged (within the per-pod rate limit). Each flush's records also feed the
 //! per-rule hit metric ([`rule_metric`]).
 //!
-//! Not here yet: the ends' labels. Pending (staged) verdicts are added by an [`Annotator`].
+//! The ends' labels come from the attribution when a record is read (kept only with flow logs
+//! on). Pending (staged) verdicts are added by an [`Annotator`].
 //!
 //! Cost: the kernel's hashlimit bounds what reaches us per pod and direction; the store is
 //! bounded (see [`store`]), so are the streams (see [`api`]) and the file (see [`file`]).
@@ -717,10 +718,8 @@ mod tests {
         assert_eq!(shared.streams.load(Ordering::Relaxed), 0);
     }
 
-    #[test]
-    fn an_end_learned_later_is_named_when_read() {
-        let attribution = Arc::new(Attribution::default());
-        attribution.publish_chains(chains());
+    /// A store holding one denied 10.0.0.7 -> 10.0.0.1:80 record of `attribution`.
+    fn one_denied_record(attribution: &Arc<Attribution>) -> FlowLogShared {
         let deny = FlowPrefix::parse("npa-fd-in-cali-tw-cali1").unwrap();
         let shared = FlowLogShared::new("n", attribution.clone());
         let k = attribute(
@@ -734,6 +733,14 @@ mod tests {
             .lock()
             .unwrap()
             .observe(k, SystemTime::UNIX_EPOCH);
+        shared
+    }
+
+    #[test]
+    fn an_end_learned_later_is_named_when_read() {
+        let attribution = Arc::new(Attribution::default());
+        attribution.publish_chains(chains());
+        let shared = one_denied_record(&attribution);
         let before: Value = serde_json::from_str(&shared.query("").unwrap()).unwrap();
         assert_eq!(before[0]["source_name"], "");
         let pod = key("y/new");
@@ -741,5 +748,32 @@ mod tests {
         let after: Value = serde_json::from_str(&shared.query("namespace=y").unwrap()).unwrap();
         assert_eq!(after[0]["source_name"], "new");
         assert_eq!(after[0]["dest_name"], "server");
+    }
+
+    #[test]
+    fn records_carry_the_ends_labels_as_known_when_read() {
+        let attribution = Arc::new(Attribution::with_labels());
+        attribution.publish_chains(chains());
+        let pod = key("y/new");
+        attribution.update_addresses([(&pod, &[][..], &["10.0.0.7".parse().unwrap()][..])]);
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        attribution.update_labels([(pod.clone(), Some(&labels(&[("tier", "1"), ("app", "web")])))]);
+        let shared = one_denied_record(&attribution);
+        let v: Value = serde_json::from_str(&shared.query("").unwrap()).unwrap();
+        assert_eq!(v[0]["source_labels"], json!(["app=web", "tier=1"]));
+        // The local end's labels were never published here: an empty list, not a guess.
+        assert_eq!(v[0]["dest_labels"], json!([]));
+        attribution.update_labels([(pod, None)]);
+        let v: Value = serde_json::from_str(&shared.query("").unwrap()).unwrap();
+        assert_eq!(v[0]["source_labels"], json!([]));
+        // Without flow logs the attribution keeps no labels at all.
+        let plain = Attribution::default();
+        plain.update_labels([(key("y/new"), Some(&labels(&[("app", "web")])))]);
+        assert_eq!(plain.labels_of(&key("y/new")), None);
     }
 }
