@@ -122,7 +122,7 @@ fn probe(job: &Job, timeout: Duration, sctp: &SctpLog) -> (Outcome, Option<u16>)
 /// writes one deny line for both (its dedup window is per 5-tuple): the later step's probe
 /// then has no line of its own. Taken in turn, a flow's source port comes back only after
 /// the whole range has been used (tens of thousands of probes later).
-const SOURCE_PORTS: std::ops::RangeInclusive<u16> = 32768..=60999;
+pub(crate) const SOURCE_PORTS: std::ops::RangeInclusive<u16> = 32768..=60999;
 
 /// A port taken by a socket of the pod (a server, a lingering connection) is skipped.
 const BIND_TRIES: usize = 64;
@@ -253,7 +253,9 @@ fn sctp_init(job: &Job, timeout: Duration, log: &SctpLog) -> (Outcome, Option<u1
         );
     };
     let tag = nonce();
-    let src_port = 20_000 + (tag % 40_000) as u16;
+    // Taken in turn like the TCP and UDP probes' (a raw socket binds nothing): a random port
+    // could meet an earlier probe's of the same flow, whose conntrack entry it would ride on.
+    let src_port = next_source_port();
     let packet = crate::sctp::init_packet(src_port, job.key.port, tag);
     if socket.send_to(&packet, &dest.into()).is_err() {
         return (Outcome::Blocked, None);

@@ -162,6 +162,15 @@ pub fn check(cluster: &Cluster, step: &Step, families: &[IpFamily], timeout: Dur
     }
 }
 
+/// Source ports of the forged packets and their controls: `SPOOF_PORTS_START` + tag modulo
+/// `SPOOF_PORTS`, above the probes' range (`probe::SOURCE_PORTS`, the kernel's default
+/// ephemeral range). A control is allowed, so it leaves a conntrack entry at both nodes
+/// (unreplied: 30 s for UDP, 120 s for a TCP SYN); a probe that later took the same source
+/// port for the same flow would ride on it, be no new connection, and so be in no flow
+/// record (seen once in a clean-clone run: a UDP probe missing from both nodes' records).
+pub(crate) const SPOOF_PORTS_START: u16 = 61_000;
+pub(crate) const SPOOF_PORTS: u32 = 4_000;
+
 fn send(s: &Send) -> std::io::Result<()> {
     let family = IpFamily::of(&s.dst);
     let domain = match family {
@@ -171,7 +180,7 @@ fn send(s: &Send) -> std::io::Result<()> {
     // IPPROTO_RAW: the packet carries its own IP header (IPv4's IP_HDRINCL is implied; an
     // IPv6 raw socket of this protocol takes the header too).
     let socket = Socket::new(domain, Type::RAW, Some(SockProtocol::from(255)))?;
-    let sport = 40_000 + (s.tag % 20_000) as u16;
+    let sport = SPOOF_PORTS_START + (s.tag % SPOOF_PORTS) as u16;
     let packet = packet(s.src, s.dst, s.key, sport, s.tag);
     socket.send_to(&packet, &SocketAddr::new(s.dst, 0).into())?;
     Ok(())
@@ -324,6 +333,17 @@ mod tests {
         udp.extend_from_slice(&[0, 1, 0, 80, 0, 14, 0, 0]);
         udp.extend_from_slice(b"123456");
         assert_eq!(tag_of(&udp, IpFamily::V4, IPPROTO_UDP), None);
+    }
+
+    #[test]
+    fn spoofed_source_ports_never_meet_a_probe_port() {
+        let spoof = u32::from(SPOOF_PORTS_START)..u32::from(SPOOF_PORTS_START) + SPOOF_PORTS;
+        let probes = crate::probe::SOURCE_PORTS;
+        assert!(
+            spoof.start > u32::from(*probes.end()),
+            "{spoof:?} vs {probes:?}"
+        );
+        assert!(spoof.end <= 65_536);
     }
 
     #[test]
