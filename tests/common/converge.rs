@@ -67,16 +67,18 @@ pub fn observed(ns: &NetNs, backend: &str, ipv6: bool) -> Tables {
 pub fn wait_converged(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Duration {
     let start = Instant::now();
     let want = [expected(dir, false), expected(dir, true)];
+    // Stretched under emulation (`super::time_scale`).
+    let limit = CONVERGE * super::time_scale();
     loop {
         let have = [observed(ns, backend, false), observed(ns, backend, true)];
         if have == want {
             return start.elapsed();
         }
-        if start.elapsed() > CONVERGE {
+        if start.elapsed() > limit {
             let log = std::fs::read_to_string(log).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(40).collect();
             panic!(
-                "not converged after {CONVERGE:?}\nwant v4: {:#?}\nhave v4: {:#?}\nagent log (last lines, newest first):\n{}",
+                "not converged after {limit:?}\nwant v4: {:#?}\nhave v4: {:#?}\nagent log (last lines, newest first):\n{}",
                 want[0],
                 have[0],
                 tail.join("\n")

@@ -179,3 +179,16 @@ pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String
         Ok((status, body.to_string()))
     })
 }
+
+/// How much longer than on a real machine the tests' waits may take: `NETPOL_TEST_TIME_SCALE`
+/// (a whole number, at least 1; 1 when unset or unreadable). `scripts/kernel-matrix.sh` sets it
+/// in its VMs, where emulation runs 10-30x slower and an agent alone takes 15-20 s to start.
+/// It stretches how long a wait may last, never what it waits for.
+#[allow(dead_code)]
+pub fn time_scale() -> u32 {
+    std::env::var("NETPOL_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
+}

@@ -51,15 +51,6 @@ pub struct PodNode {
     backend: &'static str,
 }
 
-/// `NETPOL_TEST_TIME_SCALE` (a whole number, at least 1; 1 when unset or unreadable).
-pub fn time_scale() -> u32 {
-    std::env::var("NETPOL_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(1)
-        .max(1)
-}
-
 pub fn v4(n: u8) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(10, 77, 0, n)
 }
@@ -270,7 +261,7 @@ impl PodNode {
     /// (`scripts/kernel-matrix.sh` sets it in its VMs, where an agent alone takes 15-20 s to
     /// start): how long the agent may take, never what it must reach.
     pub fn wait_converged(&mut self, limit: Duration) -> Duration {
-        let limit = limit * time_scale();
+        let limit = limit * crate::common::time_scale();
         let start = Instant::now();
         let want = [self.expected(false), self.expected(true)];
         loop {
