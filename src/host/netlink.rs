@@ -7,6 +7,7 @@
 //! into our own small types ([`Link`], [`RouteEntry`]); everything else is left to the
 //! crates' message types.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
@@ -16,6 +17,7 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
     NLM_F_REQUEST,
 };
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteType,
@@ -165,18 +167,13 @@ pub fn parse_host_route(msg: &RouteMessage) -> Option<RouteEntry> {
     })
 }
 
-/// A route-netlink socket.
 /// The namespace's own addresses in an address dump, without those of the interface
 /// `exclude`: per address message its `IFA_LOCAL` when it has one, else its `IFA_ADDRESS`.
 /// On a point-to-point interface `IFA_ADDRESS` is the *peer's* address (`ip addr add
 /// 10.0.0.1 peer 10.0.0.2`); only `IFA_LOCAL` is this host's. Elsewhere the two are equal
 /// (IPv4) or only `IFA_ADDRESS` is sent (IPv6 without a peer).
-pub fn local_addresses(
-    replies: &[RouteNetlinkMessage],
-    exclude: Option<u32>,
-) -> std::collections::BTreeSet<IpAddr> {
-    use netlink_packet_route::address::AddressAttribute;
-    let mut out = std::collections::BTreeSet::new();
+pub fn local_addresses(replies: &[RouteNetlinkMessage], exclude: Option<u32>) -> BTreeSet<IpAddr> {
+    let mut out = BTreeSet::new();
     for r in replies {
         let RouteNetlinkMessage::NewAddress(a) = r else {
             continue;
@@ -198,16 +195,13 @@ pub fn local_addresses(
 }
 
 /// Dumps the namespace's addresses and keeps its own ([`local_addresses`]).
-pub fn read_local_addresses(
-    exclude: Option<u32>,
-) -> io::Result<std::collections::BTreeSet<IpAddr>> {
+pub fn read_local_addresses(exclude: Option<u32>) -> io::Result<BTreeSet<IpAddr>> {
     let mut socket = RtnlSocket::open()?;
-    let replies = socket.dump(RouteNetlinkMessage::GetAddress(
-        netlink_packet_route::address::AddressMessage::default(),
-    ))?;
+    let replies = socket.dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))?;
     Ok(local_addresses(&replies, exclude))
 }
 
+/// A route-netlink socket.
 pub struct RtnlSocket {
     socket: Socket,
     seq: u32,

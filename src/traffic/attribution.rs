@@ -213,12 +213,12 @@ impl Attribution {
     }
 
     /// Sets (or, with `None`, forgets) pods' labels; nothing unless labels are kept.
-    pub fn update_labels<'a>(
+    pub fn update_labels(
         &self,
         changes: impl IntoIterator<
             Item = (
                 ObjectKey,
-                Option<&'a std::collections::BTreeMap<String, String>>,
+                Option<std::collections::BTreeMap<String, String>>,
             ),
         >,
     ) {

@@ -241,17 +241,11 @@ impl Traffic {
                         (key, old.as_slice(), new)
                     }));
                 if deny.attribution.keeps_labels() {
-                    let pods: Vec<(ObjectKey, Option<crate::model::PodInfo>)> = touched
-                        .into_keys()
-                        .map(|key| {
-                            let pod = graph.pod(&key);
-                            (key, pod)
-                        })
-                        .collect();
-                    deny.attribution.update_labels(
-                        pods.iter()
-                            .map(|(key, pod)| (key.clone(), pod.as_ref().map(|p| &p.labels))),
-                    );
+                    deny.attribution
+                        .update_labels(touched.into_keys().map(|key| {
+                            let labels = graph.pod(&key).map(|p| p.labels);
+                            (key, labels)
+                        }));
                 }
             }
             if chains_changed || (update.is_some() && !deny.chains_published) {

@@ -22,6 +22,7 @@ use crate::rules::provenance::{
     describe_peer, describe_port, describe_port_entries, ChainRole, PolicyRuleRole, PolicyStep,
     PortsRole, RuleRole, TracedChain,
 };
+use crate::rules::union::UnionPlan;
 use crate::rules::{policy_chain, Direction};
 
 use super::{dir_index, Action, KernelRef, ResolvedFlow, State};
@@ -424,10 +425,7 @@ fn all_ports_text(rule: &PolicyRule) -> String {
 
 /// Whether the pod's union set of `dir` (`rules::union`) holds the flow: a part with the
 /// flow's protocol and port whose peer selector matches the peer's address.
-fn union_covers(state: &State, dir: Direction, pod: usize, flow: &ResolvedFlow) -> bool {
-    let Some(union) = state.union_plan(pod, dir) else {
-        return false;
-    };
+fn union_covers(state: &State, union: &UnionPlan, dir: Direction, flow: &ResolvedFlow) -> bool {
     let ip = peer_ip(dir, flow);
     union.parts.iter().any(|p| {
         p.protocol == flow.protocol
@@ -599,18 +597,18 @@ pub(super) fn report(
         let r = &rules[rule];
         // Past the union threshold the kernel accepts at the union set when it holds the
         // flow (any eligible rule of any isolating policy): the policy chains never run.
-        let steps = match union_covers(state, dir, pod, flow) {
-            true => vec![chains.workload_ref(
+        let steps = match state
+            .union_plan(pod, dir)
+            .filter(|u| union_covers(state, u, dir, flow))
+        {
+            Some(union) => vec![chains.workload_ref(
                 &workload,
                 &RuleRole::UnionAccept {
-                    set: set_name(
-                        flow.family,
-                        &state.union_plan(pod, dir).map(|u| u.id).unwrap_or_default(),
-                    ),
+                    set: set_name(flow.family, &union.id),
                 },
                 "the union set of the policies' allows holds the peer address and port",
             )],
-            false => vec![jump, allow_ref],
+            None => vec![jump, allow_ref],
         };
         return NetworkPolicyReport {
             policies,

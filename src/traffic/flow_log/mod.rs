@@ -762,7 +762,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect()
         };
-        attribution.update_labels([(pod.clone(), Some(&labels(&[("tier", "1"), ("app", "web")])))]);
+        attribution.update_labels([(pod.clone(), Some(labels(&[("tier", "1"), ("app", "web")])))]);
         let shared = one_denied_record(&attribution);
         let v: Value = serde_json::from_str(&shared.query("").unwrap()).unwrap();
         assert_eq!(v[0]["source_labels"], json!(["app=web", "tier=1"]));
@@ -773,7 +773,7 @@ mod tests {
         assert_eq!(v[0]["source_labels"], json!([]));
         // Without flow logs the attribution keeps no labels at all.
         let plain = Attribution::default();
-        plain.update_labels([(key("y/new"), Some(&labels(&[("app", "web")])))]);
+        plain.update_labels([(key("y/new"), Some(labels(&[("app", "web")])))]);
         assert_eq!(plain.labels_of(&key("y/new")), None);
     }
 }
