@@ -171,7 +171,7 @@ fn tampering_is_repaired_within_the_refresh_interval() {
     // 5. A foreign ACCEPT inserted above our jump: ours goes back on top, theirs stays.
     ns.exec_ok(&[ipt, "-I", "FORWARD", "1", "-s", "192.0.2.1", "-j", "ACCEPT"]);
     wait_converged(ns, &dir.path, backend, &log);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(5));
     loop {
         let forward = ns.exec_ok(&[ipt, "-S", "FORWARD"]);
         let rules: Vec<&str> = forward.lines().filter(|l| l.starts_with("-A")).collect();

@@ -333,7 +333,7 @@ fn save(ns: &NetNs, backend: &str, counters: bool) -> String {
 }
 
 fn wait_for(what: &str, log: &Path, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(20));
     while !done() {
         assert!(
             Instant::now() < deadline,
@@ -646,7 +646,7 @@ fn every_path_is_enforced(backend: &str) {
     );
     let started = Instant::now();
     let mut learned = None;
-    while started.elapsed() < Duration::from_secs(4) {
+    while started.elapsed() < common::scaled(Duration::from_secs(4)) {
         assert!(
             !connects(&late.ns.name, "10.244.0.2", 8080, None),
             "the new pod got through {:?} after it was added",
@@ -813,7 +813,7 @@ fn resolve_within(
     limit: Duration,
 ) -> Option<(String, Duration)> {
     let start = Instant::now();
-    while start.elapsed() < limit {
+    while start.elapsed() < common::scaled(limit) {
         if let Ok(port) = r.resolve(pod) {
             return Some((port, start.elapsed()));
         }
@@ -865,7 +865,7 @@ fn resolver_learns_a_silent_pods_port_when_sighted_and_follows_its_removal() {
     let start = Instant::now();
     while resolver.resolve(&first_info).is_ok() {
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < common::scaled(Duration::from_secs(5)),
             "the deleted port is still resolved"
         );
         std::thread::sleep(Duration::from_millis(20));

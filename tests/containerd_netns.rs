@@ -407,7 +407,7 @@ state = "{d}/state"
             .build()
             .unwrap();
         let channel = {
-            let deadline = Instant::now() + Duration::from_secs(15);
+            let deadline = Instant::now() + common::scaled(Duration::from_secs(15));
             loop {
                 if socket.exists() {
                     if let Ok(channel) = rt.block_on(connect(socket.clone())) {
@@ -485,7 +485,7 @@ state = "{d}/state"
     }
 
     fn wait_for<T>(&mut self, what: &str, mut f: impl FnMut(&mut Self) -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + common::scaled(Duration::from_secs(15));
         loop {
             if let Some(v) = f(self) {
                 return v;
@@ -653,7 +653,7 @@ state = "{d}/state"
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
             while child.try_wait().ok().flatten().is_none() {
                 if Instant::now() > deadline {
                     problems.push("containerd ignored SIGTERM for 10 s".into());
@@ -989,7 +989,7 @@ fn wait_until(
     let start = Instant::now();
     while !done() {
         assert!(
-            start.elapsed() < limit,
+            start.elapsed() < common::scaled(limit),
             "timed out waiting for {what}; agent log:\n{}",
             agent.log()
         );
@@ -1125,7 +1125,7 @@ fn recreate_and_add(
         "{wiring_name}: a reaches c's new sandbox {:.1} s after the manifest changed",
         reachable.as_secs_f64()
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
     let (wrong, summary) = loop {
         // The new servers may take a moment to listen.
         let (wrong, summary) = probe(&probes(a, b, &c2, true));
@@ -1152,7 +1152,7 @@ fn recreate_and_add(
     let learned = wait_until("d to be programmed", agent, Duration::from_secs(20), || {
         programmed(&save(&ctd.node, backend), &d_iface, false)
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
     let late = [(&d, &c2, false), (a, &d, true), (&d, a, true)];
     let (wrong, summary) = loop {
         let (wrong, summary) = probe(&late);
@@ -1243,7 +1243,7 @@ fn scenario(wiring: Wiring, auto: bool) {
         servers.listen(pod);
     }
     // Wait for the servers, then: without the agent, everything connects.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
     let (wrong, summary) = loop {
         let (wrong, summary) = probe(&probes(&a, &b, &c, false));
         if wrong.is_empty() || Instant::now() > deadline {

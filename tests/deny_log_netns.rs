@@ -308,7 +308,7 @@ fn deny_logs_name_pods_direction_and_policies(backend: &'static str) {
                 break (*l).clone();
             }
             assert!(
-                sent.elapsed() < Duration::from_secs(1),
+                sent.elapsed() < common::scaled(Duration::from_secs(1)),
                 "no deny line within 1 s for {} {} -> {}:{} (src port {}); log:\n{}\n{}",
                 probe.proto.name(),
                 probe.from,
@@ -436,7 +436,11 @@ fn text_lines_and_off_means_no_socket_and_no_rule() {
         {
             break l.to_string();
         }
-        assert!(start.elapsed() < Duration::from_secs(1), "{}", node.log());
+        assert!(
+            start.elapsed() < common::scaled(Duration::from_secs(1)),
+            "{}",
+            node.log()
+        );
         std::thread::sleep(Duration::from_millis(5));
     };
     println!("{line}");

@@ -169,7 +169,7 @@ fn ping(node: &PodNode, pod: &str, to: std::net::Ipv4Addr) -> bool {
         s.send_to(&echo, &SockAddr::from(SocketAddr::new(to.into(), 0)))
             .unwrap();
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 256];
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + common::scaled(Duration::from_secs(2));
         while Instant::now() < deadline {
             if let Ok(n) = s.recv(&mut buf) {
                 // IPv4 header (20 bytes), then type 0: an echo reply.
@@ -477,7 +477,7 @@ fn flow_records_match_the_traffic_and_explain() {
             break merged(&between_pods.into_iter().cloned().collect::<Vec<_>>());
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
+            start.elapsed() < common::scaled(Duration::from_secs(20)),
             "records missing; have {:#?}\nagent log:\n{}",
             got.keys().collect::<Vec<_>>(),
             node.log()
@@ -707,7 +707,7 @@ fn flow_records_match_the_traffic_and_explain() {
             break hits;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(10),
+            start.elapsed() < common::scaled(Duration::from_secs(10)),
             "per-rule hits missing: have {hits:#?}"
         );
         std::thread::sleep(Duration::from_millis(250));
@@ -730,7 +730,7 @@ fn flow_records_match_the_traffic_and_explain() {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(15),
+            start.elapsed() < common::scaled(Duration::from_secs(15)),
             "the deleted policy's series stay: {hits:#?}"
         );
         std::thread::sleep(Duration::from_millis(250));

@@ -56,7 +56,11 @@ fn wait_for<T>(limit: Duration, what: &str, node: &PodNode, mut f: impl FnMut() 
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < limit, "{what}; log:\n{}", node.log());
+        assert!(
+            start.elapsed() < common::scaled(limit),
+            "{what}; log:\n{}",
+            node.log()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -468,7 +468,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
     let start = Instant::now();
     while observed(&ns) != state {
         assert!(
-            start.elapsed() < Duration::from_secs(20),
+            start.elapsed() < common::scaled(Duration::from_secs(20)),
             "the agent did not converge at start\n{}",
             tail(&log)
         );
@@ -581,7 +581,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
                 tail(&log)
             );
             assert!(
-                storm_end.elapsed() < RECOVERY_LIMIT,
+                storm_end.elapsed() < common::scaled(RECOVERY_LIMIT),
                 "round {round}: not converged {RECOVERY_LIMIT:?} after a {fault:?} storm ({what})\n{}",
                 tail(&log)
             );

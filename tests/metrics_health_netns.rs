@@ -96,7 +96,7 @@ fn wait_until<T>(agent: &Agent, what: &str, mut check: impl FnMut() -> Option<T>
             return v;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
+            start.elapsed() < common::scaled(Duration::from_secs(20)),
             "{what}: timed out; agent log:\n{}",
             agent.log()
         );
@@ -172,7 +172,7 @@ fn health_and_metrics_of_a_running_agent() {
         health("/readiness").filter(|(code, _)| *code == 200)
     });
     assert!(why.contains("ready"), "{why}");
-    assert!(blocked_since.elapsed() < Duration::from_secs(10));
+    assert!(blocked_since.elapsed() < common::scaled(Duration::from_secs(10)));
     let (code_live, live) = health("/liveness").unwrap();
     assert_eq!((code, code_live), (200, 200), "{live}");
     assert_eq!(health("/nothing-here").map(|r| r.0), Some(404));

@@ -157,10 +157,13 @@ fn quiet_at_rest(backend: &str) {
     let before_tamper = metrics(&ns);
     ns.exec_ok(&[&tool, "-F", "cali-FORWARD"]);
     let start = Instant::now();
+    // A check a second, then one restore: 3 s on the host (under emulation one restore of 8
+    // lines took 6 s, so the wait stretches by the tests' time scale).
+    let repair_within = common::scaled(Duration::from_secs(3));
     while rules() != full {
         assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{backend}: a flushed chain not repaired within 3 s\n{}",
+            start.elapsed() < repair_within,
+            "{backend}: a flushed chain not repaired within {repair_within:?}\n{}",
             log_text()
         );
         std::thread::sleep(Duration::from_millis(50));

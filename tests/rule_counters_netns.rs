@@ -208,7 +208,7 @@ fn policy_and_pod_counters_follow_real_packets_and_pods_leaving() {
         < 2
     {
         assert!(
-            start.elapsed() < Duration::from_secs(10),
+            start.elapsed() < common::scaled(Duration::from_secs(10)),
             "{}",
             scrape(&node)
         );
@@ -237,7 +237,7 @@ fn policy_and_pod_counters_follow_real_packets_and_pods_leaving() {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < common::scaled(Duration::from_secs(5)),
             "allowed {allowed:?}, denied {denied:?}\n{text}\n{}",
             node.diagnose()
         );
@@ -258,7 +258,10 @@ fn policy_and_pod_counters_follow_real_packets_and_pods_leaving() {
         if gone {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "{text}");
+        assert!(
+            start.elapsed() < common::scaled(Duration::from_secs(5)),
+            "{text}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -280,7 +280,7 @@ fn unknown_interface_drops(node: &NetNs, backend: &str) -> u64 {
 }
 
 fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let limit = limit * common::time_scale();
+    let limit = common::scaled(limit);
     let start = Instant::now();
     while !f() {
         assert!(start.elapsed() < limit, "{what} (waited {limit:?})");

@@ -67,8 +67,8 @@ pub fn observed(ns: &NetNs, backend: &str, ipv6: bool) -> Tables {
 pub fn wait_converged(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Duration {
     let start = Instant::now();
     let want = [expected(dir, false), expected(dir, true)];
-    // Stretched under emulation (`super::time_scale`).
-    let limit = CONVERGE * super::time_scale();
+    // Stretched under emulation (`super::scaled`).
+    let limit = super::scaled(CONVERGE);
     loop {
         let have = [observed(ns, backend, false), observed(ns, backend, true)];
         if have == want {

@@ -184,6 +184,15 @@ pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String
 /// (a whole number, at least 1; 1 when unset or unreadable). `scripts/kernel-matrix.sh` sets it
 /// in its VMs, where emulation runs 10-30x slower and an agent alone takes 15-20 s to start.
 /// It stretches how long a wait may last, never what it waits for.
+/// `limit` stretched by [`time_scale`]: for every bounded wait of a real-kernel test. A bound
+/// that is also a claim of the product (a deny line within a second, a cut within one) is
+/// therefore checked as such on the host, where the scale is 1; in an emulated VM the test
+/// checks that the kernel interface works at all.
+#[allow(dead_code)]
+pub fn scaled(limit: Duration) -> Duration {
+    limit * time_scale()
+}
+
 #[allow(dead_code)]
 pub fn time_scale() -> u32 {
     std::env::var("NETPOL_TEST_TIME_SCALE")

@@ -261,7 +261,7 @@ impl PodNode {
     /// (`scripts/kernel-matrix.sh` sets it in its VMs, where an agent alone takes 15-20 s to
     /// start): how long the agent may take, never what it must reach.
     pub fn wait_converged(&mut self, limit: Duration) -> Duration {
-        let limit = limit * crate::common::time_scale();
+        let limit = crate::common::scaled(limit);
         let start = Instant::now();
         let want = [self.expected(false), self.expected(true)];
         loop {
