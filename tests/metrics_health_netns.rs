@@ -290,13 +290,17 @@ fn health_and_metrics_of_a_running_agent() {
         metric(&after, "netpol_programming_latency_seconds_count"),
         count + 1.0
     );
-    assert!(
-        metric(
-            &after,
-            "netpol_programming_latency_seconds_bucket{le=\"0.512\"}"
-        ) >= 1.0,
-        "a normal change is programmed quickly"
-    );
+    // A claim about speed, so checked where time is real: under emulation (the kernel
+    // matrix's VMs) one restore of a few lines takes seconds.
+    if common::time_scale() == 1 {
+        assert!(
+            metric(
+                &after,
+                "netpol_programming_latency_seconds_bucket{le=\"0.512\"}"
+            ) >= 1.0,
+            "a normal change is programmed quickly"
+        );
+    }
     assert!(
         ns.exec_ok(&["iptables-legacy", "-S"])
             .lines()
