@@ -20,7 +20,8 @@
 #
 # The test binaries are built once on the host (cargo test --no-run) and run directly in the
 # guest (no cargo there: nothing can trigger a rebuild under emulation), each in the project's
-# directory as cargo would, one VM per cell, each binary under its own timeout (default 1200 s).
+# directory as cargo would, one VM per cell, each binary under its own timeout (default
+# 2700 s: bridge_netns needs more than 1800 s on 5.10 under TCG).
 # Logs: target/vm/matrix/<kernel>-<userspace>/<test>.log; the table: target/vm/matrix/table.txt.
 # Exit status: 0 when every test passed.
 set -euo pipefail
@@ -38,8 +39,9 @@ if [ "${1:-}" = --in-guest ]; then
 	# What a Kubernetes node has loaded before any pod exists (kubeadm's and the bridge CNI's
 	# prerequisite); nothing requests it on demand, and the bridge tests need it.
 	modprobe br_netfilter 2>/dev/null || echo "kernel-matrix: modprobe br_netfilter failed" >&2
-	# TCG runs 10-30x slower than the host: the tests' convergence waits (tests/pod_node)
-	# stretch by this; what they check is unchanged.
+	# TCG runs 10-30x slower than the host: every bounded wait of the tests stretches by this
+	# (tests/common::scaled); what they check is unchanged, and a bound that claims the
+	# product's speed is held as written only on the host (docs/verified-on.md, fix 9).
 	export NETPOL_TEST_TIME_SCALE="${NETPOL_TEST_TIME_SCALE:-6}"
 	for spec in "$@"; do
 		name="${spec%%=*}" bin="${spec#*=}"
@@ -63,7 +65,7 @@ fi
 kernels="5.10 6.1 6.12"
 userspaces="host own"
 tests=""
-test_timeout=1200
+test_timeout=2700
 smoke=""
 # The smoke selection; measured durations in docs/verified-on.md.
 # nflog_netns (NFLOG delivery) left out for time (the test command's budget); the full matrix has it.
