@@ -143,7 +143,7 @@ fn tightened_policy(reevaluate: bool) {
     node.write_policies(POLICY);
     // Probe the denied connections every 100 ms, for 2.5 s or until each has stopped (on
     // until 5 s when stretched by the time scale): when did each stop?
-    let window = if common::time_scale() == 1 {
+    let window = if common::real_time() {
         Duration::from_millis(2500)
     } else {
         common::scaled(Duration::from_secs(5))
@@ -174,7 +174,7 @@ fn tightened_policy(reevaluate: bool) {
             // A claim about speed, so checked where time is real: under emulation (the
             // kernel matrix's VMs) the policy alone takes seconds to reach the kernel.
             assert!(
-                at < Duration::from_secs(1) || common::time_scale() > 1,
+                at < Duration::from_secs(1) || !common::real_time(),
                 "{}: cut only after {at:?}",
                 c.name
             );

@@ -292,7 +292,7 @@ fn health_and_metrics_of_a_running_agent() {
     );
     // A claim about speed, so checked where time is real: under emulation (the kernel
     // matrix's VMs) one restore of a few lines takes seconds.
-    if common::time_scale() == 1 {
+    if common::real_time() {
         assert!(
             metric(
                 &after,

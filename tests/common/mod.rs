@@ -183,6 +183,15 @@ pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String
 /// (a whole number, at least 1; 1 when unset or unreadable). `scripts/kernel-matrix.sh` sets it
 /// in its VMs, where emulation runs 10-30x slower and an agent alone takes 15-20 s to start.
 /// It stretches how long a wait may last, never what it waits for.
+#[allow(dead_code)]
+pub fn time_scale() -> u32 {
+    std::env::var("NETPOL_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// `limit` stretched by [`time_scale`]: for every bounded wait of a real-kernel test. A bound
 /// that is also a claim of the product (a deny line within a second, a cut within one) is
 /// therefore checked as such on the host, where the scale is 1; in an emulated VM the test
@@ -192,11 +201,10 @@ pub fn scaled(limit: Duration) -> Duration {
     limit * time_scale()
 }
 
+/// Whether time here is a real machine's (no [`time_scale`] stretch): a claim about the
+/// product's speed that cannot be stretched (a latency bucket, a cut within a second) is
+/// asserted only then; `cargo test` on the host does on every CI run.
 #[allow(dead_code)]
-pub fn time_scale() -> u32 {
-    std::env::var("NETPOL_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(1)
-        .max(1)
+pub fn real_time() -> bool {
+    time_scale() == 1
 }
