@@ -179,6 +179,27 @@ impl Procs {
             .spawn()
             .expect("python3");
         self.0.push(child);
+        // Listening before any probe: a probe opens its socket at once, and python3 takes
+        // seconds to start under emulation.
+        let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
+        for &p in ports {
+            let local = std::net::SocketAddr::from(([127, 0, 0, 1], p));
+            while common::connect_in(
+                &format!("/run/netns/{}", ns.name),
+                local,
+                None,
+                Duration::from_secs(1),
+            )
+            .is_err()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: nothing listens on port {p}",
+                    ns.name
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 }
 
@@ -193,23 +214,15 @@ impl Drop for Procs {
 
 /// One TCP connect from `ns` (optionally from source address `src`), 1.5 s at most.
 fn connects(ns: &str, dst: &str, port: u16, src: Option<&str>) -> bool {
-    let script = format!(
-        "import socket\n\
-         s = socket.socket(socket.AF_INET6 if ':' in {dst:?} else socket.AF_INET); s.settimeout(1.5)\n\
-         src = {src:?}\n\
-         if src: s.bind((src, 0))\n\
-         try:\n\
-         \x20   s.connect(({dst:?}, {port})); print('OK')\n\
-         except Exception as e:\n\
-         \x20   print('FAIL', e)\n",
-        src = src.unwrap_or("")
-    );
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "python3", "-c", &script])
-        .stdin(Stdio::null())
-        .output()
-        .expect("python3");
-    String::from_utf8_lossy(&out.stdout).starts_with("OK")
+    let dst = std::net::SocketAddr::new(dst.parse().unwrap(), port);
+    let src = src.map(|s| s.parse().unwrap());
+    common::connect_in(
+        &format!("/run/netns/{ns}"),
+        dst,
+        src,
+        Duration::from_millis(1500),
+    )
+    .is_ok()
 }
 
 /// A connection to try and whether policy allows it.

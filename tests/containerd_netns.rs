@@ -250,7 +250,7 @@ fn build_pause_image(dir: &Path) -> PathBuf {
 /// the agent connects (`src/iface_naming/cri.rs`).
 async fn connect(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
     Endpoint::from_static("http://cri.invalid")
-        .connect_timeout(Duration::from_secs(5))
+        .connect_timeout(common::scaled(Duration::from_secs(5)))
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = path.clone();
             async move {
@@ -604,9 +604,9 @@ state = "{d}/state"
                 })
                 .await
         };
-        let result = self
-            .rt
-            .block_on(async { tokio::time::timeout(Duration::from_secs(20), call).await });
+        let result = self.rt.block_on(async {
+            tokio::time::timeout(common::scaled(Duration::from_secs(20)), call).await
+        });
         match result {
             Ok(r) => r.map(|_| ()),
             Err(_) => Err(tonic::Status::deadline_exceeded("timed out")),
@@ -797,27 +797,14 @@ impl Drop for Servers {
 
 /// One TCP connect from inside `from` to `to`'s address, 1 s at most: `Ok(())` or why not.
 fn connect_from(from: &Sandbox, to: &Sandbox) -> Result<(), String> {
-    let script = format!(
-        "import socket\n\
-         s = socket.socket(); s.settimeout(1.0)\n\
-         try:\n\
-         \x20   s.connect(({:?}, {PORT})); print('OK')\n\
-         except Exception as e:\n\
-         \x20   print('FAIL', e)\n",
-        to.ip
-    );
-    let out = from
-        .command()
-        .args(["python3", "-c", &script])
-        .stdin(Stdio::null())
-        .output()
-        .expect("python3");
-    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if text == "OK" {
-        Ok(())
-    } else {
-        Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
-    }
+    let dst =
+        std::net::SocketAddr::new(to.ip.parse().map_err(|e| format!("{}: {e}", to.ip))?, PORT);
+    common::connect_in(
+        &format!("/proc/{}/ns/net", from.pid),
+        dst,
+        None,
+        Duration::from_secs(1),
+    )
 }
 
 /// Runs every (from, to, allowed) probe concurrently (an expected success that fails is

@@ -5,8 +5,9 @@
 
 pub mod converge;
 
+use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -139,15 +140,46 @@ pub fn agent_in(ns: &str) -> Command {
 /// Runs `f` on a thread that entered network namespace `ns` first; sockets it opens stay
 /// in that namespace after it returns. The test's own threads never leave the host's.
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    in_netns_at(&format!("/run/netns/{ns}"), f)
+}
+
+/// [`in_netns`] for the namespace at `path`: a named one's `/run/netns/NAME`, or a process's
+/// `/proc/PID/ns/net` (a pod's sandbox).
+pub fn in_netns_at<T: Send>(path: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+                let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
                 nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
                 f()
             })
             .join()
             .expect("thread in the test namespace")
+    })
+}
+
+/// One TCP connect from inside the network namespace at `ns_path` (see [`in_netns_at`]) to
+/// `dst`, from source address `src` when given, within `timeout`: Ok, or what failed. A
+/// thread of the test opens the socket, so a probe starts no process: a python3 per probe
+/// took seconds under emulation, which made the bridge and containerd tests outlast their
+/// VM timeouts.
+pub fn connect_in(
+    ns_path: &str,
+    dst: SocketAddr,
+    src: Option<IpAddr>,
+    timeout: Duration,
+) -> Result<(), String> {
+    in_netns_at(ns_path, || {
+        let socket = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))
+            .map_err(|e| format!("socket: {e}"))?;
+        if let Some(src) = src {
+            socket
+                .bind(&SocketAddr::new(src, 0).into())
+                .map_err(|e| format!("bind {src}: {e}"))?;
+        }
+        socket
+            .connect_timeout(&dst.into(), timeout)
+            .map_err(|e| format!("connect {dst}: {e}"))
     })
 }
 
