@@ -2,8 +2,9 @@
 # The e2e scenarios with kube-proxy's IPVS mode (`netpol-e2e run --service-proxy ipvs`),
 # inside a Debian-kernel VM (issue 21: this machine's kernel has no IPVS).
 #
-#   bash scripts/ipvs-e2e.sh [--kernel 5.10|6.1|6.12] [--cells CELL,...] [--all|--quick] [--only PATH]...
-#                          [-- EXTRA...]
+#   bash scripts/ipvs-e2e.sh [--kernel 5.10|6.1|6.12] [--userspace bullseye|bookworm|trixie]
+#                          [--service-proxy ipvs|iptables|nftables] [--cells CELL,...]
+#                          [--all|--quick] [--only PATH]... [-- EXTRA...]
 #
 # Builds nothing: runs target/release/netpol-e2e and netpol-agent as the host built them
 # (`cargo build --release --locked --bins` first; NPA_E2E_BIN_DIR=DIR takes both from DIR). One VM (scripts/vm.sh, TCG, 2 vCPUs,
@@ -17,6 +18,10 @@
 # every scenario (e2e/scenarios e2e/regressions); `--only PATH` (repeatable): those instead. EXTRA is passed to `netpol-e2e run`
 # (e.g. --check-explain). FELIX_KUBEIPVSSUPPORTENABLED=false in the environment reaches the
 # agents and `compile` (the "before": rules without IPVS support).
+# `--userspace` runs the guest with that Debian release's iptables, ipset, iproute2 and
+# ipvsadm (scripts/vm.sh); `--service-proxy` other than ipvs runs the same scenarios with
+# kube-proxy's other modes, so the e2e scenarios run on another kernel and userspace than
+# this machine's (docs/verified-on.md).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,6 +29,8 @@ proj="$(cd "$here/.." && pwd)"
 cd "$proj"
 
 kernel=6.1
+userspace=()
+proxy=ipvs
 cells="calico/ipv4,calico/dual,bridge/ipv4,bridge/dual"
 all=0
 quick=0
@@ -32,12 +39,14 @@ extra=(--converge-timeout-secs 180 --probe-timeout-ms 2000)
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--kernel) kernel="$2"; shift 2 ;;
+	--userspace) userspace=(--userspace "$2"); shift 2 ;;
+	--service-proxy) proxy="$2"; shift 2 ;;
 	--cells) cells="$2"; shift 2 ;;
 	--all) all=1; shift ;;
 	--quick) quick=1; shift ;;
 	--only) only+=("$2"); shift 2 ;;
 	--) shift; extra+=("$@"); break ;;
-	*) echo "usage: bash scripts/ipvs-e2e.sh [--kernel K] [--cells CNI/FAMILY,...] [--all] [-- EXTRA...]" >&2; exit 2 ;;
+	*) echo "usage: bash scripts/ipvs-e2e.sh [--kernel K] [--userspace R] [--service-proxy P] [--cells CNI/FAMILY,...] [--all|--quick] [--only PATH]... [-- EXTRA...]" >&2; exit 2 ;;
 	esac
 done
 
@@ -91,7 +100,7 @@ trap 'rm -f "$guest"' EXIT
 	for cell in "${list[@]}"; do
 		cni="${cell%/*}" fam="${cell#*/}"
 		printf 'echo "=== ipvs-e2e: kernel %s cell %s/%s"; start=$(date +%%s)\n' "$kernel" "$cni" "$fam"
-		printf '%q run --cni %q --ip-family %q --service-proxy ipvs' "$bindir/netpol-e2e" "$cni" "$fam"
+		printf '%q run --cni %q --ip-family %q --service-proxy %q' "$bindir/netpol-e2e" "$cni" "$fam" "$proxy"
 		[ ${#extra[@]} -gt 0 ] && printf ' %q' "${extra[@]}"
 		printf ' %q' "${scenarios[@]}"
 		printf ' || status=1\n'
@@ -99,4 +108,4 @@ trap 'rm -f "$guest"' EXIT
 	done
 	echo 'exit $status'
 } >"$guest"
-exec bash "$here/vm.sh" --kernel "$kernel" --cpus 2 --mem 4096 -- bash "$guest"
+exec bash "$here/vm.sh" --kernel "$kernel" "${userspace[@]}" --cpus 2 --mem 4096 -- bash "$guest"
