@@ -44,7 +44,10 @@
 //! recreation and the new pod: they end in the same resolvers.) Every
 //! pod must get its `cali-tw-`/`cali-fw-` chains on the interface the CNI really made, and
 //! the agent must report no local pod without an interface (`FELIX_INTERFACEGRACEPERIOD=2`,
-//! `netpol_local_pods_without_interface` 0, no warning).
+//! `netpol_local_pods_without_interface` 0, no warning). The grace period is stretched by the
+//! tests' time scale like their waits: a recreated sandbox leaves its pod without an
+//! interface until the new one exists, which under emulation takes longer than 2 s (the
+//! agent then rightly reported it).
 //!
 //! Cleanup, also when the test fails (`Drop`): every sandbox is stopped and removed through
 //! CRI (CNI DEL: veths and IPAM leases go), containerd is stopped, any runc container or
@@ -79,6 +82,11 @@ const NODE: &str = "node-1";
 const NAMESPACE: &str = "demo";
 const PORT: u16 = 8080;
 const METRICS: u16 = 9091;
+
+/// The agent's `FELIX_INTERFACEGRACEPERIOD` here: 2 s, stretched by the time scale.
+fn grace_secs() -> u64 {
+    2 * u64::from(common::time_scale())
+}
 
 // ------------------------------------------------------------------------------ tools
 
@@ -924,7 +932,7 @@ impl Agent {
         cmd.args(["run", "--node", NODE, "--iptables-backend", backend])
             .arg("--datastore")
             .arg(format!("dir:{}", data.display()))
-            .env("FELIX_INTERFACEGRACEPERIOD", "2")
+            .env("FELIX_INTERFACEGRACEPERIOD", grace_secs().to_string())
             .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
             .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
             .env("FELIX_PROMETHEUSMETRICSPORT", METRICS.to_string())
@@ -1327,7 +1335,7 @@ fn scenario(wiring: Wiring, auto: bool) {
     }
 
     // Past the grace period: no local pod without an interface, nothing reported.
-    let grace = Duration::from_secs(5);
+    let grace = Duration::from_secs(grace_secs() + 3);
     if agent_started.elapsed() < grace {
         std::thread::sleep(grace - agent_started.elapsed());
     }
