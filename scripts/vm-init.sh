@@ -58,6 +58,13 @@ if [ "${1:-}" != stage2 ]; then
 	mount -t proc proc $N/proc
 	mount -t sysfs sysfs $N/sys
 	mkdir -p $N/dev/pts $N/dev/shm
+	# What udev or systemd gives every real node (devtmpfs has none of them). Without /dev/fd,
+	# execveat(fd, "", AT_EMPTY_PATH) fails with ENOENT on 5.10 (fine on 6.x), so runc's init,
+	# which re-executes itself that way, died and no containerd sandbox could start.
+	ln -sfn /proc/self/fd $N/dev/fd
+	ln -sfn /proc/self/fd/0 $N/dev/stdin
+	ln -sfn /proc/self/fd/1 $N/dev/stdout
+	ln -sfn /proc/self/fd/2 $N/dev/stderr
 	mount -t devpts -o newinstance,ptmxmode=0666 devpts $N/dev/pts
 	mount -t tmpfs tmpfs $N/dev/shm
 	mount -t tmpfs -o mode=0755 tmpfs $N/run
