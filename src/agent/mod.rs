@@ -297,6 +297,15 @@ fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
                 Ok(w) => report.ips.iter().flat_map(|ip| w.carriers(*ip)).collect(),
                 Err(e) => vec![format!("(the node could not be read: {e:#})")],
             };
+            let names: Vec<String> = match &wiring {
+                Ok(w) => report
+                    .ips
+                    .iter()
+                    .flat_map(|ip| w.carrier_names(*ip))
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            let conclusion = unnamed::conclusion(&names, &cfg.interface_prefixes);
             // Bounded: a pod from a datastore that does not hold it to one address per
             // family could bring thousands.
             let carriers = first_few(&carriers);
@@ -312,13 +321,12 @@ fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
                 ips = ips.join(","),
                 interface = report.iface.as_deref().unwrap_or(""),
                 carriers = carriers.join("; "),
-                "local pod without a host interface for the grace period: {}; its address is reached through {}; FELIX_INTERFACEPREFIX={} and the naming scheme do not fit this node's CNI (docs/install.md: Choosing the configuration for your CNI), so its traffic meets none of its policy",
+                "local pod without a host interface for the grace period: {}; its address is reached through {}; {conclusion}, so its traffic meets none of its policy",
                 match &report.iface {
                     Some(i) => format!("it was named {i}, and no such interface exists"),
                     None => "no interface was found for it".into(),
                 },
                 if carriers.is_empty() { "no interface of this node".into() } else { carriers.join(", ") },
-                cfg.interface_prefixes.join(","),
             );
         }
     }

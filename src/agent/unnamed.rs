@@ -53,6 +53,28 @@ pub struct Report {
     pub iface: Option<String>,
 }
 
+/// What a report concludes about the configuration, from the names of the interfaces that
+/// carry the pod's address (`host::wiring`) and FELIX_INTERFACEPREFIX. When one of them has a
+/// configured prefix, the prefix fits this node's CNI and blaming it would send the operator
+/// the wrong way: the scheme named that pod otherwise or not at all, which a sandbox being
+/// stopped or recreated past the grace period also causes (seen with containerd under
+/// emulation), as does a scheme that does not fit.
+pub fn conclusion(carrier_names: &[String], prefixes: &[String]) -> String {
+    let fitting = carrier_names
+        .iter()
+        .find(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())));
+    match fitting {
+        Some(name) => format!(
+            "{name} has a configured prefix (FELIX_INTERFACEPREFIX={}), but the naming scheme did not name it for this pod: its sandbox is being stopped or recreated, or its address in the datastore is not yet the new one; if neither, FELIX_INTERFACENAMESCHEME does not fit this node's CNI (docs/install.md: Choosing the configuration for your CNI)",
+            prefixes.join(",")
+        ),
+        None => format!(
+            "FELIX_INTERFACEPREFIX={} and the naming scheme do not fit this node's CNI (docs/install.md: Choosing the configuration for your CNI)",
+            prefixes.join(",")
+        ),
+    }
+}
+
 /// What one check found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -261,5 +283,29 @@ mod tests {
         assert!(c.fits_nothing());
         // No local pod at all is not a misfit.
         assert!(!u.check(t0 + grace, vec![], |_| false).fits_nothing());
+    }
+
+    #[test]
+    fn the_conclusion_blames_the_prefix_only_when_no_carrier_has_it() {
+        let prefixes = vec!["cali".to_string(), "veth-".to_string()];
+        // Routed through an interface of ours: the prefix fits, the scheme did not name it.
+        let own = conclusion(&["eth0".into(), "veth-e18df9a782".into()], &prefixes);
+        assert!(
+            own.starts_with("veth-e18df9a782 has a configured prefix"),
+            "{own}"
+        );
+        assert!(own.contains("being stopped or recreated"), "{own}");
+        assert!(
+            own.contains("FELIX_INTERFACENAMESCHEME does not fit"),
+            "{own}"
+        );
+        // Routed through another CNI's interfaces, a bridge, or nothing: the prefix is wrong.
+        for names in [vec!["vethbar01".to_string()], vec!["cni0".into()], vec![]] {
+            let other = conclusion(&names, &prefixes);
+            assert_eq!(
+                other,
+                "FELIX_INTERFACEPREFIX=cali,veth- and the naming scheme do not fit this node's CNI (docs/install.md: Choosing the configuration for your CNI)"
+            );
+        }
     }
 }

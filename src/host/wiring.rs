@@ -84,6 +84,20 @@ impl NodeWiring {
         out.into_iter().collect()
     }
 
+    /// The names of the interfaces [`NodeWiring::carriers`] describes, without the detail.
+    pub fn carrier_names(&self, ip: IpAddr) -> Vec<String> {
+        let routes = self.host_routes.iter().filter(|(dst, ..)| *dst == ip);
+        let neighbours = self.neighbours.iter().filter(|(dst, _)| *dst == ip);
+        let indexes = routes
+            .map(|(.., oif)| *oif)
+            .chain(neighbours.map(|(_, dev)| *dev));
+        let names: BTreeSet<String> = indexes
+            .filter_map(|i| self.name(i))
+            .map(str::to_string)
+            .collect();
+        names.into_iter().collect()
+    }
+
     /// How pods are wired here: the veths that are ports of a bridge (bridge mode: the
     /// bridge with the most of them), else the veths that carry host routes (routed), with
     /// the prefixes their names share. `None` while the node shows neither (no pod yet).
@@ -242,6 +256,9 @@ mod tests {
             ]
         );
         assert!(routed.carriers(ip("10.244.9.9")).is_empty());
+        // One name however many entries carry it; none for an address nothing carries.
+        assert_eq!(routed.carrier_names(ip("10.244.1.5")), ["vethbar01"]);
+        assert!(routed.carrier_names(ip("10.244.9.9")).is_empty());
 
         let bridged = NodeWiring {
             links: vec![
@@ -261,6 +278,7 @@ mod tests {
             })
         );
         assert!(bridged.carriers(ip("10.244.2.7"))[0].contains("FELIX_BRIDGEINTERFACE"));
+        assert_eq!(bridged.carrier_names(ip("10.244.2.7")), ["cni0"]);
 
         // No pod yet: nothing to tell.
         let empty = NodeWiring {
