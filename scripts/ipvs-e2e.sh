@@ -108,4 +108,13 @@ trap 'rm -f "$guest"' EXIT
 	done
 	echo 'exit $status'
 } >"$guest"
-exec bash "$here/vm.sh" --kernel "$kernel" "${userspace[@]}" --cpus 2 --mem 4096 -- bash "$guest"
+# The guest's limit: an hour, or 200 s per scenario and cell when that is more (under TCG a
+# scenario takes 180-650 s, two at a time; two cells of 12 outlasted an hour).
+nscen=0
+for sc in "${scenarios[@]}"; do
+	if [ -d "$sc" ]; then nscen=$((nscen + $(find "$sc" -name '*.yaml' | wc -l))); else nscen=$((nscen + 1)); fi
+done
+IFS=, read -ra ncells <<<"$cells"
+vm_timeout=$((nscen * ${#ncells[@]} * 200 + 600))
+[ "$vm_timeout" -ge 3600 ] || vm_timeout=3600
+exec bash "$here/vm.sh" --kernel "$kernel" "${userspace[@]}" --cpus 2 --mem 4096 --timeout "$vm_timeout" -- bash "$guest"
