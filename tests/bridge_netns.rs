@@ -179,26 +179,8 @@ impl Procs {
             .spawn()
             .expect("python3");
         self.0.push(child);
-        // Listening before any probe: a probe opens its socket at once, and python3 takes
-        // seconds to start under emulation.
-        let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
         for &p in ports {
-            let local = std::net::SocketAddr::from(([127, 0, 0, 1], p));
-            while common::connect_in(
-                &format!("/run/netns/{}", ns.name),
-                local,
-                None,
-                Duration::from_secs(1),
-            )
-            .is_err()
-            {
-                assert!(
-                    Instant::now() < deadline,
-                    "{}: nothing listens on port {p}",
-                    ns.name
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            common::await_listener(&format!("/run/netns/{}", ns.name), p, &ns.name);
         }
     }
 }

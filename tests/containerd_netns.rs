@@ -786,19 +786,7 @@ impl Servers {
             .spawn()
             .expect("python3");
         self.0.push(child);
-        // Listening before any probe: a probe connects at once, python3 takes seconds to
-        // start under emulation.
-        let local = std::net::SocketAddr::from(([127, 0, 0, 1], PORT));
-        let ns = format!("/proc/{}/ns/net", pod.pid);
-        let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
-        while common::connect_in(&ns, local, None, Duration::from_secs(1)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "{}: nothing listens on port {PORT}",
-                pod.name
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::await_listener(&format!("/proc/{}/ns/net", pod.pid), PORT, &pod.name);
     }
 
     fn stop(&mut self) {

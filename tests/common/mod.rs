@@ -183,6 +183,21 @@ pub fn connect_in(
     })
 }
 
+/// Waits until something listens on `127.0.0.1:port` in the namespace at `ns_path` (panics,
+/// naming `what`, after a scaled 10 s): a probe connects at once, while a listener started
+/// as a process (python3) takes seconds to start under emulation.
+pub fn await_listener(ns_path: &str, port: u16, what: &str) {
+    let local = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = std::time::Instant::now() + scaled(Duration::from_secs(10));
+    while connect_in(ns_path, local, None, Duration::from_secs(1)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: nothing listens on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `GET path` on 127.0.0.1:port inside network namespace `ns`: (status, body).
 pub fn http_get(ns: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
     in_netns(ns, || {
