@@ -90,6 +90,7 @@ echo "kernel-matrix: building the test binaries on the host" >&2
 started=$(date +%s)
 args=()
 for t in $tests; do args+=(--test "${t%%:*}"); done
+mkdir -p "$proj/target" # a fresh clone has none yet
 cargo test --locked --no-run --message-format=json "${args[@]}" >"$proj/target/vm-matrix-build.json" 2>"$proj/target/vm-matrix-build.log" ||
 	{ tail -30 "$proj/target/vm-matrix-build.log" >&2; echo "kernel-matrix: build failed" >&2; exit 1; }
 mkdir -p "$out"
