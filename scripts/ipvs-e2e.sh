@@ -27,6 +27,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 proj="$(cd "$here/.." && pwd)"
 cd "$proj"
+# A fresh machine: ipvsadm and the rest for the host-userspace guest (it sees this file system).
+source scripts/setup.sh
 
 kernel=6.1
 userspace=()

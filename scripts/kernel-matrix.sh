@@ -86,6 +86,9 @@ if [ -z "$tests" ]; then
 fi
 
 cd "$proj"
+# A fresh machine: protoc for the build, and the tools the host-userspace cells use (the guest
+# sees this machine's file system).
+source scripts/setup.sh
 echo "kernel-matrix: building the test binaries on the host" >&2
 started=$(date +%s)
 args=()
