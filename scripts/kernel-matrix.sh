@@ -21,7 +21,8 @@
 # The test binaries are built once on the host (cargo test --no-run) and run directly in the
 # guest (no cargo there: nothing can trigger a rebuild under emulation), each in the project's
 # directory as cargo would, one VM per cell, each binary under its own timeout (default
-# 2700 s: bridge_netns needs more than 1800 s on 5.10 under TCG).
+# 2700 s: it catches a stuck binary, not a slow one; the slowest, containerd_netns, took 971 s
+# on 5.10 under TCG).
 # Logs: target/vm/matrix/<kernel>-<userspace>/<test>.log; the table: target/vm/matrix/table.txt.
 # Exit status: 0 when every test passed.
 set -euo pipefail
