@@ -363,3 +363,29 @@ fn a_dnat_entry_is_found_by_the_address_only_its_reply_tuple_has() {
     }
     assert_eq!(list(&pair, addr(service), Filtering::Auto).entries.len(), 1);
 }
+
+/// The tests' own rule edits wait for the machine-wide xtables lock (the failure this guards:
+/// "Can't lock /run/xtables.lock" on 6.12 + trixie while the IPv4 test held it).
+#[test]
+fn a_tests_own_iptables_call_waits_for_the_lock() {
+    let w = common::with_xtables_wait;
+    assert_eq!(
+        w(&["ip6tables-legacy", "-D", "INPUT"]),
+        ["ip6tables-legacy", "-w", "-D", "INPUT"]
+    );
+    assert_eq!(
+        w(&["/usr/sbin/iptables-nft", "-S"]),
+        ["/usr/sbin/iptables-nft", "-w", "-S"]
+    );
+    assert_eq!(
+        w(&["iptables-legacy-restore"]),
+        ["iptables-legacy-restore", "-w"]
+    );
+    assert_eq!(
+        w(&["iptables", "-w", "-N", "X"]),
+        ["iptables", "-w", "-N", "X"]
+    );
+    assert_eq!(w(&["iptables-legacy-save"]), ["iptables-legacy-save"]);
+    assert_eq!(w(&["ip", "link"]), ["ip", "link"]);
+    assert!(w(&[]).is_empty());
+}

@@ -46,6 +46,24 @@ pub fn run_ok(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `args` with `-w` after an iptables/ip6tables command (any backend, and `-restore`) that
+/// lacks it. The xtables lock (`/run/xtables.lock`) is one per machine, not per namespace, so
+/// a test's own rule edit races every parallel test's and the agents' restores; without `-w`
+/// iptables-legacy fails at once when it is held ("Another app is currently holding the
+/// xtables lock"), which under emulation happened in `conntrack_netns` on 6.12 + trixie.
+/// `-save` takes no lock and no `-w`, and is left as it is.
+pub fn with_xtables_wait<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut out = args.to_vec();
+    let Some(cmd) = args.first() else { return out };
+    let base = cmd.rsplit('/').next().unwrap_or(cmd);
+    let xtables =
+        (base.starts_with("iptables") || base.starts_with("ip6tables")) && !base.ends_with("-save");
+    if xtables && !args.iter().any(|a| *a == "-w" || *a == "--wait") {
+        out.insert(1, "-w");
+    }
+    out
+}
+
 pub fn have(binary: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {binary}")])
@@ -74,15 +92,17 @@ impl NetNs {
     }
 
     pub fn exec(&self, args: &[&str]) -> Output {
-        let mut full = vec!["netns", "exec", self.name.as_str()];
-        full.extend_from_slice(args);
-        run("ip", &full)
+        run("ip", &self.netns_argv(args))
     }
 
     pub fn exec_ok(&self, args: &[&str]) -> String {
+        run_ok("ip", &self.netns_argv(args))
+    }
+
+    fn netns_argv<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
         let mut full = vec!["netns", "exec", self.name.as_str()];
-        full.extend_from_slice(args);
-        run_ok("ip", &full)
+        full.extend(with_xtables_wait(args));
+        full
     }
 
     /// Runs a shell command line inside the namespace.
