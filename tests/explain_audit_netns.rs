@@ -119,7 +119,9 @@ impl Node {
     }
 
     fn iptables(&self, args: &str) {
-        self.ns.sh_ok(&format!("iptables-{} {args}", self.backend));
+        // A shell line, so `NetNs::exec`'s `-w` does not reach it: written here.
+        self.ns
+            .sh_ok(&format!("iptables-{} -w {args}", self.backend));
     }
 
     /// The first chain of compile's output starting with `prefix`.

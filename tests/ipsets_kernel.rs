@@ -352,7 +352,7 @@ fn referenced_set_is_destroyed_once_iptables_lets_go() {
     ]);
     mgr.apply_additions(&v1, &all_names(&v1)).unwrap();
     let rule = "FORWARD -m set --match-set cali40s:a-used src -j ACCEPT";
-    ns.sh_ok(&format!("iptables-legacy -A {rule}"));
+    ns.sh_ok(&format!("iptables-legacy -w -A {rule}"));
 
     // Both other sets sort after the referenced one: the refused destroy must not stop them.
     let v2 = desired(vec![net_set("cali40s:c-kept", &["10.0.0.3"])]);
@@ -383,7 +383,7 @@ fn referenced_set_is_destroyed_once_iptables_lets_go() {
     assert!(!mgr.destroy_retry_due(before + ms(390)));
     assert!(mgr.destroy_retry_due(after + ms(450)));
 
-    ns.sh_ok(&format!("iptables-legacy -D {rule}"));
+    ns.sh_ok(&format!("iptables-legacy -w -D {rule}"));
     let calls = mgr.stats().restore_calls;
     // Nothing dirty this time: the pending destroy is retried on its own.
     mgr.apply_removals(&v2, &BTreeSet::new()).unwrap();
@@ -419,7 +419,7 @@ fn referenced_set_of_the_wrong_type_is_reported_and_the_rest_applied() {
     assert_eq!(sets["cali40s:b"], expected(&want, MAX)["cali40s:b"]);
     assert!(sets["cali40s:a"].0.contains("hash:ip "), "left as it was");
 
-    ns.sh_ok("iptables-legacy -F FORWARD");
+    ns.sh_ok("iptables-legacy -w -F FORWARD");
     mgr.apply_additions(&want, &names(&["cali40s:a"])).unwrap();
     assert_eq!(kernel_sets(&ns), expected(&want, MAX));
 }
