@@ -36,6 +36,25 @@ impl Backend {
     }
 }
 
+/// What an operator must know when NFLOG rules (deny logs, flow logs) go through the nft
+/// backend. The image's iptables-nft (1.8.9; 1.8.11 the same) writes `-j NFLOG` as nft's
+/// native `log group` statement, which iptables-nft 1.8.7 and older cannot decode: for them
+/// the whole `filter` table becomes "incompatible", so the host's `iptables -L` fails and
+/// its `iptables-save` prints no filter table at all while exiting 0 (a persisted snapshot
+/// then restores none). Per-chain commands (`-N`, `-A`, `-S CHAIN`, `-restore --noflush`)
+/// still work, so kubelet and kube-proxy keep programming. The agent cannot see which
+/// iptables the host or other pods run, so it says this once instead of guessing
+/// (docs/verified-on.md, defect 19).
+pub fn nflog_reader_caveat(backend: Backend, nflog_rules: bool) -> Option<&'static str> {
+    (backend == Backend::Nft && nflog_rules).then_some(
+        "deny logs or flow logs on the nft backend: the NFLOG rules are nf_tables `log` \
+         statements that iptables-nft 1.8.7 and older (Debian 11, Ubuntu 20.04 and 22.04, \
+         RHEL 8 hosts) cannot decode; such a release reports the whole filter table as \
+         incompatible, `iptables -L` fails and `iptables-save` leaves the filter table out. \
+         Where the host runs such an iptables, upgrade it or leave deny and flow logs off",
+    )
+}
+
 /// `iptables-legacy-save`, `ip6tables-nft-restore`, ...
 pub fn tool_name(family: IpFamily, backend: Backend, tool: &str) -> String {
     let base = match family {
@@ -251,5 +270,20 @@ fn stderr_of(out: &Output) -> String {
     match text.char_indices().nth(2000) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nflog_caveat_is_said_only_for_nflog_rules_through_nft() {
+        let said = nflog_reader_caveat(Backend::Nft, true).expect("nft with NFLOG rules");
+        assert!(said.contains("1.8.7") && said.contains("iptables-save"));
+        // Legacy writes the xt NFLOG target every release reads; without NFLOG rules
+        // nothing native is written.
+        assert_eq!(nflog_reader_caveat(Backend::Legacy, true), None);
+        assert_eq!(nflog_reader_caveat(Backend::Nft, false), None);
     }
 }
