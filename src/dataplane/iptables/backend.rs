@@ -42,7 +42,7 @@ impl Backend {
 /// the whole `filter` table becomes "incompatible", so the host's `iptables -L` fails and
 /// its `iptables-save` prints no filter table at all while exiting 0 (a persisted snapshot
 /// then restores none). Per-chain commands (`-N`, `-A`, `-S CHAIN`, `-restore --noflush`)
-/// still work, so kubelet and kube-proxy keep programming. The agent cannot see which
+/// still work (what kubelet and kube-proxy mostly use). The agent cannot see which
 /// iptables the host or other pods run, so it says this once instead of guessing
 /// (docs/verified-on.md, defect 19).
 pub fn nflog_reader_caveat(backend: Backend, nflog_rules: bool) -> Option<&'static str> {
