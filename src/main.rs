@@ -39,7 +39,7 @@ use netpol_agent::config::{
     LogOptions, NamingScheme, RuleOptions,
 };
 use netpol_agent::dataplane::driver::Timers;
-use netpol_agent::dataplane::iptables::{detect_backend, nflog_reader_caveat, Backend};
+use netpol_agent::dataplane::iptables::{detect_backend, older_reader_caveat, Backend};
 use netpol_agent::dataplane::{self, DataplaneConfig};
 use netpol_agent::datastore::dir::DirSource;
 use netpol_agent::datastore::manifests;
@@ -431,8 +431,10 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     );
     let backend = detect(&args.dataplane, &exec);
     let nflog_rules = args.rules.deny_log_enabled || args.rules.flow_logs_enabled;
-    if let Some(caveat) = nflog_reader_caveat(backend, nflog_rules) {
-        warn!("{caveat}");
+    match older_reader_caveat(backend, nflog_rules) {
+        Some(c) if c.warn => warn!("{}", c.text),
+        Some(c) => info!("{}", c.text),
+        None => {}
     }
     let dataplane_cfg = DataplaneConfig {
         families,

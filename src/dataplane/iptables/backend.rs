@@ -36,23 +36,49 @@ impl Backend {
     }
 }
 
-/// What an operator must know when NFLOG rules (deny logs, flow logs) go through the nft
-/// backend. The image's iptables-nft (1.8.9; 1.8.11 the same) writes `-j NFLOG` as nft's
-/// native `log group` statement, which iptables-nft 1.8.7 and older cannot decode: for them
-/// the whole `filter` table becomes "incompatible", so the host's `iptables -L` fails and
-/// its `iptables-save` prints no filter table at all while exiting 0 (a persisted snapshot
-/// then restores none). Per-chain commands (`-N`, `-A`, `-S CHAIN`, `-restore --noflush`)
-/// still work (what kubelet and kube-proxy mostly use). The agent cannot see which
-/// iptables the host or other pods run, so it says this once instead of guessing
-/// (docs/verified-on.md, defect 19).
-pub fn nflog_reader_caveat(backend: Backend, nflog_rules: bool) -> Option<&'static str> {
-    (backend == Backend::Nft && nflog_rules).then_some(
-        "deny logs or flow logs on the nft backend: the NFLOG rules are nf_tables `log` \
-         statements that iptables-nft 1.8.7 and older (Debian 11, Ubuntu 20.04 and 22.04, \
-         RHEL 8 hosts) cannot decode; such a release reports the whole filter table as \
-         incompatible, `iptables -L` fails and `iptables-save` leaves the filter table out. \
-         Where the host runs such an iptables, upgrade it or leave deny and flow logs off",
-    )
+/// What an operator of an nft node must know about older iptables on the same host
+/// (docs/verified-on.md, defect 19). The image's iptables-nft (1.8.9) writes some matches
+/// and targets as native nf_tables expressions, which iptables-nft 1.8.7 and older (Debian
+/// 11, Ubuntu 20.04 and 22.04, RHEL 8) decode wrongly or not at all:
+/// - `-m mark --mark V/M`: printed without the match, so such a release's `iptables-save`
+///   shows our mark-guarded accepts and drops as unconditional, and restoring that save
+///   would make them so (until the agent repairs its chains);
+/// - `-j NFLOG` (deny and flow logs): no decoder, so the whole `filter` table is
+///   "incompatible": `iptables -L` fails and `iptables-save` prints no filter table while
+///   exiting 0.
+///
+/// Per-chain commands of such a release (`-N`, `-A`, `-S CHAIN`, `-restore --noflush`) work.
+/// The agent cannot see which iptables the host or other pods run (the DaemonSet does not
+/// mount the host's root), so it says this once rather than guess: as information on every
+/// nft node, and as a warning when the NFLOG rules make the host's listing fail outright.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReaderCaveat {
+    /// A warning (the host's listing fails outright) rather than information.
+    pub warn: bool,
+    pub text: &'static str,
+}
+
+/// The caveat for this backend, when it writes anything an older iptables misreads.
+pub fn older_reader_caveat(backend: Backend, nflog_rules: bool) -> Option<ReaderCaveat> {
+    match (backend, nflog_rules) {
+        (Backend::Legacy, _) => None,
+        (Backend::Nft, false) => Some(ReaderCaveat {
+            warn: false,
+            text: "nft backend: iptables-nft 1.8.7 and older on this host (Debian 11, Ubuntu \
+                   20.04 and 22.04, RHEL 8) print the agent's mark matches away; read its \
+                   rules with `nft list table ip filter` or iptables 1.8.8 or newer, and never \
+                   restore a save taken with such a release",
+        }),
+        (Backend::Nft, true) => Some(ReaderCaveat {
+            warn: true,
+            text: "deny logs or flow logs on the nft backend: iptables-nft 1.8.7 and older on \
+                   this host (Debian 11, Ubuntu 20.04 and 22.04, RHEL 8) cannot decode the \
+                   NFLOG rules (nf_tables `log` statements) and report the whole filter table \
+                   as incompatible: `iptables -L` fails and `iptables-save` leaves the filter \
+                   table out (they also print the agent's mark matches away). Where the host \
+                   runs such an iptables, upgrade it or leave deny and flow logs off",
+        }),
+    }
 }
 
 /// `iptables-legacy-save`, `ip6tables-nft-restore`, ...
@@ -278,12 +304,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_nflog_caveat_is_said_only_for_nflog_rules_through_nft() {
-        let said = nflog_reader_caveat(Backend::Nft, true).expect("nft with NFLOG rules");
-        assert!(said.contains("1.8.7") && said.contains("iptables-save"));
-        // Legacy writes the xt NFLOG target every release reads; without NFLOG rules
-        // nothing native is written.
-        assert_eq!(nflog_reader_caveat(Backend::Legacy, true), None);
-        assert_eq!(nflog_reader_caveat(Backend::Nft, false), None);
+    fn older_readers_are_warned_of_only_on_nft_and_loudly_only_for_nflog() {
+        let logs = older_reader_caveat(Backend::Nft, true).expect("nft with NFLOG rules");
+        assert!(logs.warn);
+        assert!(logs.text.contains("1.8.7") && logs.text.contains("iptables-save"));
+        let plain = older_reader_caveat(Backend::Nft, false).expect("nft, no NFLOG rules");
+        assert!(
+            !plain.warn,
+            "mark matches alone: information, not a warning"
+        );
+        assert!(plain.text.contains("1.8.7") && plain.text.contains("mark"));
+        // Legacy writes x_tables entries every release reads the same.
+        assert_eq!(older_reader_caveat(Backend::Legacy, true), None);
+        assert_eq!(older_reader_caveat(Backend::Legacy, false), None);
     }
 }

@@ -29,7 +29,7 @@ use crate::rules::token::restore_line_problem;
 use crate::rules::{Chain, ChainInsertMode};
 use crate::telemetry::metrics::IptablesMetrics;
 
-pub use backend::{detect_backend, nflog_reader_caveat, tool_name, Backend, BackendMode};
+pub use backend::{detect_backend, older_reader_caveat, tool_name, Backend, BackendMode};
 pub use parse::{KernelRule, Ownership, TableState};
 pub use plan::{Op, Plan};
 
