@@ -430,7 +430,8 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         resolver,
     );
     let backend = detect(&args.dataplane, &exec);
-    let nflog_rules = args.rules.deny_log_enabled || args.rules.flow_logs_enabled;
+    // What the renderer emits NFLOG rules from, not the flags again.
+    let nflog_rules = rules.deny_log.is_some() || rules.flow_log.is_some();
     match older_reader_caveat(backend, nflog_rules) {
         Some(c) if c.warn => warn!("{}", c.text),
         Some(c) => info!("{}", c.text),
