@@ -379,25 +379,46 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
-    if args.rules.interface_name_scheme == NamingScheme::Auto {
-        match detect_wiring(&health, &stop) {
-            Some(wiring) => args.rules = args.rules.with_wiring(&wiring),
-            None => {
-                info!("stopping; the node's pod wiring was never seen, nothing was programmed");
-                return Ok(ExitCode::SUCCESS);
+    // Set (with the reason) by whatever finds that the node changed what the agent was
+    // configured from (auto's wiring seen at last, kube-ipvs0 under auto); the loops then
+    // stop and `main` starts the agent again in place, rules kept meanwhile.
+    let restart: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let wiring_pending = args.rules.interface_name_scheme == NamingScheme::Auto && {
+        match read_wiring() {
+            Some(wiring) => {
+                args.rules = args.rules.with_wiring(&wiring);
+                false
             }
+            None => true,
         }
+    };
+    let mut rules = args.rules.rule_config()?;
+    if wiring_pending {
+        // No pod interface to hook yet: every pod is unnamed, the guard holds the isolated
+        // ones by address, and the node is watched until it shows how it wires pods.
+        rules.interface_prefixes.clear();
+        rules.bridge = None;
+        health.set_note(Some(WIRING_PENDING.into()));
+        watch_wiring(restart.clone(), stop.clone())?;
     }
-    let rules = args.rules.rule_config()?;
+    netpol_agent::telemetry::metrics::global()
+        .wiring_pending
+        .set(i64::from(wiring_pending));
     let (rules, ipvs_view) = kube_ipvs_mode(&args.rules, rules)?;
     // The sandbox scheme asks the container runtime (FELIX_CRIENDPOINT) at run time.
-    let resolver = args.rules.runtime_resolver(&opts.cri_config())?;
-    if !preflight_passes(opts, &rules, args.dataplane.ipv6_support, &health, &stop)? {
+    let resolver: Box<dyn netpol_agent::iface_naming::InterfaceResolver> = if wiring_pending {
+        Box::new(netpol_agent::iface_naming::WiringPending)
+    } else {
+        args.rules.runtime_resolver(&opts.cri_config())?
+    };
+    let families = node_families(&args.dataplane);
+    let ipv6 = families.contains(&IpFamily::V6);
+    if !preflight_passes(opts, &rules, ipv6, &health, &stop)? {
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
     let (tx, rx) = std::sync::mpsc::channel::<Input>();
     let ipvs_auto = args.rules.kube_ipvs_support_enabled == netpol_agent::config::IpvsSupport::Auto;
-    watch_kube_ipvs(&rules, ipvs_auto, ipvs_view, &tx, &stop)?;
+    watch_kube_ipvs(&rules, ipvs_auto, ipvs_view, &tx, &stop, &restart)?;
     // Resolvers that learn interface names over time (the container runtime, the routing
     // table, the bridge) tell the calculation loop to name local pods again.
     let resolver_tx = std::sync::Mutex::new(tx.clone());
@@ -420,7 +441,6 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let exec = Exec::default();
-    let families = args.dataplane.families();
     let graph = Calculation::new(
         GraphConfig {
             node_name: node.clone(),
@@ -493,54 +513,110 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         traffic,
         opts.interface_grace_period,
     )?;
+    if let Some(why) = restart.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        info!("restarting in place: {why}; the rules stay in place meanwhile");
+        return Ok(restart_in_place());
+    }
     info!("stopping; the rules stay in place");
     Ok(ExitCode::SUCCESS)
 }
 
-/// `FELIX_INTERFACENAMESCHEME=auto`: how this node wires its pods (`host::wiring`), read
-/// until the node shows it (a pod interface exists), every 2 s; meanwhile not ready, saying
-/// why. `None` when stopped first.
-fn detect_wiring(health: &Health, stop: &AtomicBool) -> Option<host_wiring::Wiring> {
-    const RECHECK: Duration = Duration::from_secs(2);
-    let mut logged: Option<Instant> = None;
-    loop {
-        match host_wiring::read().map(|w| w.detect()) {
-            Ok(Some(wiring)) => {
-                let (scheme, prefixes, bridge) = match &wiring {
-                    host_wiring::Wiring::Routed { prefixes } => ("routes", prefixes, ""),
-                    host_wiring::Wiring::Bridged { bridge, prefixes } => {
-                        ("bridge", prefixes, bridge.as_str())
-                    }
-                };
-                info!(
-                    scheme,
-                    prefixes = prefixes.join(","),
-                    bridge,
-                    "FELIX_INTERFACENAMESCHEME=auto: this node wires pods {}; using FELIX_INTERFACENAMESCHEME={scheme} FELIX_INTERFACEPREFIX={} FELIX_BRIDGEINTERFACE={bridge}",
-                    if bridge.is_empty() { "on routed veths with host routes".to_string() } else { format!("on the ports of bridge {bridge}") },
-                    prefixes.join(",")
-                );
-                health.clear_refused();
-                return Some(wiring);
-            }
-            Ok(None) => {
-                let why = "FELIX_INTERFACENAMESCHEME=auto: no pod interface on this node yet (neither a veth with a host route nor a bridge port), so how pods are wired is not known; nothing is programmed until one appears";
-                if logged.is_none_or(|t| t.elapsed() >= PREFLIGHT_RELOG) {
-                    warn!("{why}; looking again every {} s", RECHECK.as_secs());
-                    logged = Some(Instant::now());
-                }
-                health.set_refused(why.into());
-            }
-            Err(e) => warn!("FELIX_INTERFACENAMESCHEME=auto: reading the node failed: {e:#}"),
+/// The families to program: FELIX_IPV6SUPPORT's, without IPv6 on a node whose kernel has
+/// none (booted with `ipv6.disable=1`: no `/proc/sys/net/ipv6`), where no pod can have an
+/// IPv6 address and ip6tables has nothing to work on. IPv6 support on (the default) thus
+/// follows the node.
+fn node_families(dataplane: &DataplaneOptions) -> Vec<IpFamily> {
+    let mut families = dataplane.families();
+    if families.contains(&IpFamily::V6) && !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+        info!("this node's kernel has no IPv6 (no /proc/sys/net/ipv6), so no pod here can have an IPv6 address; programming IPv4 only");
+        families.retain(|f| *f == IpFamily::V4);
+    }
+    families
+}
+
+/// The readiness note while `FELIX_INTERFACENAMESCHEME=auto` waits for the node's wiring.
+const WIRING_PENDING: &str = "FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node yet (no pod is wired here); pods a policy isolates are dropped by address until the agent sees how pods are wired and restarts itself with that scheme";
+
+/// Starts this program again in this process (`exec`), with the same arguments and
+/// environment: what the agent was configured from changed on the node. Returns only when the
+/// exec failed, with status 1 so that the DaemonSet restarts the container instead.
+fn restart_in_place() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            error!("restarting: cannot find this program: {e}; exiting with status 1 so the container is restarted");
+            return ExitCode::from(1);
         }
-        let wake = Instant::now() + RECHECK;
-        while Instant::now() < wake {
-            if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    };
+    let e = std::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    error!(
+        "restarting: exec of {} failed: {e}; exiting with status 1 so the container is restarted",
+        exe.display()
+    );
+    ExitCode::from(1)
+}
+
+/// `FELIX_INTERFACENAMESCHEME=auto`: how this node wires its pods, logged with the settings
+/// chosen; `None` while no pod interface shows it (or the node could not be read).
+fn read_wiring() -> Option<host_wiring::Wiring> {
+    match host_wiring::read().map(|w| w.detect()) {
+        Ok(Some(wiring)) => {
+            let (scheme, prefixes, bridge) = match &wiring {
+                host_wiring::Wiring::Routed { prefixes } => ("routes", prefixes, ""),
+                host_wiring::Wiring::Bridged { bridge, prefixes } => {
+                    ("bridge", prefixes, bridge.as_str())
+                }
+            };
+            info!(
+                scheme,
+                prefixes = prefixes.join(","),
+                bridge,
+                "FELIX_INTERFACENAMESCHEME=auto: this node wires pods {}; using FELIX_INTERFACENAMESCHEME={scheme} FELIX_INTERFACEPREFIX={} FELIX_BRIDGEINTERFACE={bridge}",
+                if bridge.is_empty() { "on routed veths with host routes".to_string() } else { format!("on the ports of bridge {bridge}") },
+                prefixes.join(",")
+            );
+            Some(wiring)
+        }
+        Ok(None) => {
+            warn!("FELIX_INTERFACENAMESCHEME=auto: no pod interface on this node yet (neither a veth with a host route nor a bridge port); until one appears no pod is named and pods a policy isolates are dropped by address; looking again every {} s", WIRING_RECHECK.as_secs());
+            None
+        }
+        Err(e) => {
+            warn!("FELIX_INTERFACENAMESCHEME=auto: reading the node failed: {e:#}; treating its wiring as not seen yet");
+            None
         }
     }
+}
+
+/// How often auto looks for the node's first pod interface.
+const WIRING_RECHECK: Duration = Duration::from_secs(1);
+
+/// Watches, on its own thread, for the node's first pod interface while auto's wiring is
+/// pending; when it shows, asks for a restart in place (which detects it again at start).
+fn watch_wiring(
+    restart: Arc<std::sync::Mutex<Option<String>>>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("wiring-watch".into())
+        .spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(WIRING_RECHECK);
+                if let Ok(Some(_)) = host_wiring::read().map(|w| w.detect()) {
+                    *restart.lock().unwrap_or_else(|p| p.into_inner()) = Some(
+                        "FELIX_INTERFACENAMESCHEME=auto: the node shows how it wires pods now"
+                            .into(),
+                    );
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+            }
+        })
+        .context("starting the wiring watch")?;
+    Ok(())
 }
 
 /// The preflight checks (see `preflight`): `Ok(true)` when the node's dataplane lets
@@ -632,7 +708,7 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
         &exec,
         detect(&args.dataplane, &exec),
         agent::OWNERSHIP,
-        &args.dataplane.families(),
+        &node_families(&args.dataplane),
     )?;
     info!("removed every chain, rule and set netpol-agent owned");
     Ok(ExitCode::SUCCESS)
@@ -667,17 +743,18 @@ fn kube_ipvs_mode(
 }
 
 /// Hands this host's addresses to the calculation loop (IPVS on) and watches the node: when
-/// `kube-ipvs0` appears or disappears under `auto` (`auto`), the agent exits with status 1 so the
-/// DaemonSet restarts it in the right mode (felix restarts too); the rules stay in place
-/// meanwhile, as on any stop.
+/// `kube-ipvs0` appears or disappears under `auto`, the agent restarts itself in place in the
+/// right mode (felix restarts too); the rules stay in place meanwhile, as on any stop.
 fn watch_kube_ipvs(
     rules: &netpol_agent::rules::RuleConfig,
     auto: bool,
     view: ipvs::IpvsView,
     tx: &std::sync::mpsc::Sender<Input>,
     stop: &Arc<AtomicBool>,
+    restart: &Arc<std::sync::Mutex<Option<String>>>,
 ) -> anyhow::Result<()> {
     let on = rules.kube_ipvs.is_some();
+    let (restart, stop_all) = (restart.clone(), stop.clone());
     if on {
         let _ = tx.send(Input::HostAddresses(
             view.host_addrs.iter().copied().collect(),
@@ -694,12 +771,17 @@ fn watch_kube_ipvs(
                 warn!(kube_ipvs0 = now, "kube-ipvs0 {} since start; FELIX_KUBEIPVSSUPPORTENABLED is set, so the rules stay as they are", if now { "appeared" } else { "disappeared" });
                 return false;
             }
-            error!(
-                kube_ipvs0 = now,
-                "kube-ipvs0 {} since start: kube-proxy's mode changed; exiting so the agent restarts and renders the rules for the new mode (rules stay in place meanwhile)",
+            let why = format!(
+                "kube-ipvs0 {} since start: kube-proxy's mode changed",
                 if now { "appeared" } else { "disappeared" }
             );
-            std::process::exit(1);
+            warn!(
+                kube_ipvs0 = now,
+                "{why}; restarting to render the rules for the new mode"
+            );
+            *restart.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            stop_all.store(true, std::sync::atomic::Ordering::Relaxed);
+            true
         },
         move |addrs| {
             if on {

@@ -122,7 +122,25 @@ struct Kustomization {
     namespace: Option<String>,
     resources: Vec<String>,
     #[serde(default)]
+    components: Vec<String>,
+}
+
+/// `deploy/image/`: the image, in one place, for the agent and the uninstall DaemonSet.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ImageComponent {
+    api_version: String,
+    kind: String,
     images: Vec<KustomizeImage>,
+}
+
+fn image_component() -> ImageComponent {
+    let path = deploy_dir().join("image/kustomization.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let c: ImageComponent = serde_yaml_ng::from_str(&text).expect("deploy/image/kustomization.yaml");
+    assert_eq!(c.api_version, "kustomize.config.k8s.io/v1alpha1");
+    assert_eq!(c.kind, "Component");
+    c
 }
 
 #[derive(Deserialize)]
@@ -149,13 +167,16 @@ fn check_kustomization(dir: &Path) {
     }
     let present: BTreeSet<String> = documents_in(dir).into_keys().collect();
     assert_eq!(listed, present, "every manifest is listed, and only those");
-    // The image kustomize rewrites is the one the DaemonSet uses.
+    // The image kustomize rewrites is the one the DaemonSet uses, from the one component.
+    assert_eq!(k.components.len(), 1, "{:?}", k.components);
+    assert_eq!(
+        std::fs::canonicalize(dir.join(&k.components[0])).unwrap(),
+        std::fs::canonicalize(deploy_dir().join("image")).unwrap()
+    );
     let ds = &objects_in(dir).daemonsets[0];
     let image = container(ds).image.clone().unwrap();
     assert!(
-        k.images
-            .iter()
-            .any(|i| image == i.name || image.starts_with(&format!("{}:", i.name))),
+        image_component().images.iter().any(|i| image == i.name),
         "{image}"
     );
 }
@@ -351,7 +372,8 @@ fn daemonset_runs_on_every_node_in_the_host_network_with_two_capabilities() {
         .expect("resource requests");
     assert!(requests.contains_key("cpu") && requests.contains_key("memory"));
 
-    // The xtables lock (FileOrCreate) and /lib/modules read-only.
+    // The xtables lock (FileOrCreate); no /lib/modules (a hostPath of type Directory stopped
+    // the pod on nodes without it, and the container cannot load modules anyway).
     let mounts: BTreeMap<&str, (&str, bool)> = c
         .volume_mounts
         .as_deref()
@@ -376,9 +398,19 @@ fn daemonset_runs_on_every_node_in_the_host_network_with_two_capabilities() {
         .collect();
     let (lock, _) = mounts["/run/xtables.lock"];
     assert_eq!(volumes[lock], ("/run/xtables.lock", Some("FileOrCreate")));
-    let (modules, read_only) = mounts["/lib/modules"];
-    assert!(read_only);
-    assert_eq!(volumes[modules].0, "/lib/modules");
+    assert!(!mounts.contains_key("/lib/modules"), "{mounts:?}");
+}
+
+/// The image is versioned (never `latest`, which kubelet always pulls) and its tag is the
+/// release's: Cargo.toml's version, as the CHANGELOG's release section says.
+#[test]
+fn the_image_is_the_release() {
+    let version = env!("CARGO_PKG_VERSION");
+    let images = image_component().images;
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0].name, "netpol-agent");
+    assert_eq!(images[0].new_tag.as_deref(), Some(format!("v{version}").as_str()));
+    assert!(images[0].new_name.as_deref().is_some_and(|n| n.ends_with("/netpol-agent")));
 }
 
 /// The DaemonSet's FELIX_* values through the real binary's parser: `run` in a throwaway
@@ -446,24 +478,22 @@ fn dockerfile_builds_the_binary_with_both_iptables_backends() {
     let text = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
     let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
     assert_eq!(froms.len(), 2, "multi-stage: {froms:?}");
-    assert!(
-        froms[0].contains("rust:") && froms[1].contains("debian:") && froms[1].contains("slim")
-    );
-    // Pinned images and tools (a tag with a version, `package=version`), one build per
-    // architecture, the commit passed in (.git stays out of the context).
-    assert!(
-        froms
-            .iter()
-            .all(|f| f.split_whitespace().nth(1).is_some_and(|image| image
-                .split(':')
-                .nth(1)
-                .is_some_and(|tag| tag.chars().next().is_some_and(|c| c.is_ascii_digit())))),
-        "base images pinned to a version: {froms:?}"
-    );
+    // The bases are build arguments (so a build can name them by digest), defaulting to
+    // images pinned to a version: the toolchain at rust-version, the Debian release.
+    let arg = |name: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("ARG {name}=")))
+            .unwrap_or_else(|| panic!("ARG {name}"))
+            .to_string()
+    };
+    assert_eq!(froms, ["FROM ${RUST_IMAGE} AS build", "FROM ${DEBIAN_IMAGE}"]);
+    let (rust, debian) = (arg("RUST_IMAGE"), arg("DEBIAN_IMAGE"));
+    assert!(rust.starts_with("rust:1.89.0-") && debian.starts_with("debian:12") && debian.ends_with("-slim"), "{rust} {debian}");
+    // The runtime's tools are the versions the tests run with, checked in the image.
     for needle in [
         "cargo build --release --locked",
-        "iptables=",
-        "ipset=",
+        "grep -q ' v1\\.8\\.9 '",
+        "grep -q 'v7\\.17'",
         "ARG TARGETARCH",
         "ARG NETPOL_GIT_COMMIT",
         "COPY Cargo.toml Cargo.lock build.rs",
@@ -917,7 +947,7 @@ fn the_uninstall_daemonset_reaches_every_node_as_the_agent_does_and_runs_cleanup
             .collect()
     };
     let (m, agent_m) = (mounts(c), mounts(agent_c));
-    for path in ["/run/xtables.lock", "/lib/modules"] {
+    for path in ["/run/xtables.lock"] {
         assert_eq!(m[path].1, agent_m[path].1, "{path} mounted read-only alike");
         assert_eq!(
             host_paths(pod)[&m[path].0],

@@ -39,7 +39,6 @@ fn node() -> PodNode {
 fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     let mut v = vec![
         ("FELIX_INTERFACEGRACEPERIOD", "2"),
-        ("FELIX_IPV6SUPPORT", "false"),
         ("FELIX_HEALTHENABLED", "true"),
         ("FELIX_HEALTHHOST", "127.0.0.1"),
         ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
@@ -165,4 +164,81 @@ fn settings_that_fit_report_nothing_and_enforce() {
         stderr.contains("timed out"),
         "dropped, not refused: {stderr}"
     );
+}
+
+/// IPv6 support off on a dual-stack node (issue 35): the pods' IPv6 traffic meets no rule of
+/// ours, so the agent must not be ready, naming the pods, while IPv4 stays enforced. The
+/// shipped DaemonSet no longer sets `FELIX_IPV6SUPPORT=false`; with the default the same node
+/// is ready and both families are policed.
+#[test]
+fn ipv6_support_off_with_ipv6_pods_is_not_ready_and_names_them() {
+    common::require_root();
+    let mut node = node();
+    node.start_agent(&[
+        ("FELIX_INTERFACENAMESCHEME", "routes"),
+        ("FELIX_INTERFACEPREFIX", "vethbar"),
+        ("FELIX_IPV6SUPPORT", "false"),
+        ("FELIX_HEALTHENABLED", "true"),
+        ("FELIX_HEALTHHOST", "127.0.0.1"),
+        ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+        ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+    ]);
+    let body = wait_for(
+        Duration::from_secs(15),
+        "readiness never named the IPv6 pods",
+        &node,
+        || {
+            let (status, body) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
+            (status == 503 && body.contains("FELIX_IPV6SUPPORT=false")).then_some(body)
+        },
+    );
+    assert!(
+        body.contains("x/a (fd77::a)") && body.contains("2 local pod"),
+        "{body}"
+    );
+    let (_, metrics) = common::http_get(&node.node.name, METRICS, "/metrics").unwrap();
+    assert!(
+        metrics.contains("netpol_local_pods_unprogrammed_family 2"),
+        "{metrics}"
+    );
+    let log = node.log();
+    assert_eq!(
+        log.matches("an address of a family this agent does not program")
+            .count(),
+        2,
+        "one error per pod: {log}"
+    );
+    // IPv4 is still enforced: the default-deny holds.
+    let a = node.pod("x/a").v4;
+    let path = format!("/run/netns/{}", node.pod("x/b").ns.name);
+    assert!(common::connect_in(&path, (a, 80).into(), None, Duration::from_millis(500)).is_err());
+}
+
+#[test]
+fn ipv6_support_by_default_polices_both_families_and_is_ready() {
+    common::require_root();
+    let mut node = node();
+    node.start_agent(&[
+        ("FELIX_INTERFACENAMESCHEME", "routes"),
+        ("FELIX_INTERFACEPREFIX", "vethbar"),
+        ("FELIX_HEALTHENABLED", "true"),
+        ("FELIX_HEALTHHOST", "127.0.0.1"),
+    ]);
+    wait_for(Duration::from_secs(15), "never ready", &node, || {
+        let (status, _) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
+        (status == 200).then_some(())
+    });
+    // The default-deny holds over IPv6 too (a listener, so an open path would connect).
+    let a = node.pod("x/a");
+    let listener = common::in_netns(&a.ns.name, || {
+        std::net::TcpListener::bind(("::", 80)).expect("bind")
+    });
+    let path = format!("/run/netns/{}", node.pod("x/b").ns.name);
+    let v6 = std::net::SocketAddr::new(a.v6.into(), 80);
+    let out = common::connect_in(&path, v6, None, Duration::from_millis(700));
+    assert!(
+        out.as_ref().is_err_and(|e| e.contains("timed out")),
+        "x/b reached x/a over IPv6 through a default-deny: {out:?}"
+    );
+    drop(listener);
 }

@@ -52,7 +52,6 @@ fn start_agent(ns: &NetNs, dir: &Path, log: &Path) -> Agent {
     let child = cmd
         .envs([
             ("FELIX_IPTABLESBACKEND", "legacy"),
-            ("FELIX_IPV6SUPPORT", "false"),
             ("FELIX_LOGSEVERITYSCREEN", "Debug"),
             ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
             ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),

@@ -11,7 +11,7 @@
 #   FELIX_INTERFACEPREFIX   host veth prefix of the cluster's CNI (default cali; eni on EKS)
 #   FELIX_INTERFACENAMESCHEME  calico (default) | sandbox | static
 #   FELIX_IPTABLESBACKEND   auto (default) | legacy | nft
-#   FELIX_IPV6SUPPORT       false (default) | true
+#   FELIX_IPV6SUPPORT       true (default) | false
 #   FOCI                    space-separated e2e focus expressions, one sonobuoy run each
 #                           (default: '\[Feature:NetworkPolicy\]' and 'Netpol')
 #   E2E_SKIP                skip expression (default: '\[Disruptive\]|\[Flaky\]')
@@ -27,7 +27,7 @@ repo="$(cd "$here/../.." && pwd)"
 prefix="${FELIX_INTERFACEPREFIX:-cali}"
 scheme="${FELIX_INTERFACENAMESCHEME:-calico}"
 backend="${FELIX_IPTABLESBACKEND:-auto}"
-ipv6="${FELIX_IPV6SUPPORT:-false}"
+ipv6="${FELIX_IPV6SUPPORT:-true}"
 skip="${E2E_SKIP:-\[Disruptive\]|\[Flaky\]}"
 wait_minutes="${WAIT_MINUTES:-180}"
 out="${OUT_DIR:-$PWD/sonobuoy-results-$(date +%Y%m%d-%H%M%S)}"

@@ -194,6 +194,8 @@ pub fn run(
     let started = Instant::now();
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     let mut unnamed = Unnamed::new(interface_grace);
+    let mut outside_reported: std::collections::BTreeSet<crate::model::ObjectKey> =
+        Default::default();
     let mut next_interface_check = Instant::now();
     // Whether the graph took a batch since the last interface check.
     let mut graph_changed = true;
@@ -271,6 +273,7 @@ pub fn run(
             }
         }
         export_graph_gauges(&graph, &mut rejections_seen);
+        check_families(&graph, &mut outside_reported, &health);
         if let Some(b) = flushed {
             if (!b.update.is_empty() || !b.on_applied.is_empty()) && update_tx.send(b).is_err() {
                 break 'events;
@@ -342,6 +345,51 @@ fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
     }));
 }
 
+/// Local pods with addresses of a family the agent does not program: an error per pod when
+/// first seen, the gauge, and readiness refused while there are any (their traffic in that
+/// family is open whatever the policies say, so staying ready would be failing silently).
+fn check_families(
+    graph: &CalcGraph,
+    reported: &mut std::collections::BTreeSet<crate::model::ObjectKey>,
+    health: &Health,
+) {
+    let outside = graph.pods_outside_families();
+    if outside.is_empty() && reported.is_empty() {
+        return;
+    }
+    reported.retain(|k| outside.contains_key(k));
+    for (key, ips) in outside {
+        if reported.insert(key.clone()) {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            tracing::error!(
+                pod = %crate::model::validate::shown_name(&key.to_string()),
+                ips = first_few(&ips).join(","),
+                "local pod has an address of a family this agent does not program (FELIX_IPV6SUPPORT=false): its traffic there meets no rule and is open whatever the policies say; set FELIX_IPV6SUPPORT=true (the default)"
+            );
+        }
+    }
+    metrics::global()
+        .local_pods_unprogrammed_family
+        .set(outside.len() as i64);
+    health.set_unprogrammed_family((!outside.is_empty()).then(|| {
+        let pods: Vec<String> = outside
+            .iter()
+            .map(|(k, ips)| {
+                format!(
+                    "{} ({})",
+                    crate::model::validate::shown_name(&k.to_string()),
+                    ips.first().map(ToString::to_string).unwrap_or_default()
+                )
+            })
+            .collect();
+        format!(
+            "IPv6 support is off (FELIX_IPV6SUPPORT=false) but {} local pod(s) have IPv6 addresses whose traffic no rule of this agent sees: {}; set FELIX_IPV6SUPPORT=true",
+            outside.len(),
+            first_few(&pods).join(", ")
+        )
+    }));
+}
+
 /// At most four items, then how many more.
 fn first_few(items: &[String]) -> Vec<String> {
     const SHOWN: usize = 4;
@@ -364,6 +412,7 @@ fn export_graph_gauges(graph: &CalcGraph, seen: &mut BTreeMap<(ObjectKind, Rejec
     let m = metrics::global();
     m.active_local_endpoints
         .set(graph.local_endpoint_count() as i64);
+    m.guarded_local_pods.set(graph.guarded_pods().len() as i64);
     m.active_local_policies
         .set((graph.active_policy_count() + graph.active_cluster_policy_count()) as i64);
     for (key, &count) in graph.rejection_counts() {

@@ -111,7 +111,7 @@ impl CalcGraph {
         self.dirty.mark(Owner::ClusterPolicy(name.to_string()));
     }
 
-    fn subject_selects(&self, info: &ClusterPolicyInfo, ep: &ObjectKey) -> bool {
+    pub(super) fn subject_selects(&self, info: &ClusterPolicyInfo, ep: &ObjectKey) -> bool {
         let Some(pod) = self.sets.pod(ep) else {
             return false;
         };

@@ -15,10 +15,13 @@
 //! Interface names come from outside: the graph never calls a resolver. A local pod's upsert
 //! puts it on the list `take_pods_to_name` hands out; the caller (the agent loop, or
 //! `compile`) names it at the edge and answers with `set_interface`, before `flush`. Until it
-//! is named a local pod has no chains, and its traffic meets "Unknown interface".
+//! is named a local pod has no chains, and its traffic meets "Unknown interface"; when a
+//! policy isolates it, the guard (`guard`) also drops its traffic by address until then.
 
 mod cluster;
 mod compact_pod;
+mod families;
+mod guard;
 mod host_set;
 mod provenance;
 mod set_index;
@@ -87,6 +90,8 @@ enum Owner {
     Policy(ObjectKey),
     ClusterPolicy(String),
     Endpoint(ObjectKey),
+    /// `cali-wl-guard` (`guard`).
+    Guard,
 }
 
 /// A local endpoint with chains: see [`CalcGraph::programmed_endpoints`].
@@ -172,6 +177,12 @@ pub struct CalcGraph {
     /// Per local endpoint with chains: the union set ids its ingress and egress chains
     /// match, as of the last flush.
     endpoint_unions: HashMap<ObjectKey, [Option<String>; 2]>,
+    /// Local pods the caller could not name (`set_interface` with an error).
+    unnamed: BTreeSet<ObjectKey>,
+    /// What the guard holds, as of the last flush (`guard`).
+    guarded: Vec<crate::rules::guard::Guarded>,
+    /// Local pods with addresses of a family not programmed (`families`).
+    outside_families: BTreeMap<ObjectKey, Vec<IpAddr>>,
 }
 
 impl CalcGraph {
@@ -196,6 +207,9 @@ impl CalcGraph {
             host_set: host_set::HostSet::default(),
             unions: union_set::UnionSets::default(),
             endpoint_unions: HashMap::new(),
+            unnamed: BTreeSet::new(),
+            guarded: Vec::new(),
+            outside_families: BTreeMap::new(),
         };
         graph.dirty.mark(Owner::Static);
         graph.dirty.mark(Owner::Dispatch);
@@ -423,6 +437,8 @@ impl CalcGraph {
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
+        self.mark_unnamed(key, false);
+        self.note_pod_families(key, &[]);
         self.to_name.remove(key);
         self.sets.remove_pod(key);
         self.remove_endpoint(key);
@@ -500,9 +516,11 @@ impl CalcGraph {
         let iface = match iface {
             Ok(name) => {
                 self.rejected.remove(&(ObjectKind::Pod, key.to_string()));
+                self.mark_unnamed(key, false);
                 name
             }
             Err(message) => {
+                self.mark_unnamed(key, true);
                 self.reject(
                     ObjectKind::Pod,
                     key.to_string(),
@@ -582,9 +600,11 @@ impl CalcGraph {
                 self.dirty.mark(Owner::Dispatch);
             }
         }
+        self.note_pod_families(&key, if local { &info.ips } else { &[] });
         self.sets.upsert_pod(info);
         if !local {
             self.to_name.remove(&key);
+            self.mark_unnamed(&key, false);
             self.remove_endpoint(&key);
             return;
         }
@@ -790,6 +810,7 @@ impl CalcGraph {
     /// Renders everything dirty and returns the changes since the last flush.
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
+        self.refresh_guard();
         self.update_endpoint_unions();
         self.unions.peers_changed(&self.sets.pending);
         self.flush_sets(&mut update);
@@ -967,7 +988,8 @@ impl CalcGraph {
         let mut out = Vec::new();
         for &family in &self.cfg.families {
             let chains: Vec<Chain> = match owner {
-                Owner::Static => static_chains(cfg, family),
+                Owner::Static => static_chains(cfg, family, self.guard_active()),
+                Owner::Guard => self.guard_chains(family),
                 Owner::Dispatch => {
                     let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
                     dispatch_chains_with_addrs(cfg, family, &ifaces, &self.endpoint_addrs())

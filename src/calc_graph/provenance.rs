@@ -12,6 +12,7 @@ use crate::rules::chains::{
 };
 use crate::rules::cluster::cluster_policy_chains_traced;
 use crate::rules::dispatch::dispatch_chains_traced;
+use crate::rules::guard::guard_chain_traced;
 use crate::rules::policy::policy_chains_traced;
 use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
 
@@ -23,7 +24,10 @@ impl CalcGraph {
     /// kernel chains.
     pub fn provenance(&self, family: IpFamily) -> Provenance {
         let cfg = &self.cfg.rules;
-        let mut chains: Vec<TracedChain> = static_chains_traced(cfg, family);
+        let mut chains: Vec<TracedChain> = static_chains_traced(cfg, family, self.guard_active());
+        if self.guard_active() {
+            chains.push(guard_chain_traced(cfg, family, self.guarded_pods()));
+        }
         let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
         chains.extend(dispatch_chains_traced(
             cfg,

@@ -47,7 +47,7 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn eq(k: &str, v: &str) -> Expression {
+pub(crate) fn eq(k: &str, v: &str) -> Expression {
     Expression::Equal(k.into(), v.into())
 }
 
@@ -566,7 +566,7 @@ proptest! {
 
 // ---- targeted tests ----
 
-fn local_pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)]) -> PodInfo {
+pub(crate) fn local_pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)]) -> PodInfo {
     PodInfo {
         key: ObjectKey::new(ns, name),
         uid: None,
@@ -578,7 +578,12 @@ fn local_pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)]) -> PodInfo {
     }
 }
 
-fn allow_from(ns: &str, name: &str, target: &[(&str, &str)], from: Vec<Expression>) -> PolicyInfo {
+pub(crate) fn allow_from(
+    ns: &str,
+    name: &str,
+    target: &[(&str, &str)],
+    from: Vec<Expression>,
+) -> PolicyInfo {
     PolicyInfo {
         key: ObjectKey::new(ns, name),
         pod_selector: LabelSel::from_exprs(target.iter().map(|(k, v)| eq(k, v)).collect()),
@@ -855,7 +860,9 @@ fn colliding_interfaces_program_one_endpoint_until_the_winner_leaves() {
 /// A resolver whose answers change over time, as the container runtime's or the routing
 /// table's do.
 #[derive(Debug, Default, Clone)]
-struct LearningResolver(std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>);
+pub(crate) struct LearningResolver(
+    pub(crate) std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+);
 
 impl crate::iface_naming::InterfaceResolver for LearningResolver {
     fn resolve(&self, pod: &PodInfo) -> Result<String, crate::iface_naming::NamingError> {
@@ -1056,7 +1063,7 @@ fn bridge_mode_dispatches_routed_traffic_by_the_resolved_pods_addresses() {
     assert_eq!(addr_dispatch(&g), [""]);
 }
 
-fn cluster(
+pub(crate) fn cluster(
     name: &str,
     tier: Tier,
     priority: u16,
@@ -1087,7 +1094,7 @@ fn cluster(
 }
 
 /// The rule bodies of a chain without their hash comments.
-fn bodies(g: &Calculation, chain: &str) -> Vec<String> {
+pub(crate) fn bodies(g: &Calculation, chain: &str) -> Vec<String> {
     g.snapshot().families[&IpFamily::V4].chains[chain]
         .rules
         .iter()

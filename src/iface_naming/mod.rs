@@ -140,6 +140,12 @@ pub enum NamingError {
     },
     #[error("pod {pod} is not in the static interface map")]
     NotMapped { pod: ObjectKey },
+    #[error(
+        "pod {pod}: FELIX_INTERFACENAMESCHEME=auto has not seen how this node wires pods yet \
+         (no pod interface on the node), so no pod is named; a pod a policy isolates is \
+         dropped by address until it is"
+    )]
+    WiringUnknown { pod: ObjectKey },
     #[error("static interface map key {key:?} is not of the form \"namespace/pod\": {problem}")]
     InvalidMapKey { key: String, problem: &'static str },
     #[error(
@@ -246,6 +252,23 @@ pub trait InterfaceResolver: Send + Sync + fmt::Debug {
     /// pod alone always are.
     fn in_sync(&self) -> bool {
         true
+    }
+}
+
+/// `FELIX_INTERFACENAMESCHEME=auto` while the node shows no pod interface: names no pod, so
+/// every local pod is unnamed and the guard (`rules::guard`) holds the ones a policy isolates.
+/// The agent restarts itself with the detected scheme once the node shows its wiring.
+#[derive(Debug, Default)]
+pub struct WiringPending;
+
+impl InterfaceResolver for WiringPending {
+    fn resolve(&self, pod: &PodInfo) -> Result<String, NamingError> {
+        Err(NamingError::WiringUnknown {
+            pod: pod.key.clone(),
+        })
+    }
+    fn scheme(&self) -> &'static str {
+        "auto (wiring not seen yet)"
     }
 }
 

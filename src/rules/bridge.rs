@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn static_chains_match_bridge_ports() {
-        let chains = static_chains(&cfg(), IpFamily::V4);
+        let chains = static_chains(&cfg(), IpFamily::V4, false);
         assert_eq!(
             bodies(&chains[0]),
             [
@@ -235,7 +235,7 @@ mod tests {
             ["-m physdev --physdev-in veth+ -g cali-wl-to-host"]
         );
         assert_eq!(bodies(&chains[3]), ["-o cni0 -j RETURN"]);
-        let v6 = static_chains(&cfg(), IpFamily::V6);
+        let v6 = static_chains(&cfg(), IpFamily::V6, false);
         assert_eq!(
             bodies(&v6[0])[1],
             "-p ipv6-icmp -m physdev --physdev-is-bridged -m icmp6 --icmpv6-type 135 -j ACCEPT"
@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn routed_mode_is_unchanged() {
         let routed = RuleConfig::default();
-        let chains = static_chains(&routed, IpFamily::V4);
+        let chains = static_chains(&routed, IpFamily::V4, false);
         assert_eq!(bodies(&chains[0])[1], "-i cali+ -j cali-from-wl-dispatch");
         let d = dispatch_chains_with_addrs(
             &routed,

@@ -25,19 +25,21 @@ use super::{
 /// router solicitation (133), neighbour solicitation/advertisement (135, 136).
 const ICMPV6_TO_HOST_TYPES: [u8; 6] = [130, 131, 132, 133, 135, 136];
 
-pub fn static_chains(cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
-    render_static(cfg, family, false)
+/// The static chains. `guard`: the guard holds a pod (`rules::guard`), so `cali-FORWARD`,
+/// `cali-INPUT` and, in IPVS mode, `cali-OUTPUT` jump to it first.
+pub fn static_chains(cfg: &RuleConfig, family: IpFamily, guard: bool) -> Vec<Chain> {
+    render_static(cfg, family, guard, false)
         .into_iter()
         .map(|(chain, _)| chain)
         .collect()
 }
 
 /// [`static_chains`] with what each rule is for.
-pub fn static_chains_traced(cfg: &RuleConfig, family: IpFamily) -> Vec<TracedChain> {
-    traced(render_static(cfg, family, true))
+pub fn static_chains_traced(cfg: &RuleConfig, family: IpFamily, guard: bool) -> Vec<TracedChain> {
+    traced(render_static(cfg, family, guard, true))
 }
 
-fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Rendered> {
+fn render_static(cfg: &RuleConfig, family: IpFamily, guard: bool, traced: bool) -> Vec<Rendered> {
     let marks = cfg.marks;
     let mut forward = RuleList::new(traced);
     // The accept bit survives: only pass and scratch bits are per-hop state.
@@ -48,6 +50,9 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Render
         }),
         || RuleRole::ClearMarks,
     );
+    if guard {
+        forward.push(super::guard::jump(), || RuleRole::JumpToGuard);
+    }
     match &cfg.bridge {
         None => {
             for prefix in &cfg.interface_prefixes {
@@ -70,6 +75,9 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Render
 
     // From a pod to its host: by the veth in routed mode, by the bridge port in bridge mode.
     let mut input = RuleList::new(traced);
+    if guard {
+        input.push(super::guard::jump(), || RuleRole::JumpToGuard);
+    }
     if let Some(ipvs) = &cfg.kube_ipvs {
         super::ipvs::input_rules(ipvs, &mut input);
     }
@@ -113,6 +121,9 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, traced: bool) -> Vec<Render
     // bridge (the port is chosen after OUTPUT).
     let mut output = RuleList::new(traced);
     if let Some(ipvs) = &cfg.kube_ipvs {
+        if guard {
+            output.push(super::guard::output_jump(), || RuleRole::JumpToGuard);
+        }
         super::ipvs::output_rules(ipvs, &mut output);
     }
     match &cfg.bridge {
@@ -682,7 +693,7 @@ mod tests {
             interface_prefixes: vec!["eni".into(), "veth".into()],
             ..RuleConfig::default()
         };
-        let chains = static_chains(&cfg, IpFamily::V4);
+        let chains = static_chains(&cfg, IpFamily::V4, false);
         assert_eq!(
             bodies(&chains[0]),
             [
@@ -712,7 +723,7 @@ mod tests {
 
     #[test]
     fn ipv6_lets_neighbour_discovery_reach_the_host() {
-        let chains = static_chains(&RuleConfig::default(), IpFamily::V6);
+        let chains = static_chains(&RuleConfig::default(), IpFamily::V6, false);
         let wl = bodies(&chains[2]);
         assert_eq!(wl.len(), 8);
         assert_eq!(wl[4], "-p ipv6-icmp -m icmp6 --icmpv6-type 135 -j ACCEPT");

@@ -98,7 +98,7 @@ fn marks_are_distinct_nonzero_and_inside_the_mask() {
 
 #[test]
 fn routed_static_chains_v4() {
-    let chains = static_chains(&routed(), IpFamily::V4);
+    let chains = static_chains(&routed(), IpFamily::V4, false);
     assert_eq!(
         bodies(&chains[1]),
         [
@@ -176,7 +176,7 @@ fn bridge_mode_dispatches_by_port_and_address() {
     let ifaces = vec!["veth0a1b2c3d".to_string()];
     let addrs = vec![("10.244.0.2".parse().unwrap(), "veth0a1b2c3d".to_string())];
     for family in [IpFamily::V4, IpFamily::V6] {
-        let statics = static_chains(&bridged(), family);
+        let statics = static_chains(&bridged(), family, false);
         assert_eq!(
             bodies(&statics[1])[3],
             "-m physdev --physdev-in veth+ -g cali-wl-to-host"
@@ -213,7 +213,7 @@ fn ipvs_off_renders_nothing_of_it() {
     assert!(chains
         .iter()
         .all(|c| !c.name.starts_with("cali-forward-") && !c.name.starts_with("cali-sm-")));
-    let s = static_chains(&off, IpFamily::V4);
+    let s = static_chains(&off, IpFamily::V4, false);
     assert_eq!(bodies(&s[1]), ["-i cali+ -g cali-wl-to-host"]);
     assert_eq!(bodies(&s[3]), ["-o cali+ -j RETURN"]);
 }

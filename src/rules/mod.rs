@@ -20,6 +20,7 @@ pub mod counted;
 pub mod deny_log;
 pub mod dispatch;
 pub mod flow_log;
+pub mod guard;
 pub mod ipvs;
 pub mod policy;
 pub mod provenance;

@@ -45,6 +45,9 @@ pub enum ChainRole {
     WorkloadToHost,
     /// `cali-OUTPUT`: host-to-pod traffic is not policed.
     Output,
+    /// `cali-wl-guard`: local pods a policy isolates whose interface is not known yet,
+    /// dropped by address (`rules::guard`).
+    Guard,
     /// `cali-from-wl-dispatch[-X]`: picks the egress chain of the pod a packet comes from.
     /// `bin` is the interface-name prefix of a second-level chain.
     FromWorkloadDispatch { bin: Option<String> },
@@ -159,6 +162,17 @@ pub enum RuleRole {
     // cali-OUTPUT.
     /// Host-to-pod traffic (kubelet probes) is not policed.
     HostToWorkloadNotPoliced,
+    // The guard (`rules::guard`).
+    /// The jump into `cali-wl-guard`, while it holds a pod.
+    JumpToGuard,
+    /// IPv6 neighbour discovery passes the guard.
+    GuardNeighbourDiscovery,
+    /// Drops a pod's traffic in one direction by its address: a policy isolates it there and
+    /// its interface is not known yet.
+    GuardUnnamedPod {
+        pod: ObjectKey,
+        direction: Direction,
+    },
     // Dispatch chains.
     /// Sends a pod's traffic to its workload chain.
     ToEndpoint { iface: String },
@@ -364,6 +378,9 @@ impl fmt::Display for ChainRole {
                 f.write_str("static: egress policy of pods for traffic to their host")
             }
             ChainRole::Output => f.write_str("static: host-to-pod traffic in OUTPUT"),
+            ChainRole::Guard => f.write_str(
+                "guard: isolated local pods whose interface is not known yet, by address",
+            ),
             ChainRole::FromWorkloadDispatch { bin } => match bin {
                 None => f.write_str("dispatch: traffic from pods to their egress chains"),
                 Some(b) => write!(f, "dispatch: from pod interfaces {b}*"),
@@ -452,6 +469,14 @@ pub fn describe_rule<'a>(
             "FELIX_DEFAULTENDPOINTTOHOSTACTION after egress policy allowed".into()
         }
         RuleRole::HostToWorkloadNotPoliced => "host-to-pod traffic is not policed".into(),
+        RuleRole::JumpToGuard => {
+            "to the guard of isolated pods whose interface is not known yet".into()
+        }
+        RuleRole::GuardNeighbourDiscovery => "IPv6 neighbour discovery passes the guard".into(),
+        RuleRole::GuardUnnamedPod { pod, direction } => format!(
+            "drop: {} of pod {pod}, isolated by policy, interface not known yet (fail-closed)",
+            direction.as_str()
+        ),
         RuleRole::ToEndpoint { iface } => match chain {
             ChainRole::FromWorkloadDispatch { .. } => {
                 format!("egress of interface {}", iface_pod(iface))

@@ -36,6 +36,12 @@ pub struct Health {
     refused: Mutex<Option<String>>,
     /// Why the configuration fits no local pod (`agent::unnamed`), while it does not.
     misfit: Mutex<Option<String>>,
+    /// Why local pods have traffic in a family no rule of ours sees (IPv6 support off on a
+    /// dual-stack node), while they do.
+    unprogrammed_family: Mutex<Option<String>>,
+    /// Something an operator should know that does not make the agent unready (auto's wiring
+    /// not seen yet on a node without pods), added to the readiness answer.
+    note: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -50,6 +56,8 @@ impl Health {
             applied: AtomicBool::new(false),
             refused: Mutex::new(None),
             misfit: Mutex::new(None),
+            note: Mutex::new(None),
+            unprogrammed_family: Mutex::new(None),
         }
     }
 
@@ -92,6 +100,19 @@ impl Health {
         *self.misfit.lock().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
+    /// Not ready while `why` is set: local pods have addresses of a family not programmed.
+    pub fn set_unprogrammed_family(&self, why: Option<String>) {
+        *self
+            .unprogrammed_family
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    /// Adds `note` to the readiness answer (ready or not) while set.
+    pub fn set_note(&self, note: Option<String>) {
+        *self.note.lock().unwrap_or_else(|p| p.into_inner()) = note;
+    }
+
     fn refused(&self) -> Option<String> {
         self.refused
             .lock()
@@ -130,18 +151,23 @@ impl Health {
         }
     }
 
-    /// `(ready, why)`.
+    /// `(ready, why)`, with the note if one is set.
     pub fn readiness(&self) -> (bool, String) {
+        let (ready, why) = self.readiness_alone();
+        match &*self.note.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(note) => (ready, format!("{why}; {note}")),
+            None => (ready, why),
+        }
+    }
+
+    fn readiness_alone(&self) -> (bool, String) {
         if let Some(why) = self.refused() {
             return (false, format!("not ready: {why}"));
         }
-        if let Some(why) = self
-            .misfit
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return (false, format!("not ready: {why}"));
+        for slot in [&self.misfit, &self.unprogrammed_family] {
+            if let Some(why) = slot.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return (false, format!("not ready: {why}"));
+            }
         }
         let in_sync = self.in_sync.load(Ordering::Relaxed);
         let applied = self.applied.load(Ordering::Relaxed);
@@ -165,6 +191,23 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_note_rides_along_ready_or_not() {
+        let h = Health::new(Duration::from_secs(90));
+        h.set_note(Some("wiring not seen".into()));
+        let (ready, why) = h.readiness();
+        assert!(!ready && why.ends_with("; wiring not seen"), "{why}");
+        h.set_in_sync();
+        h.set_applied();
+        let (ready, why) = h.readiness();
+        assert!(
+            ready && why.starts_with("ready:") && why.ends_with("wiring not seen"),
+            "{why}"
+        );
+        h.set_note(None);
+        assert!(!h.readiness().1.contains("wiring"));
+    }
 
     #[test]
     fn ready_only_after_sync_and_apply() {

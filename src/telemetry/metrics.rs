@@ -55,6 +55,12 @@ pub struct Metrics {
     /// Local running pods with an address whose interface could not be found for longer than
     /// the grace period (a configuration that does not fit the node's CNI).
     pub local_pods_without_interface: IntGauge,
+    /// Local pods a policy isolates whose interface is not known yet, dropped by address.
+    pub guarded_local_pods: IntGauge,
+    /// 1 while `FELIX_INTERFACENAMESCHEME=auto` has not seen how the node wires pods.
+    pub wiring_pending: IntGauge,
+    /// Local pods with an address of a family not programmed (IPv6 support off).
+    pub local_pods_unprogrammed_family: IntGauge,
     /// Labels: name, reason (`unknown`: no such parameter; `unimplemented`: felix's, not ours).
     pub config_ignored_variables: IntGaugeVec,
     // deny logging (FELIX_DENYLOGENABLED) and the kernel's rule counters
@@ -123,6 +129,9 @@ pub const NAMES: &[&str] = &[
     "netpol_rejections_total",
     "netpol_rejected_objects",
     "netpol_local_pods_without_interface",
+    "netpol_guarded_local_pods",
+    "netpol_wiring_pending",
+    "netpol_local_pods_unprogrammed_family",
     "netpol_build_info",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
@@ -399,6 +408,21 @@ impl Metrics {
                 &r,
                 "netpol_local_pods_without_interface",
                 "local running pods with an address whose host interface was not found within the grace period (their traffic meets the dispatch chains' drop; docs/design/interfaces.md)",
+            ),
+            guarded_local_pods: gauge(
+                &r,
+                "netpol_guarded_local_pods",
+                "local pods a policy isolates whose host interface is not known yet: their traffic is dropped by address until it is (the guard, docs/design/interfaces.md)",
+            ),
+            wiring_pending: gauge(
+                &r,
+                "netpol_wiring_pending",
+                "1 while FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node (no pod is named; isolated pods are guarded by address), else 0",
+            ),
+            local_pods_unprogrammed_family: gauge(
+                &r,
+                "netpol_local_pods_unprogrammed_family",
+                "local pods with an address of a family the agent does not program (an IPv6 address with FELIX_IPV6SUPPORT=false): that traffic meets no rule of ours, and the agent is not ready while there are any",
             ),
             config_ignored_variables: gauge_vec(
                 &r,

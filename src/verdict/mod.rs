@@ -897,7 +897,7 @@ impl State {
             EndpointToHostAction::Drop => "to its own node: dropped after egress policy (FELIX_DEFAULTENDPOINTTOHOSTACTION=DROP)",
             EndpointToHostAction::Return => "to its own node: left to the rest of INPUT after egress policy (FELIX_DEFAULTENDPOINTTOHOSTACTION=RETURN)",
         };
-        let chain = crate::rules::chains::static_chains_traced(&self.cfg, flow.family)
+        let chain = crate::rules::chains::static_chains_traced(&self.cfg, flow.family, false)
             .into_iter()
             .find(|c| c.chain.name == crate::rules::WL_TO_HOST_CHAIN)?;
         let n = chain

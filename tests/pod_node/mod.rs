@@ -7,6 +7,13 @@
 //!
 //! Everything comes from `common` (`NetNs`, `TempDir`): namespaces are `npa-test-<pid>-…`,
 //! deleted on drop, panics included; the agent is killed on drop.
+//!
+//! A *fresh* node ([`PodNode::fresh`]) has its pods in the datastore but not yet wired, as a
+//! node the agent starts on before kubelet and the CNI have set up any pod; [`PodNode::wire`]
+//! wires one later, routed as above or as a port of a Linux bridge `cni0` (made at the first
+//! pod, as the bridge plugin does: 10.77.0.1/24 and fd77::1/64 on it, `br_netfilter` passing
+//! bridged frames to iptables), and [`PodNode::client`] is a host outside the node that
+//! routes to the pods through it.
 
 #![allow(dead_code)]
 
@@ -41,6 +48,15 @@ pub struct Pod {
     pub v6: std::net::Ipv6Addr,
 }
 
+/// How a fresh node wires its pods (see [`PodNode::fresh`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// Calico-style routed veths: a host route per pod address, proxy ARP.
+    Routed,
+    /// Ports of the bridge `cni0`, flannel- and bridge-plugin-style.
+    Bridge,
+}
+
 pub struct PodNode {
     pub node: NetNs,
     pub pods: BTreeMap<String, Pod>,
@@ -49,6 +65,34 @@ pub struct PodNode {
     pub agent: Option<Child>,
     env: Vec<(String, String)>,
     backend: &'static str,
+    /// A fresh node's wiring; `None` for a node whose pods were wired at once.
+    topology: Option<Topology>,
+    client: Option<NetNs>,
+}
+
+/// Wires a pod the Calico way: its veth, `/32` and `/128` host routes, proxy ARP, the
+/// link-local gateways.
+fn wire_routed(node: &NetNs, pod: &NetNs, spec: &PodSpec) {
+    let (a4, a6) = (v4(spec.n), v6(spec.n));
+    let host = spec
+        .iface
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("calix{}", spec.n));
+    node.sh_ok(&format!(
+        "ip link add {host} type veth peer name eth0 netns {pod} && \
+         ip link set {host} up && \
+         ip addr add fe80::1/64 dev {host} nodad && \
+         ip route add {a4}/32 dev {host} && ip -6 route add {a6}/128 dev {host} && \
+         sysctl -qw net.ipv4.conf.{host}.proxy_arp=1 net.ipv4.neigh.{host}.proxy_delay=0",
+        pod = pod.name
+    ));
+    pod.sh_ok(&format!(
+        "ip addr add {a4}/32 dev eth0 && ip -6 addr add {a6}/128 dev eth0 nodad && \
+         ip link set eth0 up && \
+         ip route add 169.254.1.1 dev eth0 scope link && \
+         ip route add default via 169.254.1.1 dev eth0 && \
+         ip -6 route add default via fe80::1 dev eth0"
+    ));
 }
 
 pub fn v4(n: u8) -> std::net::Ipv4Addr {
@@ -62,6 +106,23 @@ pub fn v6(n: u8) -> std::net::Ipv6Addr {
 impl PodNode {
     /// The node, its pods and their manifests (no policies yet, no agent yet).
     pub fn new(tag: &str, backend: &'static str, specs: Vec<PodSpec>) -> PodNode {
+        PodNode::build(tag, backend, specs, false)
+    }
+
+    /// A node whose pods are in the datastore (with their addresses, as kubelet reports
+    /// them) but not wired yet: no veth, no route, no bridge. [`PodNode::wire`] wires them.
+    pub fn fresh(
+        tag: &str,
+        backend: &'static str,
+        topology: Topology,
+        specs: Vec<PodSpec>,
+    ) -> PodNode {
+        let mut node = PodNode::build(tag, backend, specs, true);
+        node.topology = Some(topology);
+        node
+    }
+
+    fn build(tag: &str, backend: &'static str, specs: Vec<PodSpec>, fresh: bool) -> PodNode {
         let node = NetNs::new(&format!("{tag}-node"));
         node.sh_ok(
             "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
@@ -88,25 +149,9 @@ impl PodNode {
         for spec in specs {
             let ns = NetNs::new(&format!("{tag}-{}", spec.name));
             let (a4, a6) = (v4(spec.n), v6(spec.n));
-            let host = spec
-                .iface
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("calix{}", spec.n));
-            node.sh_ok(&format!(
-                "ip link add {host} type veth peer name eth0 netns {pod} && \
-                 ip link set {host} up && \
-                 ip addr add fe80::1/64 dev {host} nodad && \
-                 ip route add {a4}/32 dev {host} && ip -6 route add {a6}/128 dev {host} && \
-                 sysctl -qw net.ipv4.conf.{host}.proxy_arp=1 net.ipv4.neigh.{host}.proxy_delay=0",
-                pod = ns.name
-            ));
-            ns.sh_ok(&format!(
-                "ip addr add {a4}/32 dev eth0 && ip -6 addr add {a6}/128 dev eth0 nodad && \
-                 ip link set eth0 up && \
-                 ip route add 169.254.1.1 dev eth0 scope link && \
-                 ip route add default via 169.254.1.1 dev eth0 && \
-                 ip -6 route add default via fe80::1 dev eth0"
-            ));
+            if !fresh {
+                wire_routed(&node, &ns, &spec);
+            }
             if let Some(iface) = spec.iface {
                 let _ = writeln!(map, "\"{}/{}\": {iface}", spec.namespace, spec.name);
             }
@@ -144,7 +189,65 @@ impl PodNode {
             agent: None,
             env: Vec::new(),
             backend,
+            topology: None,
+            client: None,
         }
+    }
+
+    /// Wires pod `key` of a fresh node the way its topology says (the bridge is made at the
+    /// first pod).
+    pub fn wire(&self, key: &str) {
+        let pod = &self.pods[key];
+        match self.topology.expect("a fresh node") {
+            Topology::Routed => wire_routed(&self.node, &pod.ns, &pod.spec),
+            Topology::Bridge => {
+                self.node.sh_ok(
+                    "ip link show cni0 >/dev/null 2>&1 || { \
+                     ip link add cni0 type bridge && \
+                     ip addr add 10.77.0.1/24 dev cni0 && ip -6 addr add fd77::1/64 dev cni0 nodad && \
+                     ip link set cni0 up && \
+                     echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables && \
+                     echo 1 > /proc/sys/net/bridge/bridge-nf-call-ip6tables; }",
+                );
+                let host = pod
+                    .spec
+                    .iface
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("veth{:08x}", pod.spec.n));
+                self.node.sh_ok(&format!(
+                    "ip link add {host} type veth peer name eth0 netns {ns} && \
+                     ip link set {host} master cni0 && ip link set {host} up",
+                    ns = pod.ns.name
+                ));
+                pod.ns.sh_ok(&format!(
+                    "ip addr add {a4}/24 dev eth0 && ip -6 addr add {a6}/64 dev eth0 nodad && \
+                     ip link set eth0 up && ip route add default via 10.77.0.1 dev eth0 && \
+                     ip -6 route add default via fd77::1 dev eth0",
+                    a4 = pod.v4,
+                    a6 = pod.v6
+                ));
+            }
+        }
+    }
+
+    /// A host outside the node (`192.168.77.2`, `fd78::2`) whose traffic to the pods goes
+    /// through the node (made at the first call).
+    pub fn client(&mut self) -> &NetNs {
+        if self.client.is_none() {
+            let client = NetNs::new("client");
+            self.node.sh_ok(&format!(
+                "ip link add ext0 type veth peer name eth0 netns {c} && ip link set ext0 up && \
+                 ip addr add 192.168.77.1/30 dev ext0 && ip -6 addr add fd78::1/64 dev ext0 nodad",
+                c = client.name
+            ));
+            client.sh_ok(
+                "ip link set lo up && ip link set eth0 up && ip addr add 192.168.77.2/30 dev eth0 && \
+                 ip -6 addr add fd78::2/64 dev eth0 nodad && \
+                 ip route add default via 192.168.77.1 && ip -6 route add default via fd78::1",
+            );
+            self.client = Some(client);
+        }
+        self.client.as_ref().expect("made above")
     }
 
     pub fn pod(&self, key: &str) -> &Pod {

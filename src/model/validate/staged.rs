@@ -35,6 +35,58 @@ fn staged_action(
     }
 }
 
+/// A staged `Delete` carries no rules: every spec field but `stagedAction` (and a cluster
+/// policy's `tier`) must be empty, as Calico's validator requires ("Spec fields, except Tier,
+/// should all be zero-value if stagedAction is Delete"). A Delete that carries rules is
+/// refused rather than read: it would be unclear whether its rules or the deletion is meant,
+/// and a staged object is never enforced, so refusing it costs no protection. `spec` is the
+/// flattened enforced spec, serialized; null, an empty list and an empty object count as
+/// empty (as Go's zero values decode: `podSelector: {}`), an object with any key does not
+/// (`subject: {namespaces: {}}` selects every namespace).
+fn delete_carries_nothing(
+    spec: serde_json::Value,
+    allowed: &[&str],
+    kind: &'static str,
+    object: &str,
+) -> Result<(), ValidationError> {
+    let serde_json::Value::Object(fields) = spec else {
+        return Ok(());
+    };
+    let carried: Vec<&str> = fields
+        .iter()
+        .filter(|(name, value)| !allowed.contains(&name.as_str()) && !is_empty(value))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    match carried.first() {
+        None => Ok(()),
+        Some(first) => Err(ValidationError {
+            kind,
+            object: super::shown_name(object).into_owned(),
+            field: format!("spec.{first}"),
+            message: format!(
+                "a staged Delete carries no rules, but this one sets {}; a Delete needs only \
+                 the name{} of the object it would delete (remove the other fields, as \
+                 Calico requires, or use stagedAction: Set to stage a change)",
+                carried.join(", "),
+                if kind == CLUSTER_KIND {
+                    ""
+                } else {
+                    " and namespace"
+                }
+            ),
+        }),
+    }
+}
+
+fn is_empty(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null => true,
+        serde_json::Value::Object(m) => m.is_empty(),
+        serde_json::Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
 /// The enforced kind's error, told as the staged kind's.
 fn as_staged(kind: &'static str) -> impl Fn(ValidationError) -> ValidationError {
     move |e| ValidationError { kind, ..e }
@@ -51,8 +103,18 @@ pub fn staged_network_policy(s: &StagedNetworkPolicy) -> Result<StagedInfo, Vali
         kind,
         &key.to_string(),
     )?;
-    // A Delete names its partner only; its spec (if any) is not read, but the names are
-    // checked as the enforced kind's, with an empty spec standing in.
+    // A Delete names its partner only: it carries no rules, and its names are checked as the
+    // enforced kind's, with an empty spec standing in.
+    if action == StagedAction::Delete {
+        if let Some(spec) = &s.spec {
+            delete_carries_nothing(
+                serde_json::to_value(&spec.policy).unwrap_or_default(),
+                &[],
+                kind,
+                &key.to_string(),
+            )?;
+        }
+    }
     let enforced = NetworkPolicy {
         metadata: s.metadata.clone(),
         spec: match action {
@@ -91,7 +153,15 @@ pub fn staged_cluster_network_policy(
             .map_err(as_staged(CLUSTER_KIND))?,
         ),
         StagedAction::Delete => {
-            // Names only: the spec of a deletion is not read.
+            // Names only: it carries no rules (a tier is allowed, as in Calico).
+            if let Some(spec) = &s.spec {
+                delete_carries_nothing(
+                    serde_json::to_value(&spec.policy).unwrap_or_default(),
+                    &["tier"],
+                    CLUSTER_KIND,
+                    &name,
+                )?;
+            }
             super::require_name(
                 &s.metadata,
                 &super::ErrorContext {
@@ -132,6 +202,51 @@ mod tests {
         let info = staged_network_policy(&d).unwrap();
         assert_eq!(info.action(), StagedAction::Delete);
         assert_eq!(info.to_string(), "StagedNetworkPolicy x/allow");
+    }
+
+    /// A Delete as Calico and a user write it: only `stagedAction` in the spec (Calico's own
+    /// shape for `StagedKubernetesNetworkPolicy`, and for a cluster policy a tier), YAML or
+    /// JSON; one that carries rules is refused naming the field (issue 35).
+    #[test]
+    fn a_delete_needs_only_names_and_refuses_rules() {
+        for text in [
+            "metadata: {name: allow, namespace: x}\nspec: {stagedAction: Delete}\n",
+            "{\"metadata\": {\"name\": \"allow\", \"namespace\": \"x\"}, \"spec\": {\"stagedAction\": \"Delete\"}}",
+            "metadata: {name: allow, namespace: x}\nspec: {stagedAction: Delete, podSelector: {}, ingress: [], policyTypes: null}\n",
+        ] {
+            let mut s = staged(text);
+            s.calico = true;
+            let info = staged_network_policy(&s).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(info.action(), StagedAction::Delete);
+            assert_eq!(info.to_string(), "StagedKubernetesNetworkPolicy x/allow");
+        }
+        let rules = staged(
+            "metadata: {name: allow, namespace: x}\nspec: {stagedAction: Delete, podSelector: {matchLabels: {app: a}}, policyTypes: [Ingress]}\n",
+        );
+        let e = staged_network_policy(&rules).unwrap_err();
+        assert_eq!((e.kind, e.field.as_str()), (KIND, "spec.podSelector"));
+        assert!(e.message.contains("policyTypes"), "{e}");
+        let unnamed = staged("metadata: {namespace: x}\nspec: {stagedAction: Delete}\n");
+        assert_eq!(
+            staged_network_policy(&unnamed).unwrap_err().field,
+            "metadata.name"
+        );
+
+        let cluster =
+            |text: &str| -> StagedClusterNetworkPolicy { serde_yaml_ng::from_str(text).unwrap() };
+        for text in [
+            "metadata: {name: old}\nspec: {stagedAction: Delete}\n",
+            "metadata: {name: old}\nspec: {stagedAction: Delete, tier: Admin}\n",
+        ] {
+            let info = staged_cluster_network_policy(&cluster(text)).unwrap();
+            assert_eq!(info.action(), StagedAction::Delete, "{text}");
+        }
+        let e = staged_cluster_network_policy(&cluster(
+            "metadata: {name: old}\nspec: {stagedAction: Delete, tier: Admin, priority: 3, subject: {namespaces: {}}}\n",
+        ))
+        .unwrap_err();
+        assert_eq!((e.kind, e.field.as_str()), (CLUSTER_KIND, "spec.priority"));
+        assert!(e.message.contains("subject"), "{e}");
     }
 
     #[test]

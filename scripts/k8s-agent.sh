@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The agent on the cluster of scripts/k8s-cluster.sh, installed the way docs/install.md tells
+# an operator to (issue 36): the CRDs, `kubectl apply -k` of deploy/ or an overlay, the image
+# scripts/k8s-images.sh built (already in every node's containerd), a rollout that completes
+# on every node, the control-plane node included.
+#
+#   bash scripts/k8s-agent.sh install [--overlay NAME]
+#   bash scripts/k8s-agent.sh check          # every node's agent ready, no RBAC refusal logged
+#   bash scripts/k8s-agent.sh uninstall      # docs/operations/uninstall.md's steps
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE=${NETPOL_K8S_CLUSTER:-$PWD/target/k8s/cluster}
+[ -f "$STATE/admin.kubeconfig" ] || { echo "k8s-agent: no cluster is up" >&2; exit 1; }
+KUBECTL=("$(cat "$STATE/kubectl.path")" --kubeconfig "$STATE/admin.kubeconfig")
+# shellcheck source=../e2e/k8s/versions.env
+source e2e/k8s/versions.env
+
+say() { echo "=== k8s-agent: $*"; }
+die() { echo "k8s-agent: $*" >&2; exit 1; }
+
+npa_crd() {
+  local dir
+  dir=$(go mod download -json "sigs.k8s.io/network-policy-api@v$NPA_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  echo "$dir/config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml"
+}
+
+check() {
+  local nodes want ready pods
+  nodes=$("${KUBECTL[@]}" get nodes --no-headers | wc -l)
+  want=$("${KUBECTL[@]}" -n kube-system get ds netpol-agent -o jsonpath='{.status.desiredNumberScheduled}')
+  ready=$("${KUBECTL[@]}" -n kube-system get ds netpol-agent -o jsonpath='{.status.numberReady}')
+  [ "$want" = "$nodes" ] || die "the DaemonSet wants $want pods for $nodes nodes"
+  [ "$ready" = "$nodes" ] || die "$ready of $nodes agents ready"
+  # Forbidden in an agent's log: the shipped RBAC is not enough for something it reads.
+  pods=$("${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent -o name)
+  for p in $pods; do
+    if "${KUBECTL[@]}" -n kube-system logs "$p" | grep -qi 'forbidden'; then
+      "${KUBECTL[@]}" -n kube-system logs "$p" | grep -i 'forbidden' | head -5 >&2
+      die "$p was refused by the API server (RBAC)"
+    fi
+  done
+  say "$ready of $nodes agents ready, none refused by RBAC"
+}
+
+case "${1:-}" in
+  install)
+    shift
+    target=deploy/
+    if [ "${1:-}" = --overlay ]; then target=deploy/overlays/$2/; fi
+    say "CRDs: network-policy-api v$NPA_VERSION (ClusterNetworkPolicy), deploy/crds/ (staged kinds)"
+    "${KUBECTL[@]}" apply --server-side -f "$(npa_crd)" >/dev/null
+    "${KUBECTL[@]}" apply -f deploy/crds/ >/dev/null
+    say "kubectl apply -k $target"
+    "${KUBECTL[@]}" apply -k "$target" >/dev/null
+    "${KUBECTL[@]}" -n kube-system rollout status ds/netpol-agent --timeout 300s \
+      || { "${KUBECTL[@]}" -n kube-system get pods -o wide >&2; die "the rollout did not complete"; }
+    check
+    ;;
+  check)
+    check
+    ;;
+  uninstall)
+    say "kubectl delete -k deploy/, then the uninstall DaemonSet"
+    "${KUBECTL[@]}" delete -k deploy/ --ignore-not-found >/dev/null
+    "${KUBECTL[@]}" apply -k deploy/uninstall/ >/dev/null
+    "${KUBECTL[@]}" -n kube-system rollout status ds/netpol-agent-uninstall --timeout 300s
+    "${KUBECTL[@]}" delete -k deploy/uninstall/ --ignore-not-found >/dev/null
+    ;;
+  *)
+    die "usage: install [--overlay NAME] | check | uninstall"
+    ;;
+esac

@@ -1,0 +1,223 @@
+//! The guard calculator: which local pods without a known interface a policy isolates, so
+//! `rules::guard` drops their traffic by address until they are named (fail-closed where the
+//! dispatch chains cannot reach them; see that module for why).
+//!
+//! Kept apart from the endpoints on purpose: an endpoint is a pod with an interface, and
+//! everything keyed by endpoints (active policies, set references, profiles, unions, the
+//! metrics) stays as it was. The guard is recomputed at each flush while some local pod is
+//! unnamed: per such pod one pass over its namespace's NetworkPolicies and the
+//! ClusterNetworkPolicies, which costs nothing on a node whose pods are all named (the usual
+//! state) and stays small when a few are being wired.
+
+use crate::model::{IpFamily, ObjectKey};
+use crate::rules::guard::{guard_chain, Guarded};
+use crate::rules::{Chain, Direction};
+
+use super::{CalcGraph, Owner};
+
+impl CalcGraph {
+    /// A local pod the caller could not name: it has no chains, so the guard looks at it.
+    pub(super) fn mark_unnamed(&mut self, key: &ObjectKey, unnamed: bool) {
+        if unnamed {
+            self.unnamed.insert(key.clone());
+        } else {
+            self.unnamed.remove(key);
+        }
+    }
+
+    /// Brings the guard up to date before a flush renders: the guard chain when its pods
+    /// changed, the static chains when it starts or stops holding any.
+    pub(super) fn refresh_guard(&mut self) {
+        if self.unnamed.is_empty() && self.guarded.is_empty() {
+            return;
+        }
+        let now = self.wanted_guard();
+        if now == self.guarded {
+            return;
+        }
+        if now.is_empty() != self.guarded.is_empty() {
+            self.dirty.mark(Owner::Static);
+        }
+        self.dirty.mark(Owner::Guard);
+        self.guarded = now;
+    }
+
+    /// The unnamed local pods with an address that some policy isolates, in key order.
+    fn wanted_guard(&self) -> Vec<Guarded> {
+        let mut out = Vec::new();
+        for key in &self.unnamed {
+            let Some(pod) = self.sets.pod(key) else {
+                continue;
+            };
+            if pod.ips.is_empty() {
+                continue;
+            }
+            let (mut ingress, mut egress) = (false, false);
+            for policy in self
+                .policies_by_ns
+                .get(&key.namespace)
+                .into_iter()
+                .flatten()
+            {
+                let Some(p) = self.policies.get(policy) else {
+                    continue;
+                };
+                if p.info.pod_selector.matches(&pod.labels) {
+                    ingress |= p.plan.ingress.is_some();
+                    egress |= p.plan.egress.is_some();
+                }
+            }
+            for p in self.cluster_policies.values() {
+                if (ingress && egress) || !self.subject_selects(&p.info, key) {
+                    continue;
+                }
+                ingress |= p.plan.direction(Direction::Ingress).is_some();
+                egress |= p.plan.direction(Direction::Egress).is_some();
+            }
+            if ingress || egress {
+                out.push(Guarded {
+                    pod: key.clone(),
+                    ips: pod.ips.to_vec(),
+                    ingress,
+                    egress,
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether the guard holds a pod (the static chains jump to it then).
+    pub(super) fn guard_active(&self) -> bool {
+        !self.guarded.is_empty()
+    }
+
+    /// The pods the guard holds, as of the last flush.
+    pub fn guarded_pods(&self) -> &[Guarded] {
+        &self.guarded
+    }
+
+    pub(super) fn guard_chains(&self, family: IpFamily) -> Vec<Chain> {
+        if self.guarded.is_empty() {
+            return Vec::new();
+        }
+        vec![guard_chain(&self.cfg.rules, family, &self.guarded)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{allow_from, bodies, cluster, eq, local_pod, LearningResolver, NODE};
+    use super::super::GraphConfig;
+    use crate::agent::Calculation;
+    use crate::model::{IpFamily, Tier};
+    use crate::rules::guard::GUARD_CHAIN;
+    use crate::rules::RuleConfig;
+
+    fn graph(names: &LearningResolver) -> Calculation {
+        Calculation::new(
+            GraphConfig {
+                node_name: NODE.into(),
+                families: vec![IpFamily::V4],
+                rules: RuleConfig::default(),
+            },
+            Box::new(names.clone()),
+        )
+    }
+
+    fn has_chain(g: &Calculation, name: &str) -> bool {
+        g.snapshot().families[&IpFamily::V4]
+            .chains
+            .contains_key(name)
+    }
+
+    #[test]
+    fn an_isolated_pod_without_interface_is_dropped_by_address_until_named() {
+        let names = LearningResolver::default();
+        let mut g = graph(&names);
+        g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("app", "a")]));
+        g.upsert_pod_info(local_pod("x", "b", "10.0.0.2", &[("app", "b")]));
+        g.flush();
+        assert!(!has_chain(&g, GUARD_CHAIN), "no policy: nothing to guard");
+        assert!(!bodies(&g, "cali-FORWARD")
+            .iter()
+            .any(|r| r.contains(GUARD_CHAIN)));
+
+        // A policy isolating a (ingress): a is guarded, b is not.
+        g.upsert_policy_info(allow_from("x", "p", &[("app", "a")], vec![eq("app", "c")]));
+        g.flush();
+        let guard = bodies(&g, GUARD_CHAIN);
+        assert_eq!(guard.len(), 1, "{guard:?}");
+        assert!(guard[0].contains("-d 10.0.0.1/32") && guard[0].ends_with("-j DROP"));
+        for chain in ["cali-FORWARD", "cali-INPUT"] {
+            assert!(
+                bodies(&g, chain)[..2]
+                    .iter()
+                    .any(|r| r.ends_with(&format!("-j {GUARD_CHAIN}"))),
+                "{chain}: {:?}",
+                bodies(&g, chain)
+            );
+        }
+        assert_eq!(g.guarded_pods().len(), 1);
+
+        // Named: its own chains take over, the guard and the jumps go.
+        names
+            .0
+            .lock()
+            .unwrap()
+            .insert("x/a".into(), "cali-a".into());
+        g.interfaces_changed();
+        g.flush();
+        assert!(has_chain(&g, "cali-tw-cali-a"));
+        assert!(!has_chain(&g, GUARD_CHAIN));
+        assert!(!bodies(&g, "cali-FORWARD")
+            .iter()
+            .any(|r| r.contains(GUARD_CHAIN)));
+
+        // The interface is lost again: guarded again.
+        names.0.lock().unwrap().clear();
+        g.interfaces_changed();
+        g.flush();
+        assert!(has_chain(&g, GUARD_CHAIN));
+        assert!(!has_chain(&g, "cali-tw-cali-a"));
+
+        // The policy goes: nothing isolates a, nothing to guard.
+        g.remove_policy(&crate::model::ObjectKey::new("x", "p"));
+        g.flush();
+        assert!(!has_chain(&g, GUARD_CHAIN));
+    }
+
+    #[test]
+    fn cluster_policies_guard_in_their_directions_and_removal_ends_it() {
+        let names = LearningResolver::default();
+        let mut g = graph(&names);
+        g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[]));
+        g.upsert_cluster_policy_info(cluster("c1", Tier::Admin, 10, false, true, &[]));
+        g.flush();
+        let guard = bodies(&g, GUARD_CHAIN);
+        assert_eq!(guard.len(), 1, "{guard:?}");
+        assert!(
+            guard[0].contains("-s 10.0.0.1/32"),
+            "egress only: {guard:?}"
+        );
+
+        g.remove_pod(&crate::model::ObjectKey::new("x", "a"));
+        g.flush();
+        assert!(!has_chain(&g, GUARD_CHAIN));
+        assert!(g.guarded_pods().is_empty());
+    }
+
+    #[test]
+    fn a_pod_moving_off_the_node_leaves_the_guard() {
+        let names = LearningResolver::default();
+        let mut g = graph(&names);
+        g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("app", "a")]));
+        g.upsert_policy_info(allow_from("x", "p", &[("app", "a")], vec![]));
+        g.flush();
+        assert!(has_chain(&g, GUARD_CHAIN));
+        let mut moved = local_pod("x", "a", "10.0.0.1", &[("app", "a")]);
+        moved.node = Some("elsewhere".into());
+        g.upsert_pod_info(moved);
+        g.flush();
+        assert!(!has_chain(&g, GUARD_CHAIN));
+    }
+}
