@@ -176,9 +176,12 @@ build_sonobuoy() {
   local bin=$OUT/sonobuoy-$SONOBUOY_VERSION/bin work=$OUT/sonobuoy-$SONOBUOY_VERSION/src
   module_copy "github.com/vmware-tanzu/sonobuoy@v$SONOBUOY_VERSION" "$work"
   mkdir -p "$bin"
-  (cd "$work" && go build -trimpath -mod=readonly \
+  # With the Go release its go.mod names (SONOBUOY_GO): from Go 1.24 on, net/url refuses
+  # the bracketed IPv4 address sonobuoy builds its aggregator URL from ("https://[10.244.1.80]:
+  # 8080": invalid IP-literal), so a sonobuoy built with today's Go cannot report results.
+  (cd "$work" && GOTOOLCHAIN=go$SONOBUOY_GO go build -trimpath -mod=readonly \
     -ldflags "-s -w -X github.com/vmware-tanzu/sonobuoy/pkg/buildinfo.Version=v$SONOBUOY_VERSION" \
-    -o "$bin/sonobuoy" .)
+    -o "$bin/sonobuoy" .) || die "sonobuoy v$SONOBUOY_VERSION did not build with go$SONOBUOY_GO"
 }
 
 build_npa() {

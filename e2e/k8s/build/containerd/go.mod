@@ -2,7 +2,7 @@ module netpol-agent/k8s-build/containerd
 
 go 1.26.6
 
-require github.com/containerd/containerd/v2 v2.4.2
+require github.com/containerd/containerd/v2 v2.4.2 // indirect
 
 require (
 	cyphar.com/go-pathrs v0.2.5 // indirect
@@ -139,4 +139,12 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 	tags.cncf.io/container-device-interface v1.1.1 // indirect
 	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
+)
+
+// The upstream programs scripts/k8s.sh builds from this module; go.mod and go.sum hold
+// exactly what they need, pinned.
+tool (
+	github.com/containerd/containerd/v2/cmd/containerd
+	github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+	github.com/containerd/containerd/v2/cmd/ctr
 )

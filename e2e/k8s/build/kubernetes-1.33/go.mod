@@ -3,11 +3,6 @@ module netpol-agent/k8s-build/kubernetes
 go 1.24.0
 
 require (
-	github.com/onsi/ginkgo/v2 v2.21.0
-	k8s.io/kubernetes v1.33.13
-)
-
-require (
 	cel.dev/expr v0.19.1 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20230124172434-306776ec8161 // indirect
 	github.com/JeffAshton/win_pdh v0.0.0-20161109143554-76bb4ee9f0ab // indirect
@@ -90,6 +85,7 @@ require (
 	github.com/monochromegane/go-gitignore v0.0.0-20200626010858-205db1a8cc00 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/mxk/go-flowrate v0.0.0-20140419014527-cca7078d478f // indirect
+	github.com/onsi/ginkgo/v2 v2.21.0 // indirect
 	github.com/onsi/gomega v1.35.1 // indirect
 	github.com/opencontainers/cgroups v0.0.3 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
@@ -177,6 +173,7 @@ require (
 	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubectl v0.0.0 // indirect
 	k8s.io/kubelet v0.33.13 // indirect
+	k8s.io/kubernetes v1.33.13 // indirect
 	k8s.io/metrics v0.33.13 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
@@ -250,3 +247,19 @@ replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.33.13
 
 // The v0.33.13 zip is refused by the module proxy (403); only test/e2e/apimachinery uses it.
 replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.33.5
+
+// The upstream programs scripts/k8s.sh builds from this module; go.mod and go.sum hold
+// exactly what they need, pinned.
+tool (
+	github.com/onsi/ginkgo/v2/ginkgo
+	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-proxy
+	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/test/conformance/image/go-runner
+	k8s.io/kubernetes/test/e2e
+	k8s.io/kubernetes/test/e2e/network/netpol
+	k8s.io/kubernetes/test/images/agnhost
+)

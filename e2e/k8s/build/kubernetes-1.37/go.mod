@@ -3,11 +3,6 @@ module netpol-agent/k8s-build/kubernetes
 go 1.26.0
 
 require (
-	github.com/onsi/ginkgo/v2 v2.32.0
-	k8s.io/kubernetes v1.37.2
-)
-
-require (
 	cel.dev/expr v0.25.1 // indirect
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect
@@ -93,6 +88,7 @@ require (
 	github.com/monochromegane/go-gitignore v0.0.0-20200626010858-205db1a8cc00 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/mxk/go-flowrate v0.0.0-20140419014527-cca7078d478f // indirect
+	github.com/onsi/ginkgo/v2 v2.32.0 // indirect
 	github.com/onsi/gomega v1.40.0 // indirect
 	github.com/opencontainers/cgroups v0.0.7 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
@@ -182,6 +178,7 @@ require (
 	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubectl v0.0.0 // indirect
 	k8s.io/kubelet v0.37.2 // indirect
+	k8s.io/kubernetes v1.37.2 // indirect
 	k8s.io/metrics v0.37.2 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
@@ -260,3 +257,19 @@ replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.2
 replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.2
 
 replace k8s.io/streaming => k8s.io/streaming v0.37.2
+
+// The upstream programs scripts/k8s.sh builds from this module; go.mod and go.sum hold
+// exactly what they need, pinned.
+tool (
+	github.com/onsi/ginkgo/v2/ginkgo
+	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-proxy
+	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/test/conformance/image/go-runner
+	k8s.io/kubernetes/test/e2e
+	k8s.io/kubernetes/test/e2e/network/netpol
+	k8s.io/kubernetes/test/images/agnhost
+)
