@@ -143,6 +143,24 @@ if [ "$cmd" = status ]; then
   exit 0
 fi
 
+# restart NODE COMPONENT: stops one component (SIGTERM, then SIGKILL after 10 s) and starts
+# it again with the same command line, its log appended (scripts/k8s-faults.sh restarts
+# kube-apiserver under running agents). stop NODE COMPONENT only stops it.
+if [ "$cmd" = restart ] || [ "$cmd" = stop ]; then
+  node=${1:?node}; name=${2:?component}
+  [ -f "$STATE/$node/$name.cmd" ] || die "no $name on $node"
+  pid=$(cat "$STATE/$node/$name.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  if [ "$cmd" = restart ]; then
+    mapfile -t words <"$STATE/$node/$name.cmd"
+    nsenter --net="/run/netns/$node" -- "${words[@]}" >>"$STATE/$node/$name.log" 2>&1 &
+    echo $! >"$STATE/$node/$name.pid"
+  fi
+  exit 0
+fi
+
 if [ "$cmd" = kubectl ]; then
   [ -f "$STATE/admin.kubeconfig" ] || die "no cluster is up"
   exec "$(cat "$STATE/kubectl.path")" --kubeconfig "$STATE/admin.kubeconfig" "$@"
@@ -335,7 +353,9 @@ done
 start() { # NODE NAME CMD...
   local node=$1 name=$2
   shift 2
-  nsenter --net="/run/netns/$node" -- "$@" >"$STATE/$node/$name.log" 2>&1 &
+  # The command line, one word a line, for `restart`.
+  printf '%s\n' "$@" >"$STATE/$node/$name.cmd"
+  nsenter --net="/run/netns/$node" -- "$@" >>"$STATE/$node/$name.log" 2>&1 &
   echo $! >"$STATE/$node/$name.pid"
 }
 # Waits until CMD succeeds (every 0.5 s, up to SECONDS_MAX), else names the component's log.

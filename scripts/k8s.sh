@@ -133,6 +133,8 @@ build_etcd() {
   mkdir -p "$OUT/etcd-$ETCD_VERSION/bin"
   (cd "$mod" && go build -trimpath -mod=readonly -ldflags "-s -w" \
     -o "$OUT/etcd-$ETCD_VERSION/bin/etcd" .)
+  (cd "$mod" && go build -trimpath -mod=readonly -ldflags "-s -w" \
+    -o "$OUT/etcd-$ETCD_VERSION/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3)
 }
 
 build_containerd() {

@@ -251,7 +251,7 @@ fn settle(m: &mut NftMonitor, own: Option<u32>) -> (Finding, u64) {
     while m.wait(Duration::from_millis(200)).unwrap() {
         let changes = m.poll().unwrap();
         foreign += changes.foreign_commits;
-        finding = finding.merge(changes.finding(|pid| Some(pid) == own));
+        finding = finding.merge(changes.finding(|c| c.pid.is_some() && c.pid == own));
     }
     (finding, foreign)
 }
@@ -277,7 +277,11 @@ fn check_nft(ipv6: bool) {
     assert!(after > before, "generation {before} -> {after}");
     assert_eq!(m.last_generation(), Some(after));
     assert_eq!(
-        m.confirm(&mut gen, |_| false).unwrap(),
+        m.confirm(
+            &mut gen,
+            |_: &netpol_agent::dataplane::watch::nft::Commit| false
+        )
+        .unwrap(),
         Finding::Unchanged,
         "the subscription saw the latest commit"
     );
@@ -363,7 +367,14 @@ fn check_nft(ipv6: bool) {
         "{ flags dormant; }",
     ]);
     assert!(matches!(settle(&mut m, None).0, Finding::Unknown(_)));
-    assert_eq!(m.confirm(&mut gen, |_| false).unwrap(), Finding::Unchanged);
+    assert_eq!(
+        m.confirm(
+            &mut gen,
+            |_: &netpol_agent::dataplane::watch::nft::Commit| false
+        )
+        .unwrap(),
+        Finding::Unchanged
+    );
 }
 
 #[test]

@@ -137,7 +137,8 @@ struct ImageComponent {
 fn image_component() -> ImageComponent {
     let path = deploy_dir().join("image/kustomization.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let c: ImageComponent = serde_yaml_ng::from_str(&text).expect("deploy/image/kustomization.yaml");
+    let c: ImageComponent =
+        serde_yaml_ng::from_str(&text).expect("deploy/image/kustomization.yaml");
     assert_eq!(c.api_version, "kustomize.config.k8s.io/v1alpha1");
     assert_eq!(c.kind, "Component");
     c
@@ -409,8 +410,14 @@ fn the_image_is_the_release() {
     let images = image_component().images;
     assert_eq!(images.len(), 1);
     assert_eq!(images[0].name, "netpol-agent");
-    assert_eq!(images[0].new_tag.as_deref(), Some(format!("v{version}").as_str()));
-    assert!(images[0].new_name.as_deref().is_some_and(|n| n.ends_with("/netpol-agent")));
+    assert_eq!(
+        images[0].new_tag.as_deref(),
+        Some(format!("v{version}").as_str())
+    );
+    assert!(images[0]
+        .new_name
+        .as_deref()
+        .is_some_and(|n| n.ends_with("/netpol-agent")));
 }
 
 /// The DaemonSet's FELIX_* values through the real binary's parser: `run` in a throwaway
@@ -486,9 +493,17 @@ fn dockerfile_builds_the_binary_with_both_iptables_backends() {
             .unwrap_or_else(|| panic!("ARG {name}"))
             .to_string()
     };
-    assert_eq!(froms, ["FROM ${RUST_IMAGE} AS build", "FROM ${DEBIAN_IMAGE}"]);
+    assert_eq!(
+        froms,
+        ["FROM ${RUST_IMAGE} AS build", "FROM ${DEBIAN_IMAGE}"]
+    );
     let (rust, debian) = (arg("RUST_IMAGE"), arg("DEBIAN_IMAGE"));
-    assert!(rust.starts_with("rust:1.89.0-") && debian.starts_with("debian:12") && debian.ends_with("-slim"), "{rust} {debian}");
+    assert!(
+        rust.starts_with("rust:1.89.0-")
+            && debian.starts_with("debian:12")
+            && debian.ends_with("-slim"),
+        "{rust} {debian}"
+    );
     // The runtime's tools are the versions the tests run with, checked in the image.
     for needle in [
         "cargo build --release --locked",
@@ -947,14 +962,13 @@ fn the_uninstall_daemonset_reaches_every_node_as_the_agent_does_and_runs_cleanup
             .collect()
     };
     let (m, agent_m) = (mounts(c), mounts(agent_c));
-    for path in ["/run/xtables.lock"] {
-        assert_eq!(m[path].1, agent_m[path].1, "{path} mounted read-only alike");
-        assert_eq!(
-            host_paths(pod)[&m[path].0],
-            host_paths(agent_pod)[&agent_m[path].0],
-            "{path}"
-        );
-    }
+    let path = "/run/xtables.lock";
+    assert_eq!(m[path].1, agent_m[path].1, "{path} mounted read-only alike");
+    assert_eq!(
+        host_paths(pod)[&m[path].0],
+        host_paths(agent_pod)[&agent_m[path].0],
+        "{path}"
+    );
 
     // The script: cleanup of both backends, with options `cleanup` has.
     let script = uninstall_script(ds);

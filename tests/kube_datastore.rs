@@ -439,7 +439,7 @@ fn key_set(events: &[DatastoreEvent]) -> BTreeSet<(ObjectKind, String, &'static 
                 Some((r.kind, r.key, "upsert"))
             }
             DatastoreEvent::Delete(r) => Some((r.kind, r.key.clone(), "delete")),
-            DatastoreEvent::InSync => None,
+            DatastoreEvent::InSync | DatastoreEvent::Access { .. } => None,
         })
         .collect()
 }
@@ -1695,5 +1695,65 @@ fn watches_that_end_at_once_are_not_restarted_in_a_tight_loop() {
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring, labels: {team: none}}\n",
     );
     assert!(matches!(source.recv(), DatastoreEvent::Upsert(_)));
+    assert!(source.shutdown().is_ok());
+}
+
+/// A 403 (RBAC taken away, issue 36) is told once per kind as `Access` refused, nothing
+/// delivered is withdrawn, and the kind's next event (RBAC given back) tells it readable
+/// again. The agent turns these into readiness and `netpol_datastore_access_refused`.
+#[test]
+fn a_forbidden_kind_is_told_once_and_again_when_readable() {
+    let api = FakeApi::start();
+    api.load(Res::Namespaces, [json!({"metadata": {"name": "x"}})]);
+    let source = Source::start(&api);
+    source.until_in_sync();
+    let since = api.requests().len();
+    api.fail_requests(403, Duration::from_secs(1));
+    for res in ALL {
+        api.close_watches(res, true);
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    for res in ALL {
+        api.wait_watching(res, since);
+    }
+    // A change, so that the namespaces watch delivers an event after the refusal.
+    api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n");
+    let mut refused: BTreeMap<ObjectKind, usize> = BTreeMap::new();
+    let mut readable: BTreeSet<ObjectKind> = BTreeSet::new();
+    let deadline = Instant::now() + TIMEOUT;
+    while !readable.contains(&ObjectKind::Namespace) && Instant::now() < deadline {
+        match source.recv() {
+            DatastoreEvent::Access {
+                kind,
+                refused: Some(why),
+            } => {
+                assert!(why.starts_with("403 Forbidden"), "{why}");
+                *refused.entry(kind).or_default() += 1;
+            }
+            DatastoreEvent::Access {
+                kind,
+                refused: None,
+            } => {
+                assert!(
+                    refused.contains_key(&kind),
+                    "readable before refused: {kind:?}"
+                );
+                readable.insert(kind);
+            }
+            DatastoreEvent::Delete(r) => panic!("a refusal withdrew {r:?}"),
+            _ => {}
+        }
+    }
+    assert!(
+        readable.contains(&ObjectKind::Namespace),
+        "{refused:?} {readable:?}"
+    );
+    assert!(
+        refused.values().all(|n| *n == 1),
+        "one refusal per kind, however many retries: {refused:?}"
+    );
+    assert!(
+        refused.contains_key(&ObjectKind::Pod) && refused.contains_key(&ObjectKind::NetworkPolicy)
+    );
     assert!(source.shutdown().is_ok());
 }

@@ -196,6 +196,8 @@ pub fn run(
     let mut unnamed = Unnamed::new(interface_grace);
     let mut outside_reported: std::collections::BTreeSet<crate::model::ObjectKey> =
         Default::default();
+    // Kinds the API server refuses the datastore, with why (`DatastoreEvent::Access`).
+    let mut refused: BTreeMap<ObjectKind, String> = BTreeMap::new();
     let mut next_interface_check = Instant::now();
     // Whether the graph took a batch since the last interface check.
     let mut graph_changed = true;
@@ -227,6 +229,31 @@ pub fn run(
         let mut just_synced = false;
         for input in &batch {
             match input {
+                Input::Datastore(DatastoreEvent::Access { kind, refused: why }) => {
+                    let gauge = m
+                        .datastore_access_refused
+                        .with_label_values(&[kind.as_str()]);
+                    match why {
+                        Some(why) => {
+                            gauge.set(1);
+                            refused.insert(*kind, why.clone());
+                        }
+                        None => {
+                            gauge.set(0);
+                            refused.remove(kind);
+                        }
+                    }
+                    health.set_datastore_refused((!refused.is_empty()).then(|| {
+                        let kinds: Vec<String> = refused
+                            .iter()
+                            .map(|(k, why)| format!("{} ({why})", k.as_str()))
+                            .collect();
+                        format!(
+                            "the API server refuses this agent's service account the right to list and watch {}; the rules stay as last programmed and may be stale (RBAC: deploy/clusterrole.yaml)",
+                            kinds.join(", ")
+                        )
+                    }));
+                }
                 Input::Datastore(e) => {
                     datastore_events += 1;
                     if matches!(e, DatastoreEvent::InSync) && !in_sync {

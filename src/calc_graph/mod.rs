@@ -351,7 +351,7 @@ impl CalcGraph {
                     ObjectKind::StagedNetworkPolicy | ObjectKind::StagedClusterNetworkPolicy => {}
                 }
             }
-            DatastoreEvent::InSync => {}
+            DatastoreEvent::InSync | DatastoreEvent::Access { .. } => {}
         }
     }
 

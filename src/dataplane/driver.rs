@@ -227,6 +227,7 @@ pub fn run(
         if tables_read {
             sentinel.before_tables_read();
         }
+        sentinel.before_apply();
         match dp.apply() {
             Ok(report) => {
                 retry_at = None;
@@ -277,6 +278,7 @@ pub fn run(
                 }
             }
             Err(e) => {
+                sentinel.apply_failed();
                 m.apply_failures.inc();
                 m.dataplane_in_sync.set(0);
                 let wait = backoff.next_delay();

@@ -41,7 +41,7 @@ use tracing::debug;
 
 use super::iptables::Backend;
 use super::watch::ipset::IpsetWatch;
-use super::watch::nft::{NftGeneration, NftMonitor};
+use super::watch::nft::{Commit, NftGeneration, NftMonitor};
 use super::watch::xtables::LegacyWatch;
 use super::watch::{Finding, Interest};
 use crate::model::IpFamily;
@@ -224,6 +224,27 @@ pub struct Sentinel {
     /// CPU time the last exact verify took.
     verify_cost: Option<Duration>,
     own_pids: VecDeque<u32>,
+    /// nf_tables: the generation the kernel was at when the apply in progress started.
+    fence: Option<u32>,
+    /// nf_tables: the generation ids of our own restores' commits (told by `after_apply`).
+    own_generations: VecDeque<u32>,
+}
+
+/// Whether an nf_tables commit is one of our restores': by its pid when our children's pids
+/// are the kernel's (no pid namespace), else by its generation, fenced by `after_apply`, and
+/// the name of the program that made it (the restore tools', `iptables-nft-restore` and
+/// `ip6tables-nft-restore`, as the kernel keeps it: at most 15 bytes).
+fn own_commit(pids: &VecDeque<u32>, generations: &VecDeque<u32>, c: &Commit) -> bool {
+    if c.pid.is_some_and(|p| pids.contains(&p)) {
+        return true;
+    }
+    let by_restore = c.process.as_deref().is_some_and(|name| {
+        name.len() >= 8
+            && ["iptables-nft-restore", "ip6tables-nft-restore"]
+                .iter()
+                .any(|tool| tool.starts_with(name))
+    });
+    by_restore && generations.contains(&c.generation)
 }
 
 impl Sentinel {
@@ -277,6 +298,8 @@ impl Sentinel {
                 sets_cost: None,
                 verify_cost: None,
                 own_pids: VecDeque::new(),
+                fence: None,
+                own_generations: VecDeque::new(),
             },
             problems,
         )
@@ -290,6 +313,8 @@ impl Sentinel {
             sets_cost: None,
             verify_cost: None,
             own_pids: VecDeque::new(),
+            fence: None,
+            own_generations: VecDeque::new(),
         }
     }
 
@@ -319,7 +344,8 @@ impl Sentinel {
     /// interval: [`Sentinel::sets_check_interval`]).
     pub fn check(&mut self, tables: bool, sets: bool) -> Verdict {
         let mut v = Verdict::default();
-        let own = &self.own_pids;
+        let (pids, generations) = (&self.own_pids, &self.own_generations);
+        let own = |c: &Commit| own_commit(pids, generations, c);
         match self.tables.as_mut().filter(|_| tables) {
             Some(Tables::Legacy { watches, last_read }) => {
                 for (family, w) in watches.iter_mut() {
@@ -347,9 +373,7 @@ impl Sentinel {
                 }
             }
             Some(Tables::Nft { monitor, .. }) => match monitor.poll() {
-                Ok(changes) => {
-                    v.note_iptables("iptables (nft)", changes.finding(|pid| own.contains(&pid)))
-                }
+                Ok(changes) => v.note_iptables("iptables (nft)", changes.finding(own)),
                 Err(e) => Verdict::failed(&mut v.iptables, "iptables (nft)", e),
             },
             None => {}
@@ -372,7 +396,8 @@ impl Sentinel {
     pub fn verify(&mut self) -> Verdict {
         let started = thread_cpu_time();
         let mut v = Verdict::default();
-        let own = &self.own_pids;
+        let (pids, generations) = (&self.own_pids, &self.own_generations);
+        let own = |c: &Commit| own_commit(pids, generations, c);
         match &mut self.tables {
             Some(Tables::Legacy { watches, .. }) => {
                 for (family, w) in watches.iter_mut() {
@@ -386,7 +411,7 @@ impl Sentinel {
             Some(Tables::Nft {
                 monitor,
                 generation,
-            }) => match monitor.confirm(generation, |pid| own.contains(&pid)) {
+            }) => match monitor.confirm(generation, own) {
                 Ok(f) => v.note_iptables("iptables (nft)", f),
                 Err(e) => Verdict::failed(&mut v.iptables, "iptables (nft)", e),
             },
@@ -440,6 +465,20 @@ impl Sentinel {
         }
     }
 
+    /// Just before an apply: with nf_tables, the generation the kernel is at (see
+    /// [`own_commit`]).
+    pub fn before_apply(&mut self) {
+        self.fence = match &mut self.tables {
+            Some(Tables::Nft { generation, .. }) => generation.read().ok(),
+            _ => None,
+        };
+    }
+
+    /// An apply failed: what it committed is not told apart (the next check reads it).
+    pub fn apply_failed(&mut self) {
+        self.fence = None;
+    }
+
     /// After a successful apply: our own writes are not changes. Tables we wrote to get the
     /// cheap new reference (legacy iptables is then read again by the driver's post-write
     /// check, which takes the full fingerprint before it reads); the IP sets get a new header
@@ -452,6 +491,23 @@ impl Sentinel {
         sets_written: &BTreeSet<String>,
         restore_pids: Vec<u32>,
     ) {
+        // nf_tables: the commits since the fence are ours when there are no more of them than
+        // restores ran (a restore that changes nothing commits nothing).
+        if let (Some(before), Some(Tables::Nft { generation, .. })) =
+            (self.fence.take(), self.tables.as_mut())
+        {
+            if let Ok(after) = generation.read() {
+                let commits = after.wrapping_sub(before);
+                if commits as usize <= restore_pids.len() {
+                    for g in 1..=commits {
+                        if self.own_generations.len() == OWN_PIDS {
+                            self.own_generations.pop_front();
+                        }
+                        self.own_generations.push_back(before.wrapping_add(g));
+                    }
+                }
+            }
+        }
         for pid in restore_pids {
             if self.own_pids.len() == OWN_PIDS {
                 self.own_pids.pop_front();

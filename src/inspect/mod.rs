@@ -87,6 +87,16 @@ fn load_kubernetes() -> anyhow::Result<Vec<K8sObject>> {
                 objects.remove(&r);
             }
             Ok(DatastoreEvent::InSync) => break Ok(()),
+            Ok(DatastoreEvent::Access {
+                kind,
+                refused: Some(why),
+            }) => {
+                break Err(anyhow!(
+                    "the Kubernetes API refuses to let this user list {}: {why}",
+                    kind.as_str()
+                ))
+            }
+            Ok(DatastoreEvent::Access { refused: None, .. }) => {}
             Err(RecvTimeoutError::Timeout) => {
                 break Err(anyhow!(
                     "the Kubernetes API did not deliver a complete listing within {} s",

@@ -94,4 +94,11 @@ pub enum DatastoreEvent {
     /// The first complete listing has been delivered: until then nothing may be removed
     /// from the kernel.
     InSync,
+    /// The datastore may not read a kind (`refused`: why, the API server's 401 or 403) or may
+    /// again (`None`). Nothing delivered is withdrawn meanwhile: the rules stay as they are,
+    /// and the agent is not ready while any kind is refused (its view may be stale).
+    Access {
+        kind: ObjectKind,
+        refused: Option<String>,
+    },
 }

@@ -39,6 +39,8 @@ pub struct Health {
     /// Why local pods have traffic in a family no rule of ours sees (IPv6 support off on a
     /// dual-stack node), while they do.
     unprogrammed_family: Mutex<Option<String>>,
+    /// Why the datastore may not read some kinds (401, 403), while it may not.
+    datastore_refused: Mutex<Option<String>>,
     /// Something an operator should know that does not make the agent unready (auto's wiring
     /// not seen yet on a node without pods), added to the readiness answer.
     note: Mutex<Option<String>>,
@@ -58,6 +60,7 @@ impl Health {
             misfit: Mutex::new(None),
             note: Mutex::new(None),
             unprogrammed_family: Mutex::new(None),
+            datastore_refused: Mutex::new(None),
         }
     }
 
@@ -104,6 +107,15 @@ impl Health {
     pub fn set_unprogrammed_family(&self, why: Option<String>) {
         *self
             .unprogrammed_family
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    /// Not ready while `why` is set: the API server refuses to let the datastore read some
+    /// kinds (the rules stay as they are).
+    pub fn set_datastore_refused(&self, why: Option<String>) {
+        *self
+            .datastore_refused
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = why;
     }
@@ -164,7 +176,11 @@ impl Health {
         if let Some(why) = self.refused() {
             return (false, format!("not ready: {why}"));
         }
-        for slot in [&self.misfit, &self.unprogrammed_family] {
+        for slot in [
+            &self.datastore_refused,
+            &self.misfit,
+            &self.unprogrammed_family,
+        ] {
             if let Some(why) = slot.lock().unwrap_or_else(|p| p.into_inner()).clone() {
                 return (false, format!("not ready: {why}"));
             }

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub guarded_local_pods: IntGauge,
     /// 1 while `FELIX_INTERFACENAMESCHEME=auto` has not seen how the node wires pods.
     pub wiring_pending: IntGauge,
+    /// Label: kind. 1 while the API server refuses the datastore that kind (401, 403).
+    pub datastore_access_refused: IntGaugeVec,
     /// Local pods with an address of a family not programmed (IPv6 support off).
     pub local_pods_unprogrammed_family: IntGauge,
     /// Labels: name, reason (`unknown`: no such parameter; `unimplemented`: felix's, not ours).
@@ -132,6 +134,7 @@ pub const NAMES: &[&str] = &[
     "netpol_guarded_local_pods",
     "netpol_wiring_pending",
     "netpol_local_pods_unprogrammed_family",
+    "netpol_datastore_access_refused",
     "netpol_build_info",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
@@ -418,6 +421,12 @@ impl Metrics {
                 &r,
                 "netpol_wiring_pending",
                 "1 while FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node (no pod is named; isolated pods are guarded by address), else 0",
+            ),
+            datastore_access_refused: gauge_vec(
+                &r,
+                "netpol_datastore_access_refused",
+                "1 per kind the API server refuses to let the agent list and watch (401 or 403: its service account or RBAC); the rules stay as they are and the agent is not ready meanwhile",
+                &["kind"],
             ),
             local_pods_unprogrammed_family: gauge(
                 &r,

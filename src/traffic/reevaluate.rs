@@ -104,7 +104,7 @@ impl Change {
                     })
                 }
             },
-            DatastoreEvent::InSync => None,
+            DatastoreEvent::InSync | DatastoreEvent::Access { .. } => None,
         }
     }
 }

@@ -22,9 +22,12 @@
 //! attributes (see `nfnl`): the crate would decode every expression of every rule and every
 //! element of every set of each of kube-proxy's commits, only for us to read two names.
 //!
-//! Pids in `NEWGEN` are the kernel's global pids: an agent in its own pid namespace cannot
-//! match them with its children's, and then sees its own commits as somebody else's (one
-//! needless read after each own write, never a loop: that read finds nothing to write).
+//! Pids in `NEWGEN` are the kernel's global pids: an agent in its own pid namespace (every
+//! agent pod: found on the first real cluster, issue 36, where each policy change cost up to
+//! three needless reads of the ruleset) cannot match them with its children's. So the caller
+//! also tells its commits by generation: `Sentinel` reads the generation id before and after
+//! each apply, and a commit in between is its own when there were no more commits than
+//! restores and the committing process has the restore's name.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -257,9 +260,9 @@ pub struct NftChanges {
 }
 
 impl NftChanges {
-    /// The finding, counting the commits of processes for which `own` says true (the
-    /// caller's own restores) as nothing to read.
-    pub fn finding(&self, own: impl Fn(u32) -> bool) -> Finding {
+    /// The finding, counting the commits for which `own` says true (the caller's own
+    /// restores) as nothing to read.
+    pub fn finding(&self, own: impl Fn(&Commit) -> bool) -> Finding {
         if let Some(why) = &self.lost {
             return Finding::Unknown(why.clone());
         }
@@ -267,7 +270,7 @@ impl NftChanges {
         let mut any = self.foreign_commits > 0;
         for c in &self.ours {
             any = true;
-            if c.pid.is_some_and(&own) {
+            if own(c) {
                 continue;
             }
             if c.table {
@@ -423,7 +426,7 @@ impl NftMonitor {
     pub fn confirm(
         &mut self,
         generation: &mut NftGeneration,
-        own: impl Fn(u32) -> bool,
+        own: impl Fn(&Commit) -> bool,
     ) -> io::Result<Finding> {
         let before = self.poll()?;
         let current = generation.read()?;
@@ -527,7 +530,7 @@ mod tests {
 
     #[test]
     fn findings_of_commits() {
-        let none = |_| false;
+        let none = |_: &Commit| false;
         let mut c = NftChanges::default();
         assert_eq!(c.finding(none), Finding::Unchanged);
         c.foreign_commits = 3;
@@ -544,10 +547,14 @@ mod tests {
             )
         );
         assert_eq!(
-            c.finding(|p| p == 100),
+            c.finding(|c| c.pid == Some(100)),
             Finding::Ours(["cali-x"].into_iter().map(String::from).collect())
         );
         assert_eq!(c.finding(|_| true), Finding::Foreign);
+        assert_eq!(
+            c.finding(|c| c.generation == 5),
+            Finding::Ours(["cali-x"].into_iter().map(String::from).collect())
+        );
         c.ours.push(commit(7, 300, &[], true));
         assert!(matches!(c.finding(none), Finding::Unknown(_)));
         c.lost = Some("overrun".into());

@@ -31,7 +31,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::{debug, info, warn};
 
-use super::{wait_after_error, Closed, Kind, KubeOptions, Lists, Mirror, Out, Retry};
+use super::{wait_after_error, Access, Closed, Kind, KubeOptions, Lists, Mirror, Out, Retry};
 use crate::model::cluster_policy::{API_VERSION, PLURAL};
 use crate::model::staged::{self, StagedClusterNetworkPolicy, StagedNetworkPolicy};
 use crate::model::{ClusterNetworkPolicy, K8sObject, ObjectKind, ObjectRef};
@@ -162,6 +162,7 @@ pub(super) async fn follow<K: Kind>(
     let (api_version, plural) = (what.api_version, what.plural);
     let mut mirror = Mirror::<K>::default();
     let mut retry = Retry::new(options);
+    let mut access = Access::default();
     let mut served = Served::Unknown;
     loop {
         let mut stream = watcher(api.clone(), lists.config(options))
@@ -174,6 +175,13 @@ pub(super) async fn follow<K: Kind>(
         while let Some(item) = stream.next().await {
             if item.is_err() {
                 streaming_list_open = false;
+            }
+            let told = match &item {
+                Ok(_) => access.after_event(K::KIND, out),
+                Err(err) => access.after_error(K::KIND, err, out),
+            };
+            if let Err(closed) = told {
+                return closed;
             }
             match item {
                 Ok(event) => {

@@ -521,6 +521,7 @@ pub(super) async fn follow<K: Kind>(
     let kind = K::KIND.as_str();
     let mut mirror = Mirror::<K>::default();
     let mut retry = Retry::new(options);
+    let mut access = Access::default();
     info!(kind, streaming = lists.streaming, "listing and watching");
     loop {
         let mut stream = watcher(api.clone(), lists.config(options))
@@ -543,12 +544,18 @@ pub(super) async fn follow<K: Kind>(
                         watcher::Event::InitDone => streaming_list_open = false,
                         _ => {}
                     }
+                    if let Err(closed) = access.after_event(K::KIND, out) {
+                        return closed;
+                    }
                     if let Err(closed) = out.deliver(mirror.apply(event)) {
                         return closed;
                     }
                 }
                 Err(err) => {
                     streaming_list_open = false;
+                    if let Err(closed) = access.after_error(K::KIND, &err, out) {
+                        return closed;
+                    }
                     if lists.refused(kind, &err) {
                         restart = true;
                         break;
@@ -644,6 +651,81 @@ pub(super) async fn wait_after_error(kind: &str, err: &watcher::Error, delay: Du
     }
     tokio::time::sleep(delay).await;
     restart
+}
+
+/// The API server's refusal of our credentials (401) or of our right (403, RBAC) behind a
+/// watcher error, as an operator reads it; `None` for any other error.
+pub(super) fn refusal(err: &watcher::Error) -> Option<String> {
+    let status = match err {
+        watcher::Error::WatchError(status) => status,
+        watcher::Error::WatchStartFailed(::kube::Error::Api(status))
+        | watcher::Error::InitialListFailed(::kube::Error::Api(status)) => status,
+        _ => return None,
+    };
+    matches!(status.code, 401 | 403).then(|| {
+        format!(
+            "{} {}: {}",
+            status.code,
+            if status.code == 401 {
+                "Unauthorized"
+            } else {
+                "Forbidden"
+            },
+            status.message
+        )
+    })
+}
+
+/// Whether the API server lets this datastore read one kind, as last told to the receiver:
+/// the agent is not ready while a kind is refused (what it enforces may be stale), and ready
+/// again at the kind's next event.
+#[derive(Default)]
+pub(super) struct Access {
+    refused: bool,
+}
+
+impl Access {
+    /// After an error: a 401 or 403 is told once (and logged), other errors change nothing.
+    pub(super) fn after_error(
+        &mut self,
+        kind: ObjectKind,
+        err: &watcher::Error,
+        out: &Out,
+    ) -> Result<(), Closed> {
+        let Some(why) = refusal(err) else {
+            return Ok(());
+        };
+        if !self.refused {
+            self.refused = true;
+            warn!(
+                kind = kind.as_str(),
+                "the API server refuses this service account {} {}: {why}; the rules stay as they are, not ready until it may again (RBAC: deploy/clusterrole.yaml)",
+                if why.starts_with("401") { "access to" } else { "the right to list and watch" },
+                kind.as_str()
+            );
+            out.send(DatastoreEvent::Access {
+                kind,
+                refused: Some(why),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// After an event: the kind is readable (again).
+    pub(super) fn after_event(&mut self, kind: ObjectKind, out: &Out) -> Result<(), Closed> {
+        if self.refused {
+            self.refused = false;
+            info!(
+                kind = kind.as_str(),
+                "the API server lets this service account read it again"
+            );
+            out.send(DatastoreEvent::Access {
+                kind,
+                refused: None,
+            })?;
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn is_expired(err: &watcher::Error) -> bool {
@@ -963,6 +1045,9 @@ mod tests {
                 DatastoreEvent::Upsert(o) => format!("upsert {}", o.object_ref().key),
                 DatastoreEvent::Delete(r) => format!("delete {}", r.key),
                 DatastoreEvent::InSync => "in sync".into(),
+                DatastoreEvent::Access { kind, refused } => {
+                    format!("access {} {}", kind.as_str(), refused.is_some())
+                }
             })
             .collect()
     }
