@@ -32,8 +32,16 @@ fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path, pid_ns: bool) -> Age
     let mut cmd = if pid_ns {
         // As a container runtime starts it: a pid namespace and its own /proc.
         let mut cmd = std::process::Command::new("ip");
-        cmd.args(["netns", "exec", &ns.name, "unshare", "--pid", "--fork", "--mount-proc"])
-            .arg(env!("CARGO_BIN_EXE_netpol-agent"));
+        cmd.args([
+            "netns",
+            "exec",
+            &ns.name,
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+        ])
+        .arg(env!("CARGO_BIN_EXE_netpol-agent"));
         for (k, _) in std::env::vars() {
             if k.starts_with("FELIX_") || k == "NODENAME" {
                 cmd.env_remove(k);
