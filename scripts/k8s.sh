@@ -6,7 +6,7 @@
 #       Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 #       kube-proxy, kubectl, e2e.test, ginkgo, agnhost, the conformance image's go-runner),
 #       etcd, containerd (+ its runc shim and ctr), sonobuoy, network-policy-api's conformance
-#       suite, pause; then the images (below). Versions: e2e/k8s/versions.env; each Go build
+#       suite, helm, pause; then the images (below). Versions: e2e/k8s/versions.env; each Go build
 #       has its own pinned module (go.mod + go.sum) under e2e/k8s/build/. --k8s picks the
 #       Kubernetes release (default: K8S_DEFAULT; `all`: every one of K8S_VERSIONS).
 #   bash scripts/k8s.sh images [--k8s VERSION]
@@ -186,6 +186,15 @@ build_sonobuoy() {
     -o "$bin/sonobuoy" .) || die "sonobuoy v$SONOBUOY_VERSION did not build with go$SONOBUOY_GO"
 }
 
+build_helm() {
+  local bin=$OUT/helm-$HELM_VERSION/bin work=$OUT/helm-$HELM_VERSION/src
+  module_copy "helm.sh/helm/v3@v$HELM_VERSION" "$work"
+  mkdir -p "$bin"
+  (cd "$work" && go build -trimpath -mod=readonly \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
+    -o "$bin/helm" ./cmd/helm)
+}
+
 build_npa() {
   local bin=$OUT/network-policy-api-$NPA_VERSION/bin work=$OUT/network-policy-api-$NPA_VERSION/src
   module_copy "sigs.k8s.io/network-policy-api@v$NPA_VERSION" "$work"
@@ -212,6 +221,8 @@ build_all() {
     "$(inputs_hash e2e/k8s/versions.env)" build_runc
   step "sonobuoy v$SONOBUOY_VERSION" "$OUT/sonobuoy-$SONOBUOY_VERSION/.stamp" \
     "$(inputs_hash e2e/k8s/versions.env)" build_sonobuoy
+  step "helm v$HELM_VERSION" "$OUT/helm-$HELM_VERSION/.stamp" \
+    "$(inputs_hash e2e/k8s/versions.env)" build_helm
   step "network-policy-api v$NPA_VERSION" "$OUT/network-policy-api-$NPA_VERSION/.stamp" \
     "$(inputs_hash e2e/k8s/versions.env e2e/k8s/npa_without_sctp.py)" build_npa
 }
@@ -226,6 +237,7 @@ CONTAINERD_BIN=$OUT/containerd-$CONTAINERD_VERSION/bin
 RUNC_BIN=$OUT/runc-$RUNC_VERSION/bin
 SONOBUOY_BIN=$OUT/sonobuoy-$SONOBUOY_VERSION/bin
 NPA_BIN=$OUT/network-policy-api-$NPA_VERSION/bin
+HELM_BIN=$OUT/helm-$HELM_VERSION/bin
 IMAGES_DIR=$OUT/images
 AGNHOST_VERSION=$(agnhost_of "$v")
 PAUSE_VERSION=$(pause_of "$v")

@@ -138,7 +138,9 @@ fi
 # manager, scheduler, containerd + kubelet + kube-proxy per node), the agent installed with
 # `kubectl apply -k deploy/`, then 14 of upstream's [Feature:NetworkPolicy] specs through
 # e2e.test (2 SCTP ones skipped and named: no SCTP in this kernel) and 2 network-policy-api
-# ClusterNetworkPolicy conformance tests. The cluster is always taken down. The whole matrix:
+# ClusterNetworkPolicy conformance tests; before the cluster, the Helm chart against the
+# kustomize manifests (scripts/helm-check.sh, with the kubectl built here). The cluster is
+# always taken down. The whole matrix:
 # `bash scripts/k8s-matrix.sh` (docs/development/real-cluster.md). NETPOL_K8S_SMOKE=0 skips it.
 if [ "${NETPOL_K8S_SMOKE:-1}" != 0 ]; then
   k8s_start=$SECONDS
@@ -147,17 +149,18 @@ if [ "${NETPOL_K8S_SMOKE:-1}" != 0 ]; then
     set -e
     trap 'bash scripts/k8s-cluster.sh down >/dev/null 2>&1 || true' EXIT
     bash scripts/k8s.sh build
-    bash scripts/k8s-cluster.sh up --cni bridge --ip-family ipv4 --proxy-mode iptables
     rc=0
+    bash scripts/helm-check.sh || rc=1
+    bash scripts/k8s-cluster.sh up --cni bridge --ip-family ipv4 --proxy-mode iptables
     bash scripts/k8s-conformance.sh --suite netpol --smoke || rc=1
     bash scripts/k8s-conformance.sh --suite cnp --smoke || rc=1
     exit $rc
   ) 2>&1 | tee target/k8s-smoke.txt
   k8s_status=${PIPESTATUS[0]}
   set -e
-  # Each suite ends with `N passed, M failed, K skipped`; a run that never got there (a build
+  # Each suite ends with `N passed, M failed[, K skipped]`; a run that never got there (a build
   # or the cluster failed) counts as one failure.
-  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$/ { p += $1; f += $3 } END { print p+0, f+0 }' target/k8s-smoke.txt)
+  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$/ { p += $1; f += $3 } END { print p+0, f+0 }' target/k8s-smoke.txt)
   if [ "$k8s_status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
   if [ "$k8s_status" -ne 0 ]; then e2e_status=$k8s_status; fi
   echo "real cluster (bridge / ipv4 / iptables, Kubernetes $(awk -F= '/^K8S_DEFAULT=/ { print $2 }' e2e/k8s/versions.env)): $p passed, $f failed ($((SECONDS - k8s_start)) s)"

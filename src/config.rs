@@ -630,7 +630,8 @@ pub struct AgentOptions {
     /// Serve Prometheus metrics on /metrics.
     #[arg(long, env = "FELIX_PROMETHEUSMETRICSENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub prometheus_metrics_enabled: bool,
-    /// Address the metrics server binds (empty: every IPv4 address).
+    /// Address the metrics server binds (empty: every address, IPv6 and IPv4; IPv4 alone on a
+    /// node without IPv6).
     #[arg(long, env = "FELIX_PROMETHEUSMETRICSHOST", default_value = "", value_parser = parse_host)]
     pub prometheus_metrics_host: String,
     /// Port of the metrics server.
@@ -717,9 +718,12 @@ impl AgentOptions {
         Ok(host.trim().to_string())
     }
 
-    /// The metrics bind address (felix's empty host: all interfaces).
+    /// Where the metrics server binds: the configured host, else every address of the
+    /// node's families (`::` takes IPv4 too unless `net.ipv6.bindv6only` is set; a node without IPv6 gets `0.0.0.0`). An
+    /// IPv6-only node could not be scraped on `0.0.0.0` (issue 37).
     pub fn metrics_host(&self) -> &str {
         match self.prometheus_metrics_host.trim() {
+            "" if std::path::Path::new("/proc/net/if_inet6").exists() => "::",
             "" => "0.0.0.0",
             h => h,
         }

@@ -149,6 +149,10 @@ struct RunArgs {
 struct CleanupArgs {
     #[command(flatten)]
     dataplane: DataplaneOptions,
+    /// Only say whether cleanup may run on this node, changing nothing: exit 3 when Calico's
+    /// felix (or its state) is here, whose `cali-` names cleanup would remove, else 0.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(Args)]
@@ -340,8 +344,11 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         let report = felix::report(&felix);
         if !opts.preflight_override {
             error!("{report}");
-            eprintln!("netpol-agent: {report}");
-            return Ok(ExitCode::from(EXIT_REFUSED));
+            if !opts.health_enabled {
+                eprintln!("netpol-agent: {report}");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
+            return idle_beside_felix(opts, report);
         }
         warn!(
             "FELIX_PREFLIGHTOVERRIDE (--preflight-override) is set, so running although: {report}"
@@ -534,6 +541,64 @@ fn node_families(dataplane: &DataplaneOptions) -> Vec<IpFamily> {
     families
 }
 
+/// Calico's felix on this node, or its state, with the health server on (a DaemonSet): the
+/// agent stays up idle instead of crash-looping (issue 37), programs nothing, looks again
+/// every 10 s and restarts itself in place once felix and its state are gone. Its readiness
+/// says why (503 with the report) when it can serve its health port; while felix runs, felix
+/// holds that port (127.0.0.1:9099 is its default too) and kubelet's probes of this pod reach
+/// felix's health, so the pod is as ready as the node's enforcement (felix's) is, and the
+/// rollout completes. `netpol_felix_present` is 1 throughout, when the metrics port is free.
+fn idle_beside_felix(opts: &AgentOptions, report: String) -> anyhow::Result<ExitCode> {
+    const RECHECK: Duration = Duration::from_secs(10);
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
+    }
+    let health = Arc::new(Health::new(opts.dataplane_watchdog_timeout));
+    health.set_refused(format!("idle: {report}"));
+    // Bound as soon as the port is free (felix stopped, its state left behind).
+    let mut serving = match http::serve_health(&opts.health_host, opts.health_port, health.clone())
+    {
+        Ok(_) => true,
+        Err(e) => {
+            info!("idle beside felix; the health port is taken ({e:#}), by felix itself when it runs, so this pod's probes reach felix's health");
+            false
+        }
+    };
+    if opts.prometheus_metrics_enabled {
+        if let Err(e) = http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port) {
+            info!("idle beside felix; the metrics port is taken ({e:#})");
+        }
+    }
+    netpol_agent::telemetry::metrics::global()
+        .felix_present
+        .set(1);
+    let mut logged = Instant::now();
+    loop {
+        let wake = Instant::now() + RECHECK;
+        while Instant::now() < wake {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                info!("stopping; idle beside felix, nothing was programmed");
+                return Ok(ExitCode::SUCCESS);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let now = felix::detect(&felix::snapshot(&Exec::default()));
+        if now.is_empty() {
+            info!("felix and its state are gone from this node; starting");
+            return Ok(restart_in_place());
+        }
+        if !serving {
+            serving =
+                http::serve_health(&opts.health_host, opts.health_port, health.clone()).is_ok();
+        }
+        if logged.elapsed() >= PREFLIGHT_RELOG {
+            error!("{}", felix::report(&now));
+            logged = Instant::now();
+        }
+    }
+}
+
 /// The readiness note while `FELIX_INTERFACENAMESCHEME=auto` waits for the node's wiring.
 const WIRING_PENDING: &str = "FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node yet (no pod is wired here); pods a policy isolates are dropped by address until the agent sees how pods are wired and restarts itself with that scheme";
 
@@ -703,6 +768,10 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
         error!("{report}");
         eprintln!("netpol-agent: {report}");
         return Ok(ExitCode::from(EXIT_REFUSED));
+    }
+    if args.check {
+        info!("no felix on this node: cleanup may run");
+        return Ok(ExitCode::SUCCESS);
     }
     dataplane::cleanup(
         &exec,

@@ -43,13 +43,18 @@ fn strict<T: DeserializeOwned>(value: &serde_json::Value, what: &str) -> Result<
     }
 }
 
+/// The agent's manifests: deploy/ and every overlay build on this directory.
+fn base_dir() -> PathBuf {
+    deploy_dir().join("base")
+}
+
 fn uninstall_dir() -> PathBuf {
     deploy_dir().join("uninstall")
 }
 
-/// The documents of every YAML file in deploy/ except the kustomization, by file.
+/// The documents of every YAML file in deploy/base/ except the kustomization, by file.
 fn documents() -> BTreeMap<String, Vec<serde_json::Value>> {
-    documents_in(&deploy_dir())
+    documents_in(&base_dir())
 }
 
 /// The documents of every YAML file in `dir` (not below) except the kustomization, by file.
@@ -94,7 +99,7 @@ fn typed<T: DeserializeOwned + Resource>(doc: &serde_json::Value, what: &str) ->
 }
 
 fn objects() -> Objects {
-    objects_in(&deploy_dir())
+    objects_in(&base_dir())
 }
 
 fn objects_in(dir: &Path) -> Objects {
@@ -184,7 +189,46 @@ fn check_kustomization(dir: &Path) {
 
 #[test]
 fn kustomization_lists_exactly_the_manifests() {
-    check_kustomization(&deploy_dir());
+    check_kustomization(&base_dir());
+}
+
+/// `kubectl apply -k deploy/` applies deploy/base/ and nothing else; the manifests live one
+/// level down because kustomize refuses an overlay whose base contains it (every overlay of
+/// deploy/overlays/ failed with "cycle detected" while they built on deploy/ itself).
+#[test]
+fn deploy_is_the_base_and_no_base_contains_its_overlay() {
+    let text = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
+    let k: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(k["resources"], serde_json::json!(["base"]));
+    for dir in [
+        deploy_dir(),
+        uninstall_dir(),
+        deploy_dir().join("monitoring"),
+    ]
+    .into_iter()
+    .chain(
+        std::fs::read_dir(deploy_dir().join("overlays"))
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    ) {
+        let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+        let k: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        let here = std::fs::canonicalize(&dir).unwrap();
+        for r in ["resources", "components"]
+            .iter()
+            .filter_map(|f| k[f].as_array())
+            .flatten()
+        {
+            let target = dir.join(r.as_str().unwrap());
+            if target.is_dir() {
+                let target = std::fs::canonicalize(&target).unwrap();
+                assert!(
+                    !here.starts_with(&target),
+                    "{dir:?}: {target:?} contains the kustomization using it (kustomize: cycle detected)"
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -400,6 +444,38 @@ fn daemonset_runs_on_every_node_in_the_host_network_with_two_capabilities() {
     let (lock, _) = mounts["/run/xtables.lock"];
     assert_eq!(volumes[lock], ("/run/xtables.lock", Some("FileOrCreate")));
     assert!(!mounts.contains_key("/lib/modules"), "{mounts:?}");
+}
+
+/// The Helm chart is the release: its version and appVersion (the image tag it renders) are
+/// Cargo.toml's, and its manifests are deploy/'s own files (links, not copies).
+#[test]
+fn the_chart_is_the_release() {
+    let chart_dir = deploy_dir().join("helm/netpol-agent");
+    let chart: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap())
+            .unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"].as_str(), Some(version));
+    assert_eq!(chart["appVersion"].as_str(), Some(version));
+    for link in [
+        "files/daemonset.yaml",
+        "files/serviceaccount.yaml",
+        "files/clusterrole.yaml",
+        "files/clusterrolebinding.yaml",
+        "files/overlays",
+        "files/monitoring",
+        "crds/staged-policies.yaml",
+    ] {
+        let path = chart_dir.join(link);
+        assert!(
+            std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "{link} must link to deploy/'s file"
+        );
+        assert!(path.exists(), "{link} points nowhere");
+    }
 }
 
 /// The image is versioned (never `latest`, which kubelet always pulls) and its tag is the
@@ -998,15 +1074,20 @@ fn the_uninstall_daemonset_reaches_every_node_as_the_agent_does_and_runs_cleanup
         assert_eq!(words[0], "cleanup", "{line}");
         for (i, w) in words.iter().enumerate().skip(1) {
             if w.starts_with("--") {
-                assert!(cleanup_help.contains(&format!("{w} ")), "{w} in {line}");
+                assert!(
+                    cleanup_help.contains(&format!("{w} "))
+                        || cleanup_help.contains(&format!("{w}\n")),
+                    "{w} in {line}"
+                );
                 if *w == "--iptables-backend" {
                     assert!(backends.iter().any(|b| b == words[i + 1]), "{line}");
                     seen.insert(words[i + 1].to_string());
                 }
             }
         }
+        // `--check` only asks whether felix owns the node; every cleaning run covers both families.
         assert!(
-            words.contains(&"--ipv6-support"),
+            words.contains(&"--check") || words.contains(&"--ipv6-support"),
             "both families where there: {line}"
         );
     }

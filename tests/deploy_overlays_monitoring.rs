@@ -35,7 +35,7 @@ fn yaml(path: &Path) -> Value {
 }
 
 fn base_daemonset() -> DaemonSet {
-    serde_json::from_value(yaml(&deploy().join("daemonset.yaml"))).unwrap()
+    serde_json::from_value(yaml(&deploy().join("base/daemonset.yaml"))).unwrap()
 }
 
 /// `run --help`'s variables with their possible values (empty: free-form).
@@ -94,8 +94,8 @@ fn overlay_patch(dir: &Path) -> (Vec<(String, String)>, Value) {
     assert_eq!(k["kind"], "Kustomization", "{dir:?}");
     assert_eq!(
         k["resources"],
-        serde_json::json!(["../../"]),
-        "{dir:?}: an overlay builds on deploy/"
+        serde_json::json!(["../../base"]),
+        "{dir:?}: an overlay builds on deploy/base/"
     );
     let patches = k["patches"].as_array().expect("patches");
     assert_eq!(patches.len(), 1, "{dir:?}");

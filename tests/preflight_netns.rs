@@ -167,6 +167,10 @@ impl Agent {
         }
     }
 
+    fn still_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     fn terminate(&mut self) -> ExitStatus {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
@@ -333,6 +337,21 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     };
     let before = save(&ns);
 
+    // Without a health server (a command line): refused at once, status 3.
+    let mut agent = Agent::start(
+        &ns,
+        &dir,
+        &[
+            ("FELIX_HEALTHENABLED", "false"),
+            ("FELIX_IPTABLESBACKEND", "nft"),
+        ],
+    );
+    let status = agent.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(3), "{}", agent.log());
+    drop(agent);
+
+    // As deployed (health server on): idle, not a crash loop (issue 37). Felix holds the
+    // health port, so kubelet's probes would reach felix's.
     let mut agent = Agent::start(
         &ns,
         &dir,
@@ -341,13 +360,14 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
             ("FELIX_IPTABLESBACKEND", "nft"),
         ],
     );
-    let status = agent.wait_exit(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(3));
     let log = agent.log();
-    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(agent.still_running(), "exited beside felix: {log}");
     assert!(
         log.contains("felix (calico-node) runs on this node"),
         "{log}"
     );
+    assert!(log.contains("the health port is taken"), "{log}");
     for found in [
         "iptables-nft-save: chain cali-PREROUTING in table raw",
         "iptables-nft-save: chain cali-nat-outgoing in table nat",
@@ -356,13 +376,36 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     ] {
         assert!(log.contains(found), "{found} not named: {log}");
     }
-    // Refused before binding anything: no "Address already in use", and felix's state is as
-    // it was (nothing of ours added, nothing of felix's removed).
-    assert!(!log.contains("Address already in use"), "{log}");
+    // Nothing programmed: felix's state is as it was (nothing of ours added, nothing of
+    // felix's removed).
     assert_eq!(save(&ns), before);
-    drop(agent);
+    // Felix stops, its state stays: the idle agent takes the health port and says why it is
+    // not ready.
     let _ = holder.kill();
     let _ = holder.wait();
+    let started = Instant::now();
+    let body = loop {
+        if let Ok((503, body)) = http_get(&ns, "/readiness") {
+            if body.contains("idle: ") {
+                break body;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the idle agent never served its readiness; log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(body.contains("felix"), "{body}");
+    assert!(agent.still_running(), "{}", agent.log());
+    assert_eq!(save(&ns), before);
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+
+    // The uninstall DaemonSet's question: cleanup may not run here.
+    let out = ns.exec(&[env!("CARGO_BIN_EXE_netpol-agent"), "cleanup", "--check"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(save(&ns), before);
 
     // cleanup removes nothing where felix's names are everywhere.
     let out = ns.exec(&[

@@ -249,7 +249,7 @@ pub fn run(
                             .map(|(k, why)| format!("{} ({why})", k.as_str()))
                             .collect();
                         format!(
-                            "the API server refuses this agent's service account the right to list and watch {}; the rules stay as last programmed and may be stale (RBAC: deploy/clusterrole.yaml)",
+                            "the API server refuses this agent's service account the right to list and watch {}; the rules stay as last programmed and may be stale (RBAC: deploy/base/clusterrole.yaml)",
                             kinds.join(", ")
                         )
                     }));

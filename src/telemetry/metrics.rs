@@ -61,6 +61,8 @@ pub struct Metrics {
     pub wiring_pending: IntGauge,
     /// Label: kind. 1 while the API server refuses the datastore that kind (401, 403).
     pub datastore_access_refused: IntGaugeVec,
+    /// 1 while the agent idles because Calico's felix (or its state) is on the node.
+    pub felix_present: IntGauge,
     /// Local pods with an address of a family not programmed (IPv6 support off).
     pub local_pods_unprogrammed_family: IntGauge,
     /// Labels: name, reason (`unknown`: no such parameter; `unimplemented`: felix's, not ours).
@@ -134,7 +136,7 @@ pub const NAMES: &[&str] = &[
     "netpol_guarded_local_pods",
     "netpol_wiring_pending",
     "netpol_local_pods_unprogrammed_family",
-    "netpol_datastore_access_refused",
+    "netpol_felix_present",
     "netpol_build_info",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
@@ -144,10 +146,11 @@ pub const NAMES: &[&str] = &[
     "process_start_time_seconds",
 ];
 
-/// Metrics with a series only once something happened (a variable was ignored at start; a
-/// staged policy would change a logged flow's verdict; a flush counted a logged connection).
+/// Metrics with a series only once something happened (a variable was ignored at start; the
+/// API server refused a kind; a staged policy would change a logged flow's verdict; a flush counted a logged connection).
 pub const WHEN_SET_NAMES: &[&str] = &[
     "netpol_config_ignored_variables",
+    "netpol_datastore_access_refused",
     "netpol_staged_flows_total",
     "netpol_flow_rule_connections_total",
 ];
@@ -428,6 +431,11 @@ impl Metrics {
                 "1 per kind the API server refuses to let the agent list and watch (401 or 403: its service account or RBAC); the rules stay as they are and the agent is not ready meanwhile",
                 &["kind"],
             ),
+            felix_present: gauge(
+                &r,
+                "netpol_felix_present",
+                "1 while the agent idles because Calico's felix, or the state it leaves, is on this node (felix enforces there; the agent programs nothing and starts once felix is gone), else 0",
+            ),
             local_pods_unprogrammed_family: gauge(
                 &r,
                 "netpol_local_pods_unprogrammed_family",
@@ -652,6 +660,7 @@ mod tests {
         m.rejections.with_label_values(&["Pod", "invalid"]);
         m.config_ignored_variables
             .with_label_values(&["FELIX_X", "unknown"]);
+        m.datastore_access_refused.with_label_values(&["Pod"]);
         m.denied_packets.with_label_values(&["x", "a", "ingress"]);
         m.denied_unknown_interface_packets
             .with_label_values(&["ingress"]);

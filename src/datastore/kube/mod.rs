@@ -699,7 +699,7 @@ impl Access {
             self.refused = true;
             warn!(
                 kind = kind.as_str(),
-                "the API server refuses this service account {} {}: {why}; the rules stay as they are, not ready until it may again (RBAC: deploy/clusterrole.yaml)",
+                "the API server refuses this service account {} {}: {why}; the rules stay as they are, not ready until it may again (RBAC: deploy/base/clusterrole.yaml)",
                 if why.starts_with("401") { "access to" } else { "the right to list and watch" },
                 kind.as_str()
             );
