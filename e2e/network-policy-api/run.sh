@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs kubernetes-sigs/network-policy-api's ClusterNetworkPolicy conformance suite (go test,
 # conformance profile ClusterNetworkPolicy) against netpol-agent on a real cluster. See
-# README.md beside this file. It cannot run in this repository's CI (no cluster) and has not
-# been run.
+# README.md beside this file. On the clusters this repository builds, the same run is
+# `bash scripts/k8s-conformance.sh --suite cnp`.
 #
-#   NETPOL_AGENT_IMAGE=registry.example/netpol-agent:dev e2e/network-policy-api/run.sh
+#   e2e/network-policy-api/run.sh             # deploy/ as shipped (interfaces: auto)
+#   NETPOL_OVERLAY=deploy/overlays/flannel NETPOL_AGENT_IMAGE=registry.example/netpol-agent:dev e2e/network-policy-api/run.sh
 #
 # Settings (environment), see README.md for all of them:
-#   NETPOL_AGENT_IMAGE   image built from deploy/Dockerfile and pushed (required)
-#   FELIX_INTERFACEPREFIX / FELIX_INTERFACENAMESCHEME / FELIX_IPTABLESBACKEND / FELIX_IPV6SUPPORT
+#   NETPOL_OVERLAY, NETPOL_AGENT_IMAGE, FELIX_*   how the agent is installed (e2e/lib/agent.sh)
 #   NPA_VERSION          network-policy-api tag for the CRD and the suite (default v0.2.0)
 #   CRD_CHANNEL          standard (default) | experimental
 #   SUPPORTED_FEATURES   default ClusterNetworkPolicy,ClusterNetworkPolicyNamedPorts
@@ -23,16 +23,12 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-: "${NETPOL_AGENT_IMAGE:?set NETPOL_AGENT_IMAGE to the netpol-agent image (deploy/Dockerfile) pushed to a registry the nodes can pull from}"
-prefix="${FELIX_INTERFACEPREFIX:-cali}"
-scheme="${FELIX_INTERFACENAMESCHEME:-calico}"
-backend="${FELIX_IPTABLESBACKEND:-auto}"
-ipv6="${FELIX_IPV6SUPPORT:-true}"
 npa_version="${NPA_VERSION:-v0.2.0}"
 channel="${CRD_CHANNEL:-standard}"
 features="${SUPPORTED_FEATURES:-ClusterNetworkPolicy,ClusterNetworkPolicyNamedPorts}"
 go_timeout="${GO_TEST_TIMEOUT:-60m}"
-report_version="${REPORT_VERSION:-${NETPOL_AGENT_IMAGE##*:}}"
+report_version="${REPORT_VERSION:-${NETPOL_AGENT_IMAGE:+${NETPOL_AGENT_IMAGE##*:}}}"
+report_version="${report_version:-v$(awk -F'"' '/^version *=/ { print $2; exit }' "$repo/Cargo.toml")}"
 report_contact="${REPORT_CONTACT:-@netpol-agent-maintainers}"
 report_url="${REPORT_URL:-https://example.invalid/netpol-agent}"
 report_info="${REPORT_ADDITIONAL_INFO:-e2e/network-policy-api/run.sh (manual run)}"
@@ -73,7 +69,7 @@ done
 
 # ---- cleanup, also on failure
 crd_installed_here=0
-source "$repo/e2e/lib/cleanup_nodes.sh"
+source "$repo/e2e/lib/agent.sh"
 
 finish() {
     local status=$?
@@ -87,7 +83,6 @@ finish() {
     [[ -n "$leftover" ]] && log "ClusterNetworkPolicies left in the cluster (remove the suite's by hand if a run was killed): $(tr '\n' ' ' <<<"$leftover")"
     if [[ "${KEEP_AGENT:-0}" != 1 ]]; then
         log "removing netpol-agent"
-        kubectl delete -k "$repo/deploy" --wait=true --ignore-not-found || true
         cleanup_nodes
     fi
     if [[ "$crd_installed_here" == 1 && "${KEEP_CRD:-0}" != 1 ]]; then
@@ -112,15 +107,7 @@ kubectl apply -f "$crd_url"
 kubectl wait --for=condition=Established "crd/$crd" --timeout=2m
 
 # ---- deploy netpol-agent
-log "deploying netpol-agent ($NETPOL_AGENT_IMAGE, prefix $prefix, scheme $scheme, backend $backend)"
-kubectl apply -k "$repo/deploy"
-kubectl -n "$ns" set image "ds/$ds" "netpol-agent=$NETPOL_AGENT_IMAGE"
-kubectl -n "$ns" set env "ds/$ds" \
-    "FELIX_INTERFACEPREFIX=$prefix" "FELIX_INTERFACENAMESCHEME=$scheme" \
-    "FELIX_IPTABLESBACKEND=$backend" "FELIX_IPV6SUPPORT=$ipv6"
-kubectl -n "$ns" rollout status "ds/$ds" --timeout=10m
-kubectl -n "$ns" wait pod -l app.kubernetes.io/name=netpol-agent --for=condition=Ready --timeout=5m
-kubectl -n "$ns" get pods -l app.kubernetes.io/name=netpol-agent -o wide | tee "$out/agent-pods.txt"
+deploy_agent
 for verb in get list watch; do
     kubectl auth can-i "$verb" "$crd" --as="$sa" >/dev/null ||
         die "the agent's service account cannot $verb $crd: deploy/ lacks the RBAC rule (is ClusterNetworkPolicy support merged?)"

@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
 # Runs Kubernetes' own NetworkPolicy conformance tests (through sonobuoy) against
 # netpol-agent on a real cluster whose CNI does not enforce policy itself. See README.md
-# beside this file for the prerequisites. It has not been run from this repository's CI,
-# which has no cluster.
+# beside this file for the prerequisites. On the clusters this repository builds, the same
+# runs are `bash scripts/k8s-conformance.sh --suite netpol --sonobuoy`.
 #
-#   NETPOL_AGENT_IMAGE=registry.example/netpol-agent:dev e2e/sonobuoy/run.sh
+#   e2e/sonobuoy/run.sh                       # deploy/ as shipped (interfaces: auto)
+#   NETPOL_OVERLAY=deploy/overlays/flannel NETPOL_AGENT_IMAGE=registry.example/netpol-agent:dev e2e/sonobuoy/run.sh
 #
 # Settings (environment):
-#   NETPOL_AGENT_IMAGE      image built from deploy/Dockerfile and pushed (required)
-#   FELIX_INTERFACEPREFIX   host veth prefix of the cluster's CNI (default cali; eni on EKS)
-#   FELIX_INTERFACENAMESCHEME  calico (default) | sandbox | static
-#   FELIX_IPTABLESBACKEND   auto (default) | legacy | nft
-#   FELIX_IPV6SUPPORT       true (default) | false
+#   NETPOL_OVERLAY, NETPOL_AGENT_IMAGE, FELIX_*   how the agent is installed (e2e/lib/agent.sh)
 #   FOCI                    space-separated e2e focus expressions, one sonobuoy run each
 #                           (default: '\[Feature:NetworkPolicy\]' and 'Netpol')
 #   E2E_SKIP                skip expression (default: '\[Disruptive\]|\[Flaky\]')
@@ -23,11 +20,6 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-: "${NETPOL_AGENT_IMAGE:?set NETPOL_AGENT_IMAGE to the netpol-agent image (deploy/Dockerfile) pushed to a registry the nodes can pull from}"
-prefix="${FELIX_INTERFACEPREFIX:-cali}"
-scheme="${FELIX_INTERFACENAMESCHEME:-calico}"
-backend="${FELIX_IPTABLESBACKEND:-auto}"
-ipv6="${FELIX_IPV6SUPPORT:-true}"
 skip="${E2E_SKIP:-\[Disruptive\]|\[Flaky\]}"
 wait_minutes="${WAIT_MINUTES:-180}"
 out="${OUT_DIR:-$PWD/sonobuoy-results-$(date +%Y%m%d-%H%M%S)}"
@@ -62,7 +54,7 @@ if kubectl -n kube-system get daemonset aws-node -o yaml 2>/dev/null | grep -q '
 fi
 
 # ---- cleanup, also on failure
-source "$repo/e2e/lib/cleanup_nodes.sh"
+source "$repo/e2e/lib/agent.sh"
 
 finish() {
     local status=$?
@@ -70,7 +62,6 @@ finish() {
     sonobuoy delete --all --wait >/dev/null 2>&1 || true
     if [[ "${KEEP_AGENT:-0}" != 1 ]]; then
         log "removing netpol-agent"
-        kubectl delete -k "$repo/deploy" --wait=true --ignore-not-found || true
         cleanup_nodes
     fi
     exit "$status"
@@ -78,16 +69,7 @@ finish() {
 trap finish EXIT
 
 # ---- deploy netpol-agent
-log "deploying netpol-agent ($NETPOL_AGENT_IMAGE, prefix $prefix, scheme $scheme, backend $backend)"
-kubectl apply -k "$repo/deploy"
-kubectl -n "$ns" set image "ds/$ds" "netpol-agent=$NETPOL_AGENT_IMAGE"
-kubectl -n "$ns" set env "ds/$ds" \
-    "FELIX_INTERFACEPREFIX=$prefix" "FELIX_INTERFACENAMESCHEME=$scheme" \
-    "FELIX_IPTABLESBACKEND=$backend" "FELIX_IPV6SUPPORT=$ipv6"
-kubectl -n "$ns" rollout status "ds/$ds" --timeout=10m
-# Ready means: datastore in sync and the first full apply done, on every node.
-kubectl -n "$ns" wait pod -l app.kubernetes.io/name=netpol-agent --for=condition=Ready --timeout=5m
-kubectl -n "$ns" get pods -l app.kubernetes.io/name=netpol-agent -o wide | tee "$out/agent-pods.txt"
+deploy_agent
 
 # ---- the conformance runs
 summary="$out/summary.txt"
