@@ -637,6 +637,17 @@ pub struct AgentOptions {
     /// Port of the metrics server.
     #[arg(long, env = "FELIX_PROMETHEUSMETRICSPORT", default_value = "9091", value_parser = parse_port)]
     pub prometheus_metrics_port: u16,
+    /// Serve metrics over TLS with this certificate chain (PEM), with
+    /// `FELIX_PROMETHEUSMETRICSKEYFILE`; both re-read when they change. Empty: plain HTTP.
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSCERTFILE", default_value = "")]
+    pub prometheus_metrics_cert_file: String,
+    /// The private key (PEM) of `FELIX_PROMETHEUSMETRICSCERTFILE`.
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSKEYFILE", default_value = "")]
+    pub prometheus_metrics_key_file: String,
+    /// Require scrapers to present a client certificate signed by one of these CAs (PEM);
+    /// TLS only.
+    #[arg(long, env = "FELIX_PROMETHEUSMETRICSCAFILE", default_value = "")]
+    pub prometheus_metrics_ca_file: String,
     /// Serve /liveness and /readiness.
     #[arg(long, env = "FELIX_HEALTHENABLED", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub health_enabled: bool,

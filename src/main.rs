@@ -58,6 +58,7 @@ use netpol_agent::rules::RuleConfig;
 use netpol_agent::rules::{chains::kernel_chain_rules, render, token};
 use netpol_agent::telemetry::health::Health;
 use netpol_agent::telemetry::http;
+use netpol_agent::telemetry::metrics_tls::{serve_metrics_tls, MetricsTls};
 use netpol_agent::traffic::counters::CounterSettings;
 use netpol_agent::traffic::cutter::CutterSettings;
 use netpol_agent::traffic::deny_log::{DenyLogSettings, TARGET as DENY_LOG_TARGET};
@@ -357,7 +358,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     let health = Arc::new(Health::new(opts.dataplane_watchdog_timeout));
     // Bind the servers first: a port in use stops the agent before it touches the kernel.
     if opts.prometheus_metrics_enabled {
-        http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port)?;
+        serve_metrics(opts)?;
     }
     let flow_file = flow_log_file(opts, &args.rules)?;
     // Flow logs: GET /flows on the health server, answered once the reader runs, and the
@@ -541,6 +542,19 @@ fn node_families(dataplane: &DataplaneOptions) -> Vec<IpFamily> {
     families
 }
 
+/// The metrics server, on TLS when its files are set (never plain text then).
+fn serve_metrics(opts: &AgentOptions) -> anyhow::Result<std::net::SocketAddr> {
+    let tls = MetricsTls::from_settings(
+        &opts.prometheus_metrics_cert_file,
+        &opts.prometheus_metrics_key_file,
+        &opts.prometheus_metrics_ca_file,
+    )?;
+    match tls {
+        Some(tls) => serve_metrics_tls(opts.metrics_host(), opts.prometheus_metrics_port, tls),
+        None => http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port),
+    }
+}
+
 /// Calico's felix on this node, or its state, with the health server on (a DaemonSet): the
 /// agent stays up idle instead of crash-looping (issue 37), programs nothing, looks again
 /// every 10 s and restarts itself in place once felix and its state are gone. Its readiness
@@ -566,7 +580,7 @@ fn idle_beside_felix(opts: &AgentOptions, report: String) -> anyhow::Result<Exit
         }
     };
     if opts.prometheus_metrics_enabled {
-        if let Err(e) = http::serve_metrics(opts.metrics_host(), opts.prometheus_metrics_port) {
+        if let Err(e) = serve_metrics(opts) {
             info!("idle beside felix; the metrics port is taken ({e:#})");
         }
     }

@@ -114,6 +114,9 @@ pub const PARAMS: &[FelixParam] = &[
     honoured("FELIX_PROMETHEUSMETRICSENABLED", ""),
     honoured("FELIX_PROMETHEUSMETRICSHOST", ""),
     honoured("FELIX_PROMETHEUSMETRICSPORT", ""),
+    honoured("FELIX_PROMETHEUSMETRICSCERTFILE", "re-read when the file changes"),
+    honoured("FELIX_PROMETHEUSMETRICSKEYFILE", "re-read when the file changes"),
+    honoured("FELIX_PROMETHEUSMETRICSCAFILE", ""),
     honoured("FELIX_LOGSEVERITYSCREEN", ""),
     ours("FELIX_LOGFORMAT", ""),
     // Felix's parameters we do not implement; setting one is named at start with the reason.

@@ -4,4 +4,5 @@
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod metrics_tls;
 pub mod process;
