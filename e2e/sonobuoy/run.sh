@@ -11,7 +11,10 @@
 #   NETPOL_OVERLAY, NETPOL_AGENT_IMAGE, FELIX_*   how the agent is installed (e2e/lib/agent.sh)
 #   FOCI                    space-separated e2e focus expressions, one sonobuoy run each
 #                           (default: '\[Feature:NetworkPolicy\]' and 'Netpol')
-#   E2E_SKIP                skip expression (default: '\[Disruptive\]|\[Flaky\]')
+#   E2E_SKIP                skip expression (default: '\[Disruptive\]|\[Flaky\]'; add
+#                           '|\[Feature:SCTPConnectivity\]' where the nodes have no SCTP)
+#   SONOBUOY_ARGS           more arguments for `sonobuoy run` (e.g. --skip-preflight on a
+#                           cluster without DNS, --image-pull-policy IfNotPresent)
 #   WAIT_MINUTES            per sonobuoy run (default 180)
 #   OUT_DIR                 where results go (default ./sonobuoy-results-<time>)
 #   KEEP_AGENT=1            leave netpol-agent installed afterwards (default: remove it and
@@ -22,6 +25,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 skip="${E2E_SKIP:-\[Disruptive\]|\[Flaky\]}"
 wait_minutes="${WAIT_MINUTES:-180}"
+read -r -a sonobuoy_args <<<"${SONOBUOY_ARGS:-}"
 out="${OUT_DIR:-$PWD/sonobuoy-results-$(date +%Y%m%d-%H%M%S)}"
 if [[ -n "${FOCI:-}" ]]; then
     read -r -a foci <<<"$FOCI"
@@ -79,7 +83,8 @@ for focus in "${foci[@]}"; do
     run=$((run + 1))
     log "sonobuoy run $run: focus $focus"
     sonobuoy delete --all --wait >/dev/null 2>&1 || true
-    sonobuoy run --plugin e2e --e2e-focus="$focus" --e2e-skip="$skip" --wait="$wait_minutes"
+    sonobuoy run --plugin e2e --e2e-focus="$focus" --e2e-skip="$skip" --wait="$wait_minutes" \
+        ${sonobuoy_args[@]+"${sonobuoy_args[@]}"}
     sonobuoy status || true
     tarball=$(sonobuoy retrieve "$out")
     mv "$tarball" "$out/run-$run.tar.gz"
