@@ -159,7 +159,8 @@ run_netpol_sonobuoy() {
   tarball=$(cd "$OUT" && "${sb[@]}" retrieve "$OUT")
   mkdir -p "$OUT/sonobuoy"
   tar -C "$OUT/sonobuoy" -xzf "$tarball"
-  "${sb[@]}" results "$tarball" >"$OUT/sonobuoy-results.txt" 2>&1 || true
+  # `results` reads the archive alone and takes no --kubeconfig.
+  "$SONOBUOY_BIN/sonobuoy" results "$tarball" >"$OUT/sonobuoy-results.txt" 2>&1 || true
   "${sb[@]}" delete --all --wait >/dev/null 2>&1 || true
   local junit
   junit=$(find "$OUT/sonobuoy/plugins/e2e" -name 'junit*.xml' | head -1)
