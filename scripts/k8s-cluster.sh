@@ -118,6 +118,9 @@ down() {
     while read -r key value; do sysctl -qw "$key=$value" 2>/dev/null || true; done <"$STATE/sysctl.saved"
   fi
   rm -rf "$RUN"
+  # The agent's flow-log hostPath (DirectoryOrCreate): the nodes share this machine's file
+  # system, so kubelet made it here; gone again when nothing was written into it.
+  rmdir /var/log/netpol-agent/flowlogs /var/log/netpol-agent 2>/dev/null || true
   if [ -d "$STATE" ]; then
     # Keep the logs of the last cluster for reading; drop the rest.
     rm -rf "$STATE.last"

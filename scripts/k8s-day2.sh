@@ -27,8 +27,13 @@ say() { echo "=== k8s-day2: $*"; }
 work=$(mktemp -d)
 flows=/var/log/netpol-agent/flowlogs/flows.log
 ns=day2-$$
+# The nodes share this machine's file system: the flow-log files written here are removed
+# again, unless the directory was there before.
+had_flows_dir=0
+[ -d "$(dirname "$flows")" ] && had_flows_dir=1
 cleanup() {
   k delete namespace "$ns" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  [ "$had_flows_dir" = 1 ] || rm -rf "$(dirname "$flows")"
   rm -rf "$work"
 }
 trap cleanup EXIT
