@@ -56,21 +56,6 @@ fn metric(node: &PodNode, name: &str) -> Option<i64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-fn wait_for<T>(limit: Duration, what: &str, node: &PodNode, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < common::scaled(limit),
-            "{what}; log:\n{}",
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A listener in the pod's namespace accepting (and closing) every connection until `stop`
 /// is set.
 fn listen(node: &PodNode, key: &str, stop: Arc<AtomicBool>) {
@@ -150,10 +135,9 @@ fn fresh_node_never_lets_a_policed_pod_answer(topology: Topology, tag: &str) {
     let pid = node.agent_pid();
 
     // Item 2: no pod wired, nothing to enforce yet: ready, saying why.
-    let body = wait_for(
+    let body = node.wait_for(
         Duration::from_secs(15),
         "a node without pods never became ready",
-        &node,
         || {
             let (status, body) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
             (status == 200).then_some(body)
@@ -220,14 +204,11 @@ fn fresh_node_never_lets_a_policed_pod_answer(topology: Topology, tag: &str) {
         node.agent.as_mut().unwrap().try_wait().unwrap().is_none(),
         "the agent exited:\n{log}"
     );
-    wait_for(
-        Duration::from_secs(15),
-        "wiring still pending",
-        &node,
-        || (metric(&node, "netpol_wiring_pending") == Some(0)).then_some(()),
-    );
+    node.wait_for(Duration::from_secs(15), "wiring still pending", || {
+        (metric(&node, "netpol_wiring_pending") == Some(0)).then_some(())
+    });
     // Named now: its own chains hold it, the guard holds nothing.
-    wait_for(Duration::from_secs(15), "still guarded", &node, || {
+    node.wait_for(Duration::from_secs(15), "still guarded", || {
         (metric(&node, "netpol_guarded_local_pods") == Some(0)).then_some(())
     });
     let a = SocketAddr::new(node.pod("x/a").v4.into(), PORT);

@@ -48,22 +48,6 @@ fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     v
 }
 
-/// Polls until `f` holds (returns its value) or `limit` passes (panics with `what`).
-fn wait_for<T>(limit: Duration, what: &str, node: &PodNode, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < common::scaled(limit),
-            "{what}; log:\n{}",
-            node.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn gauge(node: &PodNode) -> Option<i64> {
     let (_, body) = common::http_get(&node.node.name, METRICS, "/metrics").ok()?;
     body.lines()
@@ -80,15 +64,10 @@ fn a_prefix_that_fits_no_pod_is_reported_within_the_grace_period() {
         ("FELIX_INTERFACEPREFIX", "cali"),
     ]));
     let started = Instant::now();
-    let body = wait_for(
-        Duration::from_secs(15),
-        "readiness never failed",
-        &node,
-        || {
-            let (status, body) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
-            (status == 503 && body.contains("none of the 2 local pods")).then_some(body)
-        },
-    );
+    let body = node.wait_for(Duration::from_secs(15), "readiness never failed", || {
+        let (status, body) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
+        (status == 503 && body.contains("none of the 2 local pods")).then_some(body)
+    });
     let reported_after = started.elapsed();
     assert!(body.contains("FELIX_INTERFACEPREFIX=cali"), "{body}");
     let log = node.log();
@@ -110,7 +89,7 @@ fn a_prefix_that_fits_no_pod_is_reported_within_the_grace_period() {
         "{log}"
     );
     assert_eq!(
-        wait_for(Duration::from_secs(5), "no gauge", &node, || gauge(&node)),
+        node.wait_for(Duration::from_secs(5), "no gauge", || gauge(&node)),
         2
     );
     eprintln!(
@@ -134,7 +113,7 @@ fn settings_that_fit_report_nothing_and_enforce() {
         ("FELIX_INTERFACENAMESCHEME", "routes"),
         ("FELIX_INTERFACEPREFIX", "vethbar"),
     ]));
-    wait_for(Duration::from_secs(15), "never ready", &node, || {
+    node.wait_for(Duration::from_secs(15), "never ready", || {
         let (status, _) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
         (status == 200).then_some(())
     });
@@ -183,10 +162,9 @@ fn ipv6_support_off_with_ipv6_pods_is_not_ready_and_names_them() {
         ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
         ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
     ]);
-    let body = wait_for(
+    let body = node.wait_for(
         Duration::from_secs(15),
         "readiness never named the IPv6 pods",
-        &node,
         || {
             let (status, body) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
             (status == 503 && body.contains("FELIX_IPV6SUPPORT=false")).then_some(body)
@@ -224,7 +202,7 @@ fn ipv6_support_by_default_polices_both_families_and_is_ready() {
         ("FELIX_HEALTHENABLED", "true"),
         ("FELIX_HEALTHHOST", "127.0.0.1"),
     ]);
-    wait_for(Duration::from_secs(15), "never ready", &node, || {
+    node.wait_for(Duration::from_secs(15), "never ready", || {
         let (status, _) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
         (status == 200).then_some(())
     });

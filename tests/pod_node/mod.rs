@@ -264,6 +264,23 @@ impl PodNode {
         self.logs.path.join("agent.log")
     }
 
+    /// Polls `f` every 100 ms until it gives a value, or panics with `what` and the agent's
+    /// log once `limit` (scaled for emulation) has passed.
+    pub fn wait_for<T>(&self, limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(
+                start.elapsed() < crate::common::scaled(limit),
+                "{what}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
