@@ -6,6 +6,7 @@
 #        [--overlay NAME]
 #   bash scripts/k8s-cluster.sh status     # the kubeconfig path (first line), nodes, agents
 #   bash scripts/k8s-cluster.sh kubectl ARGS...
+#   bash scripts/k8s-cluster.sh import conformance sonobuoy   # suite images, when a run needs them
 #   bash scripts/k8s-cluster.sh down       # removes everything up made, also after a failed up
 #
 # Layout (docs/development/real-cluster.md has the picture):
@@ -164,12 +165,73 @@ if [ "$cmd" = restart ] || [ "$cmd" = stop ]; then
   exit 0
 fi
 
+# --- images ----------------------------------------------------------------------------------
+# The archives scripts/k8s-images.sh made (list.txt: file, then every name it carries). `up`
+# imports what every cluster runs (pause, agnhost, the agent); the suite images (the
+# conformance image, sonobuoy's) are ~470 MB a node unpacked, so they come in only when a
+# run needs them: `bash scripts/k8s-cluster.sh import conformance sonobuoy`.
+base_images() { awk '$1 !~ /^(conformance|sonobuoy)-/ { print $1 }' "$IMAGES_DIR/list.txt"; }
+image_file() { # PREFIX -> the archive file named by list.txt
+  awk -v p="$1" 'index($1, p "-") == 1 || $1 == p || $1 == p ".tar" { print $1; exit }' "$IMAGES_DIR/list.txt"
+}
+# Every node of $NODES imports each FILE (retried: a node's containerd can refuse an import
+# while it is busy); a failure says which, why (ctr's own words) and how much disk is left.
+import_images() { # FILE...
+  local n file first try err
+  local -a names
+  for n in "${NODES[@]}"; do
+    for file in "$@"; do
+      read -r -a names < <(awk -v f="$file" '$1 == f { $1 = ""; print }' "$IMAGES_DIR/list.txt")
+      [ ${#names[@]} -gt 0 ] || die "$file is not in $IMAGES_DIR/list.txt (bash scripts/k8s.sh build)"
+      first=${names[0]}
+      err="$STATE/$n/import-$file.log"
+      for try in 1 2 3; do
+        if "$CONTAINERD_BIN/ctr" --address "$RUN/$n/containerd.sock" -n k8s.io images import \
+          "$IMAGES_DIR/$file" >"$err" 2>&1; then
+          try=0
+          break
+        fi
+        sleep $((try * 2))
+      done
+      if [ "$try" != 0 ]; then
+        echo "k8s-cluster: ctr images import $file on $n, 3 tries; the last said:" >&2
+        tail -5 "$err" | sed 's/^/  /' >&2
+        echo "k8s-cluster: free on $(df -P "$STATE" | awk 'NR == 2 { print $6 ": " int($4 / 1024) " MiB" }')" >&2
+        die "importing $file into $n's containerd failed"
+      fi
+      for other in "${names[@]:1}"; do
+        "$CONTAINERD_BIN/ctr" --address "$RUN/$n/containerd.sock" -n k8s.io \
+          images tag --force "$first" "$other" >/dev/null 2>&1
+      done
+    done
+  done
+}
+
+# import NAME...: suite images into a running cluster's nodes (NAME: conformance, sonobuoy, or
+# any archive list.txt names); a second import of one is a quick no-op for containerd.
+if [ "$cmd" = import ]; then
+  [ -f "$STATE/admin.kubeconfig" ] || die "no cluster is up"
+  eval "$(bash scripts/k8s.sh paths $(sed -n 's/.*kubernetes=v\([^ ]*\).*/--k8s \1/p' "$STATE/cell"))"
+  NODES=()
+  for d in "$STATE"/npk-*/; do [ -S "$RUN/$(basename "$d")/containerd.sock" ] && NODES+=("$(basename "$d")"); done
+  [ ${#NODES[@]} -gt 0 ] || die "no node's containerd is running"
+  files=()
+  for name in "$@"; do
+    f=$(image_file "$name")
+    [ -n "$f" ] || die "no image archive named $name in $IMAGES_DIR/list.txt"
+    files+=("$f")
+  done
+  say "images into every node's containerd: ${files[*]}"
+  import_images "${files[@]}"
+  exit 0
+fi
+
 if [ "$cmd" = kubectl ]; then
   [ -f "$STATE/admin.kubeconfig" ] || die "no cluster is up"
   exec "$(cat "$STATE/kubectl.path")" --kubeconfig "$STATE/admin.kubeconfig" "$@"
 fi
 
-[ "$cmd" = up ] || die "unknown command $cmd: up, status, kubectl, down"
+[ "$cmd" = up ] || die "unknown command $cmd: up, status, kubectl, import, restart, stop, down"
 
 # ---------------------------------------------------------------------------------------------
 # up
@@ -554,21 +616,9 @@ for n in "${NODES[@]}"; do
   wait_for 60 "$n" containerd "$CONTAINERD_BIN/ctr" --address "$RUN/$n/containerd.sock" version
 done
 
-say "images into every node's containerd: $(awk '{print $1}' "$IMAGES_DIR/list.txt" | tr '\n' ' ')"
-for n in "${NODES[@]}"; do
-  while read -r file names; do
-    # shellcheck disable=SC2086
-    set -- $names
-    first=$1
-    "$CONTAINERD_BIN/ctr" --address "$RUN/$n/containerd.sock" -n k8s.io images import \
-      "$IMAGES_DIR/$file" >/dev/null 2>&1 \
-      || die "importing $file into $n's containerd failed"
-    shift
-    for other in "$@"; do
-      "$CONTAINERD_BIN/ctr" --address "$RUN/$n/containerd.sock" -n k8s.io images tag --force "$first" "$other" >/dev/null 2>&1
-    done
-  done <"$IMAGES_DIR/list.txt"
-done &
+say "images into every node's containerd: $(base_images | tr '\n' ' ')"
+# shellcheck disable=SC2046
+import_images $(base_images) &
 import_pid=$!
 
 for n in "${NODES[@]}"; do

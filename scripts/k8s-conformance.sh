@@ -144,6 +144,8 @@ run_netpol_sonobuoy() {
   skip='\[Disruptive\]|\[Flaky\]'
   have_sctp || skip="$skip|\[Feature:SCTPConnectivity\]"
   local sb=("$SONOBUOY_BIN/sonobuoy" --kubeconfig "$KUBECONFIG_PATH")
+  # The suite images are not in a fresh cluster's nodes (k8s-cluster.sh up leaves them out).
+  bash scripts/k8s-cluster.sh import conformance sonobuoy
   say "sonobuoy v$SONOBUOY_VERSION run --plugin e2e (conformance image v$K8S_VERSION), focus: $focus"
   "${sb[@]}" delete --all --wait >/dev/null 2>&1 || true
   # --skip-preflight: its only failing check is "no DNS pods"; this cluster runs no DNS and
