@@ -7,7 +7,10 @@
 # target/k8s/results/ (docs/verified-on.md has the figures of the last full run).
 #
 #   bash scripts/k8s-matrix.sh [--cells "bridge/ipv4/iptables routed/dual/nftables ..."]
-#        [--k8s VERSION] [--sonobuoy] [--suites "netpol cnp"]
+#        [--k8s VERSION] [--sonobuoy] [--suites "netpol cnp connectivity"]
+#
+# Suites: netpol (upstream's e2e binary), cnp (network-policy-api's), connectivity (every
+# scenario file of e2e/ through `netpol-e2e run --kubeconfig`, scripts/k8s-connectivity.sh).
 #
 # Default cells: {bridge, routed} x {ipv4, dual} x kube-proxy {iptables, nftables} on this
 # kernel. kube-proxy's IPVS mode needs a kernel with IP_VS (this machine's has none), see
@@ -51,7 +54,11 @@ for cell in $cells; do
   fi
   for suite in $suites; do
     out=target/k8s/matrix-$suite.log
-    bash scripts/k8s-conformance.sh --suite "$suite" >"$out" 2>&1 || status=1
+    if [ "$suite" = connectivity ]; then
+      bash scripts/k8s-connectivity.sh >"$out" 2>&1 || status=1
+    else
+      bash scripts/k8s-conformance.sh --suite "$suite" >"$out" 2>&1 || status=1
+    fi
     record "$cell" "$suite" "$out"
     if [ "$suite" = netpol ] && [ "$sonobuoy" = 1 ]; then
       bash scripts/k8s-conformance.sh --suite netpol --sonobuoy >"$out" 2>&1 || status=1

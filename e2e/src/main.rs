@@ -13,6 +13,7 @@ mod expect;
 mod explain_check;
 mod family;
 mod flow_check;
+mod kube_run;
 mod netns;
 mod probe;
 mod runner;
@@ -71,12 +72,33 @@ enum Command {
 
 #[derive(Args)]
 struct RunArgs {
+    /// Run on the real cluster of this kubeconfig instead of simulated nodes: its own
+    /// namespaces (always deleted), agnhost pods, probes by exec inside the pods
+    /// (docs/operations/connectivity-test.md). The options about simulated nodes do not apply.
+    #[arg(long, conflicts_with_all = [
+        "cni", "agent", "iptables_backend", "ip_family", "service_proxy", "probe_workers",
+        "check_deny_logs", "check_explain", "check_flow_logs", "check_staged",
+        "check_spoofing", "auto_wiring", "workload_source_spoofing", "policy_union_min",
+    ])]
+    kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: the image of the scenario pods (agnhost, or one with its
+    /// `/agnhost` serve-hostname, porter, pause and connect).
+    #[arg(long, default_value = kube_run::DEFAULT_IMAGE, requires = "kubeconfig")]
+    image: String,
+    /// With --kubeconfig: `text` (the matrices as the run goes, then a summary) or `json`
+    /// (one document on stdout at the end; progress on stderr).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"], requires = "kubeconfig")]
+    output: String,
+    /// With --kubeconfig: how long a pod may take to start, image pull included, in seconds.
+    #[arg(long, default_value_t = 180, requires = "kubeconfig")]
+    pod_timeout_secs: u64,
     /// Which CNI the nodes simulate (how pod interfaces are named and wired).
     #[arg(long, value_enum, default_value = "calico")]
     cni: Cni,
-    /// Scenarios run at the same time.
-    #[arg(long, default_value_t = 2)]
-    jobs: usize,
+    /// Simulated: scenarios run at the same time (default 2). With --kubeconfig: probes in
+    /// flight at once (default 16).
+    #[arg(long)]
+    jobs: Option<usize>,
     /// The netpol-agent binary (default: next to this one).
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -99,7 +121,8 @@ struct RunArgs {
     /// Probes in flight per scenario.
     #[arg(long, default_value_t = 32)]
     probe_workers: usize,
-    /// How long a node may take to hold what `compile` renders after a step, in seconds.
+    /// How long a node may take to hold what `compile` renders after a step (with
+    /// --kubeconfig: how long a step may take to be enforced), in seconds.
     #[arg(long, default_value_t = 20)]
     converge_timeout_secs: u64,
     /// Print every step's truth tables, not only failing ones.
@@ -240,6 +263,28 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
+    if let Some(kubeconfig) = args.kubeconfig {
+        // Ctrl-C ends the run at the next await; everything made is deleted before exit.
+        let stop = Arc::new(AtomicBool::new(false));
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            if let Err(e) = signal_hook::flag::register(signal, stop.clone()) {
+                eprintln!("netpol-e2e: installing signal handlers: {e}");
+                return ExitCode::from(2);
+            }
+        }
+        let cfg = kube_run::Config {
+            kubeconfig,
+            image: args.image,
+            jobs: args.jobs.unwrap_or(16).max(1),
+            probe_timeout: Duration::from_millis(args.probe_timeout_ms),
+            converge_timeout: Duration::from_secs(args.converge_timeout_secs),
+            pod_timeout: Duration::from_secs(args.pod_timeout_secs),
+            json: args.output == "json",
+            verbose: args.verbose,
+        };
+        return kube_run::main(cfg, scenarios, stop);
+    }
+    let jobs = args.jobs.unwrap_or(2);
     if !nix::unistd::geteuid().is_root() {
         eprintln!("netpol-e2e: run needs root (it creates network namespaces)");
         return ExitCode::from(2);
@@ -274,7 +319,7 @@ fn run(args: RunArgs) -> ExitCode {
             auto_wiring: args.auto_wiring,
             policy_union_min: args.policy_union_min,
         },
-        jobs: args.jobs,
+        jobs,
         probe_workers: args.probe_workers,
         probe_timeout: Duration::from_millis(args.probe_timeout_ms),
         retry_wait: Duration::from_secs(1),

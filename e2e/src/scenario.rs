@@ -177,6 +177,9 @@ pub struct Step {
     /// The cluster after the step's changes.
     pub world: World,
     pub expect: BTreeMap<PortKey, TruthTable>,
+    /// The step's `apply` text as written, placeholders unexpanded: a real cluster's runner
+    /// expands it again with the addresses its pods really got (`kube_run`).
+    pub apply: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -666,6 +669,7 @@ fn apply_step(
         name: label.to_string(),
         world: world.clone(),
         expect,
+        apply: step.apply,
     })
 }
 
@@ -718,7 +722,7 @@ pub const CLUSTER_POLICY_PREFIX: &str = "ClusterNetworkPolicy/";
 
 /// One document of an `apply:`.
 #[derive(Debug)]
-enum Applied {
+pub enum Applied {
     NetworkPolicy { key: String, doc: String },
     ClusterNetworkPolicy { name: String, doc: String },
 }
@@ -740,7 +744,7 @@ impl Applied {
 /// Splits a multi-document YAML of NetworkPolicies and ClusterNetworkPolicies into one
 /// document each, checking a NetworkPolicy deserializes as one and a ClusterNetworkPolicy
 /// has the API's shape (`cluster_policy::check`).
-fn split_policies(text: &str) -> anyhow::Result<Vec<Applied>> {
+pub fn split_policies(text: &str) -> anyhow::Result<Vec<Applied>> {
     use serde::Deserialize as _;
     let mut out: Vec<Applied> = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
