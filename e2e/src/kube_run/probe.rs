@@ -20,16 +20,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use netpol_agent::model::IpFamily;
 
 use super::api::RealCluster;
-use super::report::StepReport;
+use super::report::{Probe, StepReport};
 use super::ScenarioRun;
 use crate::expect::{Outcome, PortKey, Protocol};
 use crate::scenario::Step;
-
-/// One probe: a family, a port key, an ordered pair of scenario pods.
-pub type Probe = (IpFamily, PortKey, String, String);
 
 /// Pairs (per key) whose expected verdict changed from `previous` to `step`.
 pub fn changed_pairs(previous: Option<&Step>, step: &Step) -> BTreeSet<(PortKey, String, String)> {

@@ -14,7 +14,6 @@ use std::time::Duration;
 use netpol_agent::model::IpFamily;
 use serde_json::json;
 
-use super::probe::Probe;
 use super::{Config, Offer, RunResult};
 use crate::expect::{Outcome as ProbeOutcome, PortKey};
 use crate::family::family_name;
@@ -27,6 +26,9 @@ pub enum Outcome {
     Skipped(String),
     Error(String),
 }
+
+/// One probe: a family, a port key, an ordered pair of scenario pods.
+pub type Probe = (IpFamily, PortKey, String, String);
 
 /// One matrix: its pods in order, and each (from, to) cell's symbol.
 pub type Matrix = (Vec<String>, BTreeMap<(String, String), char>);
