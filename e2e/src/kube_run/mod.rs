@@ -568,7 +568,13 @@ impl<'a> ScenarioRun<'a> {
             // The node the pod landed on is the one asked for (a nodeSelector), or the pod
             // would not be running.
             let mut cluster_ips = Vec::new();
-            if self.scenario.target == Target::Service {
+            // A Service needs a port: a pod that serves only SCTP on a cluster without it gets
+            // none, and probes to it are left out (the note on SCTP says why).
+            let serves = pod
+                .ports
+                .iter()
+                .any(|p| sctp || p.protocol != Protocol::Sctp);
+            if self.scenario.target == Target::Service && serves {
                 let svc = objects::service_name(&pod.name);
                 let existed = self
                     .world

@@ -25,7 +25,7 @@ use super::api::RealCluster;
 use super::report::{Probe, StepReport};
 use super::ScenarioRun;
 use crate::expect::{Outcome, PortKey, Protocol};
-use crate::scenario::Step;
+use crate::scenario::{Step, Target};
 
 /// Pairs (per key) whose expected verdict changed from `previous` to `step`.
 pub fn changed_pairs(previous: Option<&Step>, step: &Step) -> BTreeSet<(PortKey, String, String)> {
@@ -161,6 +161,11 @@ pub async fn check_step(
                 continue;
             }
             for (from, to, want) in table.pairs() {
+                let unserved = run.scenario.target == Target::Service
+                    && run.live.get(to).is_some_and(|l| l.cluster_ips.is_empty());
+                if unserved {
+                    continue;
+                }
                 let p = (*family, *key, from.to_string(), to.to_string());
                 expected.insert(p.clone(), want);
                 probes.push(p);
