@@ -86,6 +86,7 @@ pub fn needed(
 ) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     let mut out = vec![
         ("create", "", "namespaces", ""),
+        ("get", "", "namespaces", ""),
         ("delete", "", "namespaces", ""),
         ("patch", "", "namespaces", ""),
         ("create", "", "pods", ""),
@@ -96,6 +97,8 @@ pub fn needed(
         ("create", "", "pods", "exec"),
         ("get", "", "pods", "exec"),
         ("create", "", "services", ""),
+        ("get", "", "services", ""),
+        ("delete", "", "services", ""),
         ("create", "discovery.k8s.io", "endpointslices", ""),
         ("delete", "discovery.k8s.io", "endpointslices", ""),
         ("patch", "networking.k8s.io", "networkpolicies", ""),
@@ -103,18 +106,14 @@ pub fn needed(
         ("list", "", "nodes", ""),
     ];
     if cluster_policies {
-        out.push((
-            "patch",
-            "policy.networking.k8s.io",
-            "clusternetworkpolicies",
-            "",
-        ));
-        out.push((
-            "delete",
-            "policy.networking.k8s.io",
-            "clusternetworkpolicies",
-            "",
-        ));
+        for verb in ["get", "patch", "delete"] {
+            out.push((
+                verb,
+                "policy.networking.k8s.io",
+                "clusternetworkpolicies",
+                "",
+            ));
+        }
     }
     out
 }
