@@ -570,10 +570,7 @@ impl<'a> ScenarioRun<'a> {
             let mut cluster_ips = Vec::new();
             // A Service needs a port: a pod that serves only SCTP on a cluster without it gets
             // none, and probes to it are left out (the note on SCTP says why).
-            let serves = pod
-                .ports
-                .iter()
-                .any(|p| sctp || p.protocol != Protocol::Sctp);
+            let serves = objects::served(pod, sctp).next().is_some();
             if self.scenario.target == Target::Service && serves {
                 let svc = objects::service_name(&pod.name);
                 let existed = self

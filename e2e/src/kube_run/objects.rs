@@ -17,7 +17,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::names::{Names, RUN_LABEL, SCENARIO_LABEL};
-use crate::scenario::{Labels, Pod, Protocol, NAMESPACE_NAME_LABEL};
+use crate::scenario::{Labels, Pod, PortDecl, Protocol, NAMESPACE_NAME_LABEL};
 
 /// A namespace of the scenario with its labels as written, plus the run's and scenario's.
 pub fn namespace(names: &Names, run: &str, ns: &str, labels: &Labels) -> Namespace {
@@ -115,6 +115,13 @@ fn server(port: u16, protocol: Protocol, name: Option<&str>) -> Container {
     }
 }
 
+/// The ports of `pod` the cluster carries (SCTP ones only with `sctp`).
+pub fn served(pod: &Pod, sctp: bool) -> impl Iterator<Item = &PortDecl> {
+    pod.ports
+        .iter()
+        .filter(move |p| sctp || p.protocol != Protocol::Sctp)
+}
+
 /// The container probes are run from: every pod has it, whatever it serves.
 pub const PROBER: &str = "prober";
 
@@ -128,10 +135,7 @@ pub fn pod(names: &Names, pod: &Pod, image: &str, node: Option<&str>, sctp: bool
         args: Some(vec!["pause".into()]),
         ..Default::default()
     }];
-    for p in &pod.ports {
-        if p.protocol == Protocol::Sctp && !sctp {
-            continue;
-        }
+    for p in served(pod, sctp) {
         let mut c = server(p.port, p.protocol, p.name.as_deref());
         c.image = Some(image.into());
         containers.push(c);
@@ -180,10 +184,7 @@ fn port_name(port: u16, protocol: Protocol) -> String {
 /// The pod's Service: its ports (SCTP only with `sctp`), no selector, both families when the
 /// cluster has two.
 pub fn service(names: &Names, pod: &Pod, dual: bool, sctp: bool) -> Service {
-    let ports = pod
-        .ports
-        .iter()
-        .filter(|p| sctp || p.protocol != Protocol::Sctp)
+    let ports = served(pod, sctp)
         .map(|p| ServicePort {
             name: Some(port_name(p.port, p.protocol)),
             port: p.port.into(),
@@ -226,10 +227,7 @@ pub fn endpoint_slice(
 ) -> EndpointSlice {
     let svc = service_name(&pod.name);
     let family = if addr.is_ipv4() { "IPv4" } else { "IPv6" };
-    let ports = pod
-        .ports
-        .iter()
-        .filter(|p| sctp || p.protocol != Protocol::Sctp)
+    let ports = served(pod, sctp)
         .map(|p| EndpointPort {
             name: Some(port_name(p.port, p.protocol)),
             port: Some(p.port.into()),

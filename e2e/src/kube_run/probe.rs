@@ -144,6 +144,21 @@ async fn probe_all(run: &ScenarioRun<'_>, probes: &[Probe]) -> Vec<(Probe, Insta
     results.into_iter().flatten().collect()
 }
 
+/// Takes one round's results: each probe's latest outcome, and when it first agreed.
+fn record(
+    results: Vec<(Probe, Instant, Outcome)>,
+    agrees: &dyn Fn(&Probe, &Outcome) -> bool,
+    first_ok: &mut BTreeMap<Probe, Instant>,
+    latest: &mut BTreeMap<Probe, Outcome>,
+) {
+    for (p, tried, outcome) in results {
+        if agrees(&p, &outcome) {
+            first_ok.entry(p.clone()).or_insert(tried);
+        }
+        latest.insert(p, outcome);
+    }
+}
+
 /// Checks one step (see the module comment).
 pub async fn check_step(
     run: &ScenarioRun<'_>,
@@ -188,12 +203,12 @@ pub async fn check_step(
         .collect();
     while !pending.is_empty() && Instant::now() < deadline {
         rounds += 1;
-        for (p, tried, outcome) in probe_all(run, &pending).await {
-            if agrees(&p, &outcome) {
-                first_ok.entry(p.clone()).or_insert(tried);
-            }
-            latest.insert(p, outcome);
-        }
+        record(
+            probe_all(run, &pending).await,
+            &agrees,
+            &mut first_ok,
+            &mut latest,
+        );
         pending.retain(|p| !agrees(p, &latest[p]));
         if !pending.is_empty() {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -203,12 +218,12 @@ pub async fn check_step(
     let full_rounds_before = rounds;
     loop {
         rounds += 1;
-        for (p, tried, outcome) in probe_all(run, &pending).await {
-            if agrees(&p, &outcome) {
-                first_ok.entry(p.clone()).or_insert(tried);
-            }
-            latest.insert(p, outcome);
-        }
+        record(
+            probe_all(run, &pending).await,
+            &agrees,
+            &mut first_ok,
+            &mut latest,
+        );
         pending.retain(|p| !agrees(p, &latest[p]));
         // A full round can outlast the window on a busy cluster: its disagreements get one
         // more try even then (a first UDP datagram lost, a server a moment from listening).
