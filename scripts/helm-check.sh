@@ -17,7 +17,7 @@ CHART=deploy/helm/netpol-agent
 template() { "$HELM" template netpol-agent "$CHART" --kube-version "$K8S_VERSION" "$@" 2>>"$work/helm-stderr"; }
 for b in "$HELM" "$KUBECTL"; do [ -x "$b" ] || { echo "helm-check: $b is missing (bash scripts/k8s.sh build)" >&2; exit 2; }; done
 work=$(mktemp -d)
-trap 'rc=$?; [ $rc -eq 0 ] || grep -v "found symbolic link" "$work/helm-stderr" 2>/dev/null; rm -rf "$work"; exit $rc' EXIT
+trap 'rc=$?; [ $rc -eq 0 ] || grep -v "found symbolic link" "$work/helm-stderr" 2>/dev/null; rm -rf "$work" target/helm-check-startup-taint; exit $rc' EXIT
 passed=0 failed=0
 ok() { echo "passed  $*"; passed=$((passed + 1)); }
 bad() { echo "FAILED  $*"; failed=$((failed + 1)); }
@@ -71,6 +71,24 @@ if same "$work/helm.yaml" "$work/kustomize.yaml" "monitoring"; then
   ok "helm template with the monitoring pack renders deploy/ and deploy/monitoring/"
 else
   bad "helm template with the monitoring pack differs from deploy/ and deploy/monitoring/"
+fi
+
+# The startup taint: what the component adds to deploy/ in an operator's kustomization.
+# (kustomize takes relative paths only: the kustomization sits in target/.)
+own=target/helm-check-startup-taint
+rm -rf "$own" && mkdir -p "$own"
+printf 'resources: [../../deploy]\ncomponents: [../../deploy/components/startup-taint]\n' >"$own/kustomization.yaml"
+template --namespace kube-system --set startupTaint=netpol-agent.io/agent-not-ready >"$work/helm.yaml"
+"$KUBECTL" kustomize "$own" >"$work/kustomize.yaml"
+if same "$work/helm.yaml" "$work/kustomize.yaml" "startupTaint"; then
+  ok "helm template --set startupTaint renders deploy/ with deploy/components/startup-taint"
+else
+  bad "helm template --set startupTaint differs from deploy/ with deploy/components/startup-taint"
+fi
+if "$HELM" template netpol-agent "$CHART" --kube-version "$K8S_VERSION" --set startupTaint='not a key' >/dev/null 2>"$work/err"; then
+  bad "an invalid startupTaint was accepted"
+else
+  grep -q "startupTaint" "$work/err" && ok "an invalid startupTaint is refused by the values schema" || { cat "$work/err"; bad "an invalid startupTaint was refused without naming it"; }
 fi
 
 # The schema refuses what the chart cannot render.

@@ -4,7 +4,9 @@
 # scripts/k8s-images.sh built (already in every node's containerd), a rollout that completes
 # on every node, the control-plane node included.
 #
-#   bash scripts/k8s-agent.sh install [--overlay NAME]
+#   bash scripts/k8s-agent.sh install [--overlay NAME] [--component NAME]...
+#        (a component of deploy/components/ added as docs/install.md shows: a kustomization
+#        of the operator's own naming deploy/ or the overlay, and the components)
 #   bash scripts/k8s-agent.sh check          # every node's agent ready, no RBAC refusal logged
 #   bash scripts/k8s-agent.sh uninstall      # docs/operations/uninstall.md's steps
 set -euo pipefail
@@ -32,11 +34,15 @@ check() {
   ready=$("${KUBECTL[@]}" -n kube-system get ds netpol-agent -o jsonpath='{.status.numberReady}')
   [ "$want" = "$nodes" ] || die "the DaemonSet wants $want pods for $nodes nodes"
   [ "$ready" = "$nodes" ] || die "$ready of $nodes agents ready"
-  # Forbidden in an agent's log: the shipped RBAC is not enough for something it reads.
+  # An RBAC refusal in an agent's log (the API server's words for a 403: `<resource> is
+  # forbidden: User "system:serviceaccount:..." cannot <verb> ...`): the shipped RBAC is not
+  # enough for something it reads. Not any "forbidden": 1.33's refusal of streaming lists
+  # (422, "sendInitialEvents is forbidden ...", answered with paginated lists) is none.
   pods=$("${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent -o name)
+  rbac='is forbidden: User|cannot (get|list|watch|patch) resource'
   for p in $pods; do
-    if "${KUBECTL[@]}" -n kube-system logs "$p" | grep -qi 'forbidden'; then
-      "${KUBECTL[@]}" -n kube-system logs "$p" | grep -i 'forbidden' | head -5 >&2
+    if "${KUBECTL[@]}" -n kube-system logs "$p" | grep -qE "$rbac"; then
+      "${KUBECTL[@]}" -n kube-system logs "$p" | grep -E "$rbac" | head -5 >&2
       die "$p was refused by the API server (RBAC)"
     fi
   done
@@ -47,7 +53,29 @@ case "${1:-}" in
   install)
     shift
     target=deploy/
-    if [ "${1:-}" = --overlay ]; then target=deploy/overlays/$2/; fi
+    components=()
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --overlay) target=deploy/overlays/$2/; shift 2 ;;
+        --component)
+          [ -f "deploy/components/$2/kustomization.yaml" ] || die "no component deploy/components/$2"
+          components+=("$2"); shift 2 ;;
+        *) die "unknown option $1" ;;
+      esac
+    done
+    if [ ${#components[@]} -gt 0 ]; then
+      # The operator's own kustomization, beside the repository's (paths relative to it).
+      own=target/k8s/install-kustomization
+      rm -rf "$own" && mkdir -p "$own"
+      {
+        echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+        echo "kind: Kustomization"
+        echo "resources: [../../../$target]"
+        echo "components:"
+        for c in "${components[@]}"; do echo "  - ../../../deploy/components/$c"; done
+      } >"$own/kustomization.yaml"
+      target=$own/
+    fi
     say "CRDs: network-policy-api v$NPA_VERSION (ClusterNetworkPolicy), deploy/crds/ (staged kinds)"
     "${KUBECTL[@]}" apply --server-side -f "$(npa_crd)" >/dev/null
     "${KUBECTL[@]}" apply -f deploy/crds/ >/dev/null
@@ -63,11 +91,13 @@ case "${1:-}" in
   uninstall)
     say "kubectl delete -k deploy/, then the uninstall DaemonSet"
     "${KUBECTL[@]}" delete -k deploy/ --ignore-not-found >/dev/null
+    # What deploy/components/ adds (the startup taint's RBAC), whether installed or not.
+    "${KUBECTL[@]}" delete clusterrolebinding,clusterrole netpol-agent-startup-taint --ignore-not-found >/dev/null
     "${KUBECTL[@]}" apply -k deploy/uninstall/ >/dev/null
     "${KUBECTL[@]}" -n kube-system rollout status ds/netpol-agent-uninstall --timeout 300s
     "${KUBECTL[@]}" delete -k deploy/uninstall/ --ignore-not-found >/dev/null
     ;;
   *)
-    die "usage: install [--overlay NAME] | check | uninstall"
+    die "usage: install [--overlay NAME] [--component NAME]... | check | uninstall"
     ;;
 esac

@@ -7,6 +7,9 @@
 #   bash scripts/k8s-cluster.sh status     # the kubeconfig path (first line), nodes, agents
 #   bash scripts/k8s-cluster.sh kubectl ARGS...
 #   bash scripts/k8s-cluster.sh import conformance sonobuoy   # suite images, when a run needs them
+#   bash scripts/k8s-cluster.sh join [--taint KEY=VALUE:EFFECT]...  # one more worker, now
+#        (a node joining a running cluster: its kubelet registers with the taints given,
+#        as kubelet's --register-with-taints does; prints the new node's name last)
 #   bash scripts/k8s-cluster.sh down       # removes everything up made, also after a failed up
 #
 # Layout (docs/development/real-cluster.md has the picture):
@@ -176,10 +179,10 @@ image_file() { # PREFIX -> the archive file named by list.txt
 }
 # Every node of $NODES imports each FILE (retried: a node's containerd can refuse an import
 # while it is busy); a failure says which, why (ctr's own words) and how much disk is left.
-import_images() { # FILE...
+import_images() { # FILE... (into the nodes of $TARGET_NODES)
   local n file first try err
   local -a names
-  for n in "${NODES[@]}"; do
+  for n in "${TARGET_NODES[@]}"; do
     for file in "$@"; do
       read -r -a names < <(awk -v f="$file" '$1 == f { $1 = ""; print }' "$IMAGES_DIR/list.txt")
       [ ${#names[@]} -gt 0 ] || die "$file is not in $IMAGES_DIR/list.txt (bash scripts/k8s.sh build)"
@@ -211,10 +214,11 @@ import_images() { # FILE...
 # any archive list.txt names); a second import of one is a quick no-op for containerd.
 if [ "$cmd" = import ]; then
   [ -f "$STATE/admin.kubeconfig" ] || die "no cluster is up"
-  eval "$(bash scripts/k8s.sh paths $(sed -n 's/.*kubernetes=v\([^ ]*\).*/--k8s \1/p' "$STATE/cell"))"
+  eval "$(bash scripts/k8s.sh paths)"
   NODES=()
   for d in "$STATE"/npk-*/; do [ -S "$RUN/$(basename "$d")/containerd.sock" ] && NODES+=("$(basename "$d")"); done
   [ ${#NODES[@]} -gt 0 ] || die "no node's containerd is running"
+  TARGET_NODES=("${NODES[@]}")
   files=()
   for name in "$@"; do
     f=$(image_file "$name")
@@ -231,16 +235,20 @@ if [ "$cmd" = kubectl ]; then
   exec "$(cat "$STATE/kubectl.path")" --kubeconfig "$STATE/admin.kubeconfig" "$@"
 fi
 
-[ "$cmd" = up ] || die "unknown command $cmd: up, status, kubectl, import, restart, stop, down"
+[ "$cmd" = up ] || [ "$cmd" = join ] || die "unknown command $cmd: up, join, status, kubectl, import, restart, stop, down"
 
 # ---------------------------------------------------------------------------------------------
-# up
+# up, and join (the per-node part of up, for one more worker of the cluster that is up)
 # ---------------------------------------------------------------------------------------------
+JOIN=0
+[ "$cmd" = join ] && JOIN=1
+JOIN_TAINTS=()
 CNI=bridge
 FAMILY=ipv4
 PROXY=iptables
 WORKERS=2
-K8S_ARGS=()
+# The default release, named (k8s.sh paths would take a leftover cluster's otherwise).
+K8S_ARGS=(--k8s "$(sed -n 's/^K8S_DEFAULT=//p' e2e/k8s/versions.env)")
 AGENT=1
 OVERLAY=
 while [ $# -gt 0 ]; do
@@ -252,9 +260,17 @@ while [ $# -gt 0 ]; do
     --k8s) K8S_ARGS=(--k8s "$2"); shift 2 ;;
     --no-agent) AGENT=0; shift ;;
     --overlay) OVERLAY=$2; shift 2 ;;
+    --taint) [ "$JOIN" = 1 ] || die "--taint is for join"; JOIN_TAINTS+=("$2"); shift 2 ;;
     *) die "unknown option $1" ;;
   esac
 done
+if [ "$JOIN" = 1 ]; then
+  [ -f "$STATE/admin.kubeconfig" ] && [ -f "$STATE/nodes" ] || die "no cluster is up to join (bash scripts/k8s-cluster.sh up)"
+  # The cell of the cluster that is up: its CNI, family, proxy mode and release.
+  read -r CNI FAMILY PROXY k8s_v < <(sed -n 's/^cni=\([^ ]*\) ip-family=\([^ ]*\) proxy-mode=\([^ ]*\) kubernetes=v\([^ ]*\).*/\1 \2 \3 \4/p' "$STATE/cell")
+  [ -n "$k8s_v" ] || die "$STATE/cell is not readable"
+  K8S_ARGS=(--k8s "$k8s_v")
+fi
 case "$CNI" in bridge|routed) ;; *) die "--cni bridge|routed, not $CNI" ;; esac
 case "$FAMILY" in ipv4|dual) ;; *) die "--ip-family ipv4|dual, not $FAMILY" ;; esac
 case "$PROXY" in iptables|nftables) ;;
@@ -264,7 +280,7 @@ case "$PROXY" in iptables|nftables) ;;
   *) die "--proxy-mode iptables|nftables|ipvs, not $PROXY" ;;
 esac
 [ "$(id -u)" = 0 ] || die "run as root"
-if [ -e "$STATE/admin.kubeconfig" ] || ip netns list 2>/dev/null | grep -q '^npk-'; then
+if [ "$JOIN" = 0 ] && { [ -e "$STATE/admin.kubeconfig" ] || ip netns list 2>/dev/null | grep -q '^npk-'; }; then
   die "a cluster is up already (bash scripts/k8s-cluster.sh down first)"
 fi
 
@@ -288,18 +304,28 @@ if [ ${#need[@]} -gt 0 ]; then
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null; }
 fi
 
-# A failed up leaves nothing behind (NETPOL_K8S_KEEP_FAILED=1 keeps it for a look; `down`
-# still removes it).
-trap 'status=$?; if [ $status -ne 0 ]; then if [ "${NETPOL_K8S_KEEP_FAILED:-0}" = 1 ]; then echo "k8s-cluster: up failed; kept as it is (NETPOL_K8S_KEEP_FAILED); bash scripts/k8s-cluster.sh down removes it" >&2; else echo "k8s-cluster: up failed; logs: $STATE/<node>/*.log (kept in $STATE.last); cleaning up" >&2; down >/dev/null 2>&1 || true; fi; fi' EXIT
+if [ "$JOIN" = 0 ]; then
+  # A failed up leaves nothing behind (NETPOL_K8S_KEEP_FAILED=1 keeps it for a look; `down`
+  # still removes it).
+  trap 'status=$?; if [ $status -ne 0 ]; then if [ "${NETPOL_K8S_KEEP_FAILED:-0}" = 1 ]; then echo "k8s-cluster: up failed; kept as it is (NETPOL_K8S_KEEP_FAILED); bash scripts/k8s-cluster.sh down removes it" >&2; else echo "k8s-cluster: up failed; logs: $STATE/<node>/*.log (kept in $STATE.last); cleaning up" >&2; down >/dev/null 2>&1 || true; fi; fi' EXIT
 
-rm -rf "$STATE" "$RUN"
-mkdir -p "$STATE" "$RUN"
-echo "$K8S_BIN/kubectl" >"$STATE/kubectl.path"
-echo "cni=$CNI ip-family=$FAMILY proxy-mode=$PROXY kubernetes=v$K8S_VERSION workers=$WORKERS" >"$STATE/cell"
+  rm -rf "$STATE" "$RUN"
+  mkdir -p "$STATE" "$RUN"
+  echo "$K8S_BIN/kubectl" >"$STATE/kubectl.path"
+  echo "cni=$CNI ip-family=$FAMILY proxy-mode=$PROXY kubernetes=v$K8S_VERSION workers=$WORKERS" >"$STATE/cell"
+  NODES=(npk-cp)
+  for i in $(seq 1 "$WORKERS"); do NODES+=("npk-w$i"); done
+  printf '%s\n' "${NODES[@]}" >"$STATE/nodes"
+  NEW=("${NODES[@]}")
+else
+  # join: the nodes so far (in the order their addresses were given), and the next worker.
+  trap 'status=$?; [ $status -eq 0 ] || echo "k8s-cluster: join failed; logs: $STATE/<node>/*.log; bash scripts/k8s-cluster.sh down removes the whole cluster" >&2' EXIT
+  mapfile -t NODES <"$STATE/nodes"
+  NEW=("npk-w${#NODES[@]}")
+  NODES+=("${NEW[@]}")
+  printf '%s\n' "${NODES[@]}" >"$STATE/nodes"
+fi
 KUBECTL="$K8S_BIN/kubectl --kubeconfig $STATE/admin.kubeconfig"
-
-NODES=(npk-cp)
-for i in $(seq 1 "$WORKERS"); do NODES+=("npk-w$i"); done
 node_index() { local i; for i in "${!NODES[@]}"; do if [ "${NODES[$i]}" = "$1" ]; then echo "$i"; return 0; fi; done; return 1; }
 node_ip() { echo "10.98.0.$((10 + $(node_index "$1")))"; }
 node_ip6() { echo "fd00:98::$((10 + $(node_index "$1")))"; }
@@ -320,16 +346,20 @@ caps=$(awk '/^CapEff/ { print $2 }' /proc/self/status)
 if [ $(( 0x$caps >> 24 & 1 )) = 0 ]; then RESTRICT_OOM=true; fi
 
 # kubelet sets these machine-wide; down puts them back.
-for key in vm.overcommit_memory kernel.panic kernel.panic_on_oops; do
-  echo "$key $(sysctl -n "$key")" >>"$STATE/sysctl.saved"
-done
+if [ "$JOIN" = 0 ]; then
+  for key in vm.overcommit_memory kernel.panic kernel.panic_on_oops; do
+    echo "$key $(sysctl -n "$key")" >>"$STATE/sysctl.saved"
+  done
+fi
 
 # --- certificates ----------------------------------------------------------------------------
 PKI=$STATE/pki
 mkdir -p "$PKI"
 say "certificates"
-openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
-openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=netpol-k8s-ca" -days 30 -out "$PKI/ca.crt" 2>/dev/null
+if [ "$JOIN" = 0 ]; then
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=netpol-k8s-ca" -days 30 -out "$PKI/ca.crt" 2>/dev/null
+fi
 # cert NAME CN ORG SANS(comma list of DNS:/IP:) USAGE(server|client|both)
 cert() {
   local name=$1 cn=$2 org=$3 sans=$4 usage=$5 ext
@@ -352,19 +382,21 @@ cert() {
     -days 30 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
   rm -f "$ext" "$PKI/$name.csr"
 }
-api_sans="DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:$CP_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,IP:10.98.0.1"
-[ "$FAMILY" = dual ] && api_sans="$api_sans,IP:fd00:10:96::1,IP:$(node_ip6 npk-cp)"
-cert apiserver kube-apiserver "" "$api_sans" server
-cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters "" client
-cert apiserver-etcd-client kube-apiserver-etcd-client "" "" client
-cert etcd etcd "" "DNS:localhost,IP:127.0.0.1" both
-cert admin kubernetes-admin system:masters "" client
-cert controller-manager system:kube-controller-manager "" "" client
-cert scheduler system:kube-scheduler "" "" client
-cert kube-proxy system:kube-proxy "" "" client
-for n in "${NODES[@]}"; do cert "kubelet-$n" "system:node:$n" system:nodes "" client; done
-openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
-openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+if [ "$JOIN" = 0 ]; then
+  api_sans="DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:$CP_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,IP:10.98.0.1"
+  [ "$FAMILY" = dual ] && api_sans="$api_sans,IP:fd00:10:96::1,IP:$(node_ip6 npk-cp)"
+  cert apiserver kube-apiserver "" "$api_sans" server
+  cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters "" client
+  cert apiserver-etcd-client kube-apiserver-etcd-client "" "" client
+  cert etcd etcd "" "DNS:localhost,IP:127.0.0.1" both
+  cert admin kubernetes-admin system:masters "" client
+  cert controller-manager system:kube-controller-manager "" "" client
+  cert scheduler system:kube-scheduler "" "" client
+  cert kube-proxy system:kube-proxy "" "" client
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+fi
+for n in "${NEW[@]}"; do cert "kubelet-$n" "system:node:$n" system:nodes "" client; done
 
 kubeconfig() { # FILE CERTNAME SERVER
   cat >"$1" <<EOF
@@ -382,22 +414,26 @@ contexts:
 current-context: npk
 EOF
 }
-kubeconfig "$STATE/admin.kubeconfig" admin "https://$CP_IP:6443"
-kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager "https://127.0.0.1:6443"
-kubeconfig "$STATE/scheduler.kubeconfig" scheduler "https://127.0.0.1:6443"
-kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy "https://$CP_IP:6443"
-for n in "${NODES[@]}"; do kubeconfig "$STATE/kubelet-$n.kubeconfig" "kubelet-$n" "https://$CP_IP:6443"; done
+if [ "$JOIN" = 0 ]; then
+  kubeconfig "$STATE/admin.kubeconfig" admin "https://$CP_IP:6443"
+  kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager "https://127.0.0.1:6443"
+  kubeconfig "$STATE/scheduler.kubeconfig" scheduler "https://127.0.0.1:6443"
+  kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy "https://$CP_IP:6443"
+fi
+for n in "${NEW[@]}"; do kubeconfig "$STATE/kubelet-$n.kubeconfig" "kubelet-$n" "https://$CP_IP:6443"; done
 
 # --- network ---------------------------------------------------------------------------------
-say "network: fabric, $((WORKERS + 1)) nodes ($FAMILY)"
-ip netns add "$FABRIC"
-ip netns exec "$FABRIC" sh -c 'ip link set lo up && ip link add br0 type bridge && ip link set br0 up && ip addr add 10.98.0.254/24 dev br0 && sysctl -qw net.ipv6.conf.all.disable_ipv6=0 && ip -6 addr add fd00:98::fe/64 dev br0 nodad'
-ip link add "$HOST_IF" type veth peer name host netns "$FABRIC"
-ip netns exec "$FABRIC" sh -c 'ip link set host master br0 && ip link set host up'
-ip addr add 10.98.0.1/24 dev "$HOST_IF"
-ip -6 addr add fd00:98::1/64 dev "$HOST_IF" nodad 2>/dev/null || true
-ip link set "$HOST_IF" up
-for n in "${NODES[@]}"; do
+say "network: ${#NEW[@]} node(s) ($FAMILY): ${NEW[*]}"
+if [ "$JOIN" = 0 ]; then
+  ip netns add "$FABRIC"
+  ip netns exec "$FABRIC" sh -c 'ip link set lo up && ip link add br0 type bridge && ip link set br0 up && ip addr add 10.98.0.254/24 dev br0 && sysctl -qw net.ipv6.conf.all.disable_ipv6=0 && ip -6 addr add fd00:98::fe/64 dev br0 nodad'
+  ip link add "$HOST_IF" type veth peer name host netns "$FABRIC"
+  ip netns exec "$FABRIC" sh -c 'ip link set host master br0 && ip link set host up'
+  ip addr add 10.98.0.1/24 dev "$HOST_IF"
+  ip -6 addr add fd00:98::1/64 dev "$HOST_IF" nodad 2>/dev/null || true
+  ip link set "$HOST_IF" up
+fi
+for n in "${NEW[@]}"; do
   ip netns add "$n"
   ip link add "f-$n" type veth peer name eth0 netns "$n"
   ip link set "f-$n" netns "$FABRIC"
@@ -442,6 +478,7 @@ wait_for() { # SECONDS_MAX NODE NAME CMD...
 }
 
 # --- control plane ---------------------------------------------------------------------------
+if [ "$JOIN" = 0 ]; then
 say "control plane on npk-cp: etcd, kube-apiserver, controller-manager, scheduler"
 start npk-cp etcd "$ETCD_BIN/etcd" --name npk-cp --data-dir "$STATE/npk-cp/etcd" \
   --listen-client-urls https://127.0.0.1:2379 --advertise-client-urls https://127.0.0.1:2379 \
@@ -483,6 +520,7 @@ start npk-cp kube-scheduler "$K8S_BIN/kube-scheduler" \
   --bind-address 127.0.0.1 --leader-elect=false
 wait_for 60 npk-cp kube-controller-manager ip netns exec npk-cp curl -skf https://127.0.0.1:10257/healthz
 wait_for 60 npk-cp kube-scheduler ip netns exec npk-cp curl -skf https://127.0.0.1:10259/healthz
+fi
 
 # --- nodes: containerd, kubelet, kube-proxy --------------------------------------------------
 containerd_config() { # NODE
@@ -597,7 +635,7 @@ conntrack:
 EOF
 }
 
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   say "node $n: containerd, kubelet, kube-proxy"
   for h in /sys/fs/cgroup/*/; do
     [ -d "$h" ] || continue
@@ -612,40 +650,48 @@ for n in "${NODES[@]}"; do
   containerd_config "$n"
   start "$n" containerd env "PATH=$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$STATE/$n/containerd.toml"
 done
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   wait_for 60 "$n" containerd "$CONTAINERD_BIN/ctr" --address "$RUN/$n/containerd.sock" version
 done
 
 say "images into every node's containerd: $(base_images | tr '\n' ' ')"
+TARGET_NODES=("${NEW[@]}")
 # shellcheck disable=SC2046
 import_images $(base_images) &
 import_pid=$!
+# A joining node gets the DaemonSets' pods at once: with their images not imported yet,
+# kubelet's failed pulls would back off for tens of seconds (there is no registry).
+if [ "$JOIN" = 1 ]; then
+  wait "$import_pid" || die "importing the images failed"
+  import_pid=
+fi
 
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   kubelet_config "$n"
   kube_proxy_config "$n"
   extra=()
   [ "$n" = npk-cp ] && extra+=(--register-with-taints node-role.kubernetes.io/control-plane:NoSchedule)
+  [ ${#JOIN_TAINTS[@]} -gt 0 ] && extra+=(--register-with-taints "$(IFS=,; echo "${JOIN_TAINTS[*]}")")
   start "$n" kubelet "$K8S_BIN/kubelet" --config "$STATE/$n/kubelet.yaml" \
     --kubeconfig "$STATE/kubelet-$n.kubeconfig" --hostname-override "$n" \
     --node-ip "$(cat "$STATE/$n/node-ips")" --root-dir "$STATE/$n/kubelet" \
     --cert-dir "$STATE/$n/kubelet-pki" --v 1 "${extra[@]}"
   start "$n" kube-proxy "$K8S_BIN/kube-proxy" --config "$STATE/$n/kube-proxy.yaml" --v 1
 done
-wait "$import_pid" || die "importing the images failed"
+[ -z "$import_pid" ] || wait "$import_pid" || die "importing the images failed"
 
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   wait_for 120 "$n" kubelet $KUBECTL get node "$n"
 done
-$KUBECTL label node npk-cp node-role.kubernetes.io/control-plane= --overwrite >/dev/null
+[ "$JOIN" = 1 ] || $KUBECTL label node npk-cp node-role.kubernetes.io/control-plane= --overwrite >/dev/null
 
 # --- pod network: CNI config from each node's podCIDRs, routes between nodes ------------------
 say "pod network: CNI $CNI"
 pod_cidrs() { $KUBECTL get node "$1" -o jsonpath='{.spec.podCIDRs[*]}'; }
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   wait_for 60 "$n" kube-controller-manager test -n "$(pod_cidrs "$n")"
 done
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   cidrs=$(pod_cidrs "$n")
   ranges=""
   routes=""
@@ -671,14 +717,29 @@ EOF
         *) ip netns exec "$n" ip route replace "$c" via "$(node_ip "$m")" ;;
       esac
     done
+    # A joined node's pods, from the nodes that were there before it.
+    if [ "$JOIN" = 1 ]; then
+      for c in $cidrs; do
+        case "$c" in
+          *:*) ip netns exec "$m" ip -6 route replace "$c" via "$(node_ip6 "$n")" ;;
+          *) ip netns exec "$m" ip route replace "$c" via "$(node_ip "$n")" ;;
+        esac
+      done
+    fi
   done
 done
-for n in "${NODES[@]}"; do
+for n in "${NEW[@]}"; do
   wait_for 120 "$n" kubelet sh -c "$KUBECTL get node $n -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -q True"
 done
 say "nodes ready: $($KUBECTL get nodes --no-headers | awk '{print $1"("$2")"}' | tr '\n' ' ')"
 
 # --- the agent, as an operator installs it ---------------------------------------------------
+if [ "$JOIN" = 1 ]; then
+  trap - EXIT
+  say "joined: ${NEW[*]} (ready; the DaemonSets place their pods there now)"
+  echo "${NEW[0]}"
+  exit 0
+fi
 if [ "$AGENT" = 1 ]; then
   bash scripts/k8s-agent.sh install ${OVERLAY:+--overlay "$OVERLAY"}
 fi

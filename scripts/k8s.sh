@@ -15,7 +15,9 @@
 #       deploy/Dockerfile over base images made here with debootstrap (buildah, no registry,
 #       no Docker engine). Saved as docker-archive tarballs for `ctr images import`.
 #   bash scripts/k8s.sh paths [--k8s VERSION]
-#       Prints where everything is (KEY=value lines, sourced by the cluster script).
+#       Prints where everything is (KEY=value lines, sourced by the cluster script). Without
+#       --k8s: the release of the cluster that is up (scripts/k8s-cluster.sh), else K8S_DEFAULT,
+#       so the suites' binaries and images match the cluster they run against.
 #
 # Everything goes to target/k8s/ (NETPOL_K8S_DIR). Each step leaves a stamp holding a hash of
 # its inputs (pinned module, versions, the Go toolchain, this script); a second run with the
@@ -36,6 +38,11 @@ k8s_version=$K8S_DEFAULT
 want_images=1
 cmd=${1:-build}
 shift || true
+if [ "$cmd" = paths ]; then
+  cell=${NETPOL_K8S_CLUSTER:-$OUT/cluster}/cell
+  up_version=$(sed -n 's/.*kubernetes=v\([^ ]*\).*/\1/p' "$cell" 2>/dev/null || true)
+  [ -n "$up_version" ] && k8s_version=$up_version
+fi
 while [ $# -gt 0 ]; do
   case "$1" in
     --k8s) k8s_version=$2; shift 2 ;;

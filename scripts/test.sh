@@ -140,7 +140,8 @@ fi
 # e2e.test (2 SCTP ones skipped and named: no SCTP in this kernel) and 2 network-policy-api
 # ClusterNetworkPolicy conformance tests, then the connectivity test (`netpol-e2e run
 # --kubeconfig`: 7 of our scenario files on the cluster, its refusal without rights, Ctrl-C,
-# and a cluster without the agent named as such: scripts/k8s-connectivity.sh --smoke);
+# and a cluster without the agent named as such: scripts/k8s-connectivity.sh --smoke); before
+# it, a node joining the running cluster with the startup taint (scripts/k8s-join.sh);
 # before the cluster, the Helm chart against the
 # kustomize manifests (scripts/helm-check.sh, with the kubectl built here). The cluster is
 # always taken down. The whole matrix:
@@ -157,6 +158,8 @@ if [ "${NETPOL_K8S_SMOKE:-1}" != 0 ]; then
     bash scripts/k8s-cluster.sh up --cni bridge --ip-family ipv4 --proxy-mode iptables
     bash scripts/k8s-conformance.sh --suite netpol --smoke || rc=1
     bash scripts/k8s-conformance.sh --suite cnp --smoke || rc=1
+    # A node joining the running cluster with the startup taint: no pod answers unpoliced.
+    bash scripts/k8s-join.sh || rc=1
     # Last: it uninstalls the agent to show a cluster without enforcement is named as such.
     bash scripts/k8s-connectivity.sh --smoke || rc=1
     exit $rc

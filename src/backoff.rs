@@ -12,6 +12,7 @@
 //! | one `iptables-restore` (`dataplane::iptables`, re-reading the table in between) | 20 ms | 2 | – | 5 | no |
 //! | one `ipset restore` (`dataplane::ipsets`, re-reading the sets in between) | 10 ms | 4 | – | 3 | no |
 //! | destroying a set of ours the kernel still holds a reference to (`dataplane::ipsets`, reset once none waits) | 200 ms | 2 | 30 s | unlimited | no |
+//! | removing the startup taint from this node (`datastore::kube::startup_taint`; RBAC not granted yet, a conflicting change, the API server away) | 1 s | 2 | 60 s | unlimited | yes |
 //!
 //! The short, bounded ones sit inside one apply (a concurrent writer or the xtables lock);
 //! the unlimited ones are the loops that wait for something outside to come back.
@@ -91,6 +92,16 @@ impl Policy {
         ceiling: Some(Duration::from_secs(30)),
         tries: None,
         jitter: false,
+    };
+
+    /// Many nodes of a pool start together: jittered, and slower than the watchers at the
+    /// ceiling, since a refusal (403) needs an operator to grant the RBAC.
+    pub const STARTUP_TAINT: Policy = Policy {
+        first: Duration::from_secs(1),
+        factor: 2.0,
+        ceiling: Some(Duration::from_secs(60)),
+        tries: None,
+        jitter: true,
     };
 
     /// The `backon` builder for this policy (also what kube-runtime's watcher back-off takes).

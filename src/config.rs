@@ -217,6 +217,17 @@ pub fn parse_interface_prefix(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// A taint key: a qualified name as the API server checks it (`[prefix/]name`), or empty.
+pub fn parse_taint_key(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    match crate::model::validate::qualified_name_problem(t) {
+        Some(problem) if !t.is_empty() => Err(format!(
+            "{problem}; accepted values: a taint key such as netpol-agent.io/agent-not-ready, or empty (off)"
+        )),
+        _ => Ok(t.to_string()),
+    }
+}
+
 /// A bind address: an IP address or a host name (checked for form only; it is resolved
 /// when the server binds). Empty is allowed (the metrics host: every address).
 pub fn parse_host(text: &str) -> Result<String, String> {
@@ -712,6 +723,12 @@ pub struct AgentOptions {
     /// between are coalesced into one).
     #[arg(long, env = "FELIX_CONNTRACKREEVALUATEINTERVAL", default_value = "0.25", value_parser = parse_timeout)]
     pub conntrack_reevaluate_interval: Duration,
+    /// The key of a taint this node registers with (e.g. `netpol-agent.io/agent-not-ready`,
+    /// kubelet's --register-with-taints), removed from this node once the agent is ready, so
+    /// that no pod is scheduled here before its policies are enforced; needs `get` and
+    /// `patch` on nodes (deploy/components/startup-taint). Empty: off.
+    #[arg(long, env = "FELIX_STARTUPTAINT", default_value = "", value_parser = parse_taint_key)]
+    pub startup_taint: String,
 }
 
 impl AgentOptions {

@@ -326,6 +326,34 @@ fn start_kubernetes_source(tx: Sender<Input>, stop: Arc<AtomicBool>) -> anyhow::
     Ok(())
 }
 
+/// The startup taint's remover (`datastore::kube::startup_taint`), when FELIX_STARTUPTAINT
+/// names one: it waits for this agent's readiness, so the taint goes only once the rules are
+/// applied.
+fn start_startup_taint(
+    opts: &AgentOptions,
+    node: &str,
+    health: &Arc<Health>,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    if opts.startup_taint.is_empty() {
+        return Ok(());
+    }
+    let health = health.clone();
+    netpol_agent::datastore::kube::startup_taint::spawn(
+        netpol_agent::datastore::kube::KubeConnect::Infer,
+        node.to_string(),
+        opts.startup_taint.clone(),
+        move || health.readiness().0,
+        |pending| {
+            netpol_agent::telemetry::metrics::global()
+                .startup_taint_pending
+                .set(i64::from(pending))
+        },
+        stop.clone(),
+    )?;
+    Ok(())
+}
+
 fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     let node = args.agent.node_name()?;
     if args.rules.interface_name_scheme != NamingScheme::Auto {
@@ -445,9 +473,16 @@ fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Datastore::Kubernetes => {
             start_kubernetes_source(tx, stop.clone())?;
+            start_startup_taint(opts, &node, &health, &stop)?;
             "kubernetes".to_string()
         }
     };
+    if !opts.startup_taint.is_empty() && !matches!(opts.datastore, Datastore::Kubernetes) {
+        warn!(
+            taint = %opts.startup_taint,
+            "FELIX_STARTUPTAINT is ignored: only the kubernetes datastore can remove a taint"
+        );
+    }
     let exec = Exec::default();
     let graph = Calculation::new(
         GraphConfig {

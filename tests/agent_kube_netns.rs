@@ -157,7 +157,7 @@ fn converges_follows_and_relists(streaming: Streaming) {
     }
     let log = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
-        log.contains("refused a streaming list"),
+        log.contains("does not offer streaming lists"),
         streaming == Streaming::Refused,
         "the fallback is logged (only when it happens)"
     );

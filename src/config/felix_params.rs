@@ -100,6 +100,7 @@ pub const PARAMS: &[FelixParam] = &[
     ours("FELIX_POLICYCOUNTERSINTERVAL", ""),
     ours("FELIX_CONNTRACKREEVALUATE", "felix keeps established connections"),
     ours("FELIX_CONNTRACKREEVALUATEINTERVAL", ""),
+    ours("FELIX_STARTUPTAINT", "felix needs none: calico-node installs the CNI configuration, so a node is not Ready before it runs"),
     honoured("FELIX_IPTABLESREFRESHINTERVAL", "felix's default is 180 (90 in v3.26); ours is longer because the change checks find tampering within a second"),
     honoured("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "without felix's doubling back-off; felix's default is 5"),
     honoured("FELIX_IPSETSREFRESHINTERVAL", "felix's default is 90"),

@@ -751,7 +751,7 @@ fn named_ports(spec: &PodSpec, ctx: &ErrorContext<'_>) -> Result<Vec<NamedPort>,
 // description of the problem, or None when the text is valid.
 
 /// `[prefix/]name`: an optional DNS-subdomain prefix and a name of at most 63 characters.
-fn qualified_name_problem(key: &str) -> Option<String> {
+pub fn qualified_name_problem(key: &str) -> Option<String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),

@@ -63,6 +63,8 @@ pub struct Metrics {
     pub datastore_access_refused: IntGaugeVec,
     /// 1 while the agent idles because Calico's felix (or its state) is on the node.
     pub felix_present: IntGauge,
+    /// 1 while this node carries the startup taint the agent is to remove (FELIX_STARTUPTAINT).
+    pub startup_taint_pending: IntGauge,
     /// Local pods with an address of a family not programmed (IPv6 support off).
     pub local_pods_unprogrammed_family: IntGauge,
     /// Labels: name, reason (`unknown`: no such parameter; `unimplemented`: felix's, not ours).
@@ -137,6 +139,7 @@ pub const NAMES: &[&str] = &[
     "netpol_wiring_pending",
     "netpol_local_pods_unprogrammed_family",
     "netpol_felix_present",
+    "netpol_startup_taint_pending",
     "netpol_build_info",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
@@ -435,6 +438,11 @@ impl Metrics {
                 &r,
                 "netpol_felix_present",
                 "1 while the agent idles because Calico's felix, or the state it leaves, is on this node (felix enforces there; the agent programs nothing and starts once felix is gone), else 0",
+            ),
+            startup_taint_pending: gauge(
+                &r,
+                "netpol_startup_taint_pending",
+                "1 from start until the agent, ready, has removed FELIX_STARTUPTAINT's taint from this node (or found none); while 1 no new pod is scheduled here, and the log says why the removal fails; 0 when FELIX_STARTUPTAINT is empty",
             ),
             local_pods_unprogrammed_family: gauge(
                 &r,

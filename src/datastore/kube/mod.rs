@@ -105,6 +105,7 @@
 //! handling, so adding one is an impl and a line in [`run`] (and `KINDS`).
 
 pub mod cluster_policy;
+pub mod startup_taint;
 mod watch_spacing;
 
 use std::collections::HashMap;
@@ -396,16 +397,23 @@ impl Lists {
     /// The watcher reported `err` while listing: if it is the server refusing the streaming
     /// watch, switch to paginated lists (logged) and say so.
     pub(super) fn refused(&mut self, kind: &str, err: &watcher::Error) -> bool {
-        let refused = matches!(
-            err,
+        let refusal = match err {
             watcher::Error::WatchStartFailed(::kube::Error::Api(status))
-                if matches!(status.code, 400 | 422)
-        );
-        if refused && self.streaming && self.may_fall_back {
-            warn!(
+                if matches!(status.code, 400 | 422) =>
+            {
+                Some(status)
+            }
+            _ => None,
+        };
+        if let Some(status) = refusal.filter(|_| self.streaming && self.may_fall_back) {
+            // Information, not a warning: a supported server without streaming lists (1.33
+            // with its WatchList feature gate off answers 422 "sendInitialEvents is
+            // forbidden") is served as well by pages.
+            info!(
                 kind,
-                "the API server refused a streaming list (sendInitialEvents): {err}; \
-                 using paginated lists"
+                code = status.code,
+                reason = %status.message,
+                "the API server does not offer streaming lists (sendInitialEvents); using paginated lists"
             );
             self.fall_back();
             return true;
