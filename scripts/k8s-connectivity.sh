@@ -4,9 +4,10 @@
 #
 #   bash scripts/k8s-connectivity.sh                # every scenario of e2e/scenarios and e2e/regressions
 #   bash scripts/k8s-connectivity.sh --smoke        # a handful, then what the runner must refuse and survive
-#   bash scripts/k8s-connectivity.sh [--jobs N] [PATH...]
+#   bash scripts/k8s-connectivity.sh [--jobs N] [--check-explain] [PATH...]
 #
-# --smoke, after its scenarios (each must pass, read from `--output json`):
+# --smoke runs its scenarios with --check-explain (the agents' explain --kernel on each node must
+# answer every probe and agree), then (each must pass, read from `--output json`):
 #   refusal    a kubeconfig of a ServiceAccount with no rights: the run refuses, names what it
 #              lacks, creates nothing;
 #   interrupt  SIGINT while a scenario's pods start: the run ends and leaves no namespace of
@@ -29,11 +30,13 @@ die() { echo "k8s-connectivity: $*" >&2; exit 2; }
 
 smoke=0
 jobs=4
+explain=()
 paths=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
+    --check-explain) explain=(--check-explain); shift ;;
     -*) die "unknown option $1" ;;
     *) paths+=("$1"); shift ;;
   esac
@@ -63,7 +66,7 @@ if [ "$smoke" = 0 ]; then
   say "${paths[*]} on $cell, $jobs execs at a time"
   json=$OUT/connectivity-$cell.json
   set +e
-  "$E2E" run --kubeconfig "$KC" --image "$IMAGE" --jobs "$jobs" --output json "${paths[@]}" >"$json" 2> >(tee "$OUT/connectivity-$cell.txt" >&2)
+  "$E2E" run --kubeconfig "$KC" --image "$IMAGE" --jobs "$jobs" "${explain[@]}" --output json "${paths[@]}" >"$json" 2> >(tee "$OUT/connectivity-$cell.txt" >&2)
   status=$?
   set -e
   read -r passed failed skipped < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["summary"]; print(s["passed"], s["failed"], s["skipped"])' "$json" 2>/dev/null || echo "0 1 0")
@@ -92,7 +95,7 @@ for f in "${smoke_scenarios[@]}"; do [ -f "$f" ] || die "smoke scenario $f is mi
 say "smoke: ${#smoke_scenarios[@]} scenarios on $cell"
 json=$OUT/connectivity-smoke.json
 set +e
-"$E2E" run --kubeconfig "$KC" --image "$IMAGE" --jobs "$jobs" --output json "${smoke_scenarios[@]}" >"$json" 2>"$OUT/connectivity-smoke.txt"
+"$E2E" run --kubeconfig "$KC" --image "$IMAGE" --jobs "$jobs" --check-explain --output json "${smoke_scenarios[@]}" >"$json" 2>"$OUT/connectivity-smoke.txt"
 status=$?
 set -e
 while read -r line; do
@@ -106,10 +109,14 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 for sc in doc["scenarios"]:
     steps = sc["steps"]
-    ok = sc["result"] == "passed" and steps and all(st["passed"] and st["probes"] > 0 for st in steps)
+    # --check-explain: the agents' explain answered for every probe of every step, and agreed.
+    ok = sc["result"] == "passed" and steps and all(
+        st["passed"] and st["probes"] > 0 and (st.get("explain") or {}).get("probes") == st["probes"]
+        and not st["explain"]["disagreements"] for st in steps)
     timed = [st["enforcement_ms"] for st in steps if st["enforcement_ms"] is not None]
     print(("passed" if ok else "failed") + f"  {sc['name']}: {len(steps)} steps, "
-          f"{sum(st['probes'] for st in steps)} probes, enforcement ms {timed}")
+          f"{sum(st['probes'] for st in steps)} probes, each explained by the agents and their "
+          f"kernels, enforcement ms {timed}")
 e = doc["summary"]["enforcement_ms"]
 print(f"enforcement over the smoke: p50 {e['p50']} ms, p99 {e['p99']} ms ({e['samples']} steps)")
 EOF

@@ -76,7 +76,12 @@ fn node(backend: &'static str) -> Node {
 
 impl Node {
     fn run(&self, args: &[&str]) -> (i32, String) {
+        self.run_env(&[], args)
+    }
+
+    fn run_env(&self, env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
         let out = agent_in(&self.ns.name)
+            .envs(env.iter().copied())
             .args(args)
             .args(["--iptables-backend", self.backend])
             .output()
@@ -180,6 +185,52 @@ fn kernel_follows_the_policies_until_tampered(backend: &'static str) {
         out.contains("ACCEPTS this flow, but the policies say deny"),
         "{out}"
     );
+}
+
+/// The shipped DaemonSet's `FELIX_INTERFACENAMESCHEME=auto`, as `kubectl exec` into the
+/// agent's pod passes it on: resolved from how the node wires its pods, as the agent does; a
+/// node with no pod interface is refused, saying so.
+#[test]
+fn kernel_trace_with_auto_naming() {
+    let n = node("nft");
+    let demo = demo();
+    let args = [
+        "explain",
+        "--manifests",
+        &demo,
+        "--node",
+        "node-1",
+        "--kernel",
+        "--from",
+        "shop/web",
+        "--to",
+        "shop/api",
+        "--port",
+        "9090",
+    ];
+    let auto = [("FELIX_INTERFACENAMESCHEME", "auto")];
+    let (code, out) = n.run_env(&auto, &args);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("this node has no pod interface yet"), "{out}");
+    // node-1's pods (shop/web, shop/api) wired as a routed CNI wires them: a veth each under
+    // the calico name, a host route to the pod's address.
+    let api = n.chain("cali-tw-cali50d8cbfc60a").replace("cali-tw-", "");
+    let web = n.chain("cali-tw-cali551b05c3e54").replace("cali-tw-", "");
+    for (i, (iface, ip)) in [(&web, "10.244.1.10"), (&api, "10.244.1.11")]
+        .iter()
+        .enumerate()
+    {
+        n.ns.sh_ok(&format!(
+            "ip link add {iface} type veth peer name peer{i} && ip link set {iface} up && \
+             ip link set peer{i} up && ip route add {ip}/32 dev {iface}"
+        ));
+    }
+    let (code, out) = n.run_env(&auto, &args);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("out {api}")), "{out}");
+    assert!(out.contains("kernel: DENY, as the policies say"), "{out}");
+    let (code, _) = n.run_env(&auto, &["audit", "--node", "node-1", "--manifests", &demo]);
+    assert_ne!(code, 2, "audit resolves auto on the node too");
 }
 
 #[test]

@@ -357,6 +357,112 @@ fn kernel_over_saved_dumps_agrees_and_says_when_not() {
     assert!(out.contains("addrtype"), "{out}");
 }
 
+/// `--flows`: many flows in one run, each answered as its own `explain` would answer it, in
+/// the order given; over saved dumps, one kernel read serves every line.
+#[test]
+fn flows_file_answers_each_line_as_alone() {
+    let dir = TempDir::new("explain-flows");
+    let m = cluster(&dir);
+    let (t, s) = compiled(&dir, &m, "node-1");
+    let flows = dir.path.join("flows.txt");
+    // As a person writes it: a comment, a blank line, tabs, a lower-case protocol.
+    std::fs::write(
+        &flows,
+        "# from to port/protocol\n\nx/client\tx/server 8080\nx/client x/server 80/TCP\n10.0.9.9 x/server 53/udp # dns\ny/other  x/server 53/UDP\nx/client x/server\n",
+    )
+    .unwrap();
+    let f = flows.display().to_string();
+    let (code, out, err) = explain(&m, &["--flows", &f, "--output", "json"]);
+    assert_eq!(code, 1, "some are denied: {out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(v["verdict"], "deny");
+    // The last line has no port: the destination's declared TCP port, 8080.
+    assert_eq!(results.len(), 5, "{out}");
+    let singles: [&[&str]; 5] = [
+        &["--from", "x/client", "--to", "x/server", "--port", "8080"],
+        &["--from", "x/client", "--to", "x/server", "--port", "80"],
+        &[
+            "--from",
+            "10.0.9.9",
+            "--to",
+            "x/server",
+            "--port",
+            "53",
+            "--protocol",
+            "UDP",
+        ],
+        &[
+            "--from",
+            "y/other",
+            "--to",
+            "x/server",
+            "--port",
+            "53",
+            "--protocol",
+            "UDP",
+        ],
+        &["--from", "x/client", "--to", "x/server"],
+    ];
+    for (i, single) in singles.iter().enumerate() {
+        let mut a = single.to_vec();
+        a.extend_from_slice(&["--output", "json"]);
+        let (_, one, _) = explain(&m, &a);
+        let one: serde_json::Value = serde_json::from_str(&one).unwrap();
+        assert_eq!(results[i], one, "line {i}");
+    }
+    let verdicts: Vec<&str> = results
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["allow", "deny", "allow", "deny", "allow"]);
+
+    // Over saved dumps: every line traced through node-1's kernel, and it agrees.
+    let (ts, ss) = (t.display().to_string(), s.display().to_string());
+    let (code, out, err) = explain(
+        &m,
+        &[
+            "--flows",
+            &f,
+            "--output",
+            "json",
+            "--kernel",
+            "--node",
+            "node-1",
+            "--iptables-save",
+            &ts,
+            "--ipset-save",
+            &ss,
+        ],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["kernel"]["agrees"], true, "{r}");
+        assert_eq!(r["kernel"]["verdict"], r["verdict"], "{r}");
+    }
+
+    // A bad line stops the run, naming the line; so does an unknown pod.
+    std::fs::write(&flows, "x/client x/server 8080\nx/client x/server http\n").unwrap();
+    let (code, _, err) = explain(&m, &["--flows", &f]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("line 2: the port \"http\" is not 1-65535"),
+        "{err}"
+    );
+    std::fs::write(&flows, "x/client x/server 8080\nx/nobody x/server 8080\n").unwrap();
+    let (code, _, err) = explain(&m, &["--flows", &f]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--flows line 2") && err.contains("x/nobody: no such pod"),
+        "{err}"
+    );
+    std::fs::write(&flows, "# nothing\n").unwrap();
+    let (code, _, err) = explain(&m, &["--flows", &f]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no flow in it"), "{err}");
+}
+
 fn audit(m: &Path, t: &Path, s: &Path, extra: &[&str]) -> (i32, String) {
     let (ms, ts, ss) = (
         m.display().to_string(),

@@ -66,19 +66,76 @@ fn room_of(src: &Path, file: &Path) -> Option<String> {
     (room != "lib" && room != "main").then_some(room)
 }
 
-/// The text of a file without its test code: everything from a line `#[cfg(test)]` on is
-/// cut (test modules sit at the end of our files), and `tests.rs` files are skipped.
+/// The text of a file without its test code: each item under a `#[cfg(test)]` line is cut
+/// (a `mod tests;` declaration, a `use`, a helper `fn`, a `mod tests { ... }` block, found by
+/// its braces) and the rest kept, wherever in the file it sits; `tests.rs` files are
+/// skipped. Cut lines are left empty, so line numbers stay the file's.
 fn production_text(file: &Path) -> Option<String> {
     if file.file_name().is_some_and(|n| n == "tests.rs") {
         return None;
     }
     let text = std::fs::read_to_string(file).unwrap();
-    let cut = text
-        .lines()
-        .position(|l| l.trim() == "#[cfg(test)]")
-        .map(|n| text.lines().take(n).collect::<Vec<_>>().join("\n"))
-        .unwrap_or(text);
-    Some(cut)
+    Some(without_test_items(&text))
+}
+
+fn without_test_items(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut keep = vec![true; lines.len()];
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "#[cfg(test)]" {
+            i += 1;
+            continue;
+        }
+        // The attribute, further attributes, then the item: to its `;` or its closing brace.
+        let mut depth = 0i32;
+        let mut opened = false;
+        let mut j = i;
+        while j < lines.len() {
+            keep[j] = false;
+            let code = lines[j].split("//").next().unwrap_or("");
+            let attribute = code.trim_start().starts_with("#[");
+            for c in code.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            j += 1;
+            if !attribute && ((opened && depth <= 0) || (!opened && code.trim_end().ends_with(';')))
+            {
+                break;
+            }
+        }
+        i = j;
+    }
+    lines
+        .iter()
+        .zip(keep)
+        .map(|(l, k)| if k { *l } else { "" })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn test_items_are_cut_wherever_they_sit() {
+    let text = "use crate::a;\n#[cfg(test)]\nmod tests;\nuse crate::b;\n#[cfg(test)]\n#[allow(dead_code)]\nfn helper() {\n    crate::c::x();\n}\nuse crate::d;\n#[cfg(test)]\nmod more {\n    use crate::e;\n    fn f() { if true { crate::g(); } }\n}\n";
+    let cut = without_test_items(text);
+    for kept in ["crate::a", "crate::b", "crate::d"] {
+        assert!(cut.contains(kept), "{kept}: {cut}");
+    }
+    for gone in ["mod tests", "crate::c", "crate::e", "crate::g"] {
+        assert!(!cut.contains(gone), "{gone}: {cut}");
+    }
+    assert_eq!(
+        cut.lines().nth(3),
+        Some("use crate::b;"),
+        "line numbers kept"
+    );
 }
 
 /// `crate::room` references in `text`, with `use crate::{a, b::c}` groups expanded.

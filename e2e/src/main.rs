@@ -77,7 +77,7 @@ struct RunArgs {
     /// (docs/operations/connectivity-test.md). The options about simulated nodes do not apply.
     #[arg(long, conflicts_with_all = [
         "cni", "agent", "iptables_backend", "ip_family", "service_proxy", "probe_workers",
-        "check_deny_logs", "check_explain", "check_flow_logs", "check_staged",
+        "check_deny_logs", "check_flow_logs", "check_staged",
         "check_spoofing", "auto_wiring", "workload_source_spoofing", "policy_union_min",
     ])]
     kubeconfig: Option<PathBuf>,
@@ -134,9 +134,18 @@ struct RunArgs {
     #[arg(long)]
     check_deny_logs: bool,
     /// Also hold `netpol-agent explain`'s verdict for every probe (computed from the step's
-    /// objects) against the expectation and the packets; a disagreement fails the step.
+    /// objects) against the expectation and the packets; a disagreement fails the step. With
+    /// --kubeconfig: the agent's own `explain --kernel`, run in its pod on each node a probe
+    /// has an end on, must give the expected verdict and find that node's kernel agreeing.
     #[arg(long)]
     check_explain: bool,
+    /// With --kubeconfig and --check-explain: the label selector of the agent's pods.
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=netpol-agent",
+        requires = "kubeconfig"
+    )]
+    agent_selector: String,
     /// Turn flow logs on in every node and check them after each step: every probe must be
     /// in the flow records (`GET /flows`) of the node(s) whose policy decided it (egress at
     /// the source's node, ingress at the destination's when egress let it through), with
@@ -281,6 +290,8 @@ fn run(args: RunArgs) -> ExitCode {
             pod_timeout: Duration::from_secs(args.pod_timeout_secs),
             json: args.output == "json",
             verbose: args.verbose,
+            check_explain: args.check_explain,
+            agent_selector: args.agent_selector,
         };
         return kube_run::main(cfg, scenarios, stop);
     }

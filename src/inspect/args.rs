@@ -77,15 +77,21 @@ pub struct ExplainArgs {
     pub source: SourceOptions,
     /// The source: `namespace/pod` or an IP address (an address no pod has is an outside
     /// peer).
-    #[arg(long)]
-    pub from: String,
+    #[arg(long, required_unless_present = "flows", requires = "to")]
+    pub from: Option<String>,
     /// The destination: `namespace/pod` or an IP address.
-    #[arg(long)]
-    pub to: String,
+    #[arg(long, required_unless_present = "flows", requires = "from")]
+    pub to: Option<String>,
     /// Destination port. Without it, every port the destination pod declares for the
     /// protocol is explained.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: Option<u16>,
+    /// Many flows at once, read from this file (`-`: standard input), one a line:
+    /// `FROM TO [PORT[/PROTOCOL]]` (`#` starts a comment; the protocol defaults to
+    /// --protocol). The objects and the kernel are read once for all of them; `--output
+    /// json` then prints `{"verdict", "results": [...]}`, one result per flow and port.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["from", "to", "port", "service_ip"])]
+    pub flows: Option<PathBuf>,
     /// Protocol of the connection.
     #[arg(long, value_enum, ignore_case = true, default_value = "TCP")]
     pub protocol: ProtocolArg,

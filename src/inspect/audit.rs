@@ -9,7 +9,8 @@ use serde_json::json;
 
 use super::args::{AuditArgs, OutputFormat};
 use super::{
-    family_name, kube_ipvs_mode, load_objects, read_live, read_saved, resolver, EXIT_BAD_INPUT,
+    family_name, kube_ipvs_mode, live_rules, load_objects, read_live, read_saved, resolver,
+    EXIT_BAD_INPUT,
 };
 use crate::agent::{Calculation, OWNERSHIP};
 use crate::calc_graph::GraphConfig;
@@ -36,11 +37,16 @@ pub fn run(args: &AuditArgs) -> ExitCode {
 }
 
 fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
-    let mut cfg = args.rules.rule_config()?;
     let saved = match (&args.saved.iptables_save, &args.saved.ipset_save) {
         (Some(i), Some(s)) => Some((i.clone(), s.clone())),
         _ => None,
     };
+    // On the node, `auto` means what the agent there resolved it to.
+    let rules = match saved {
+        None => live_rules(&args.rules)?,
+        Some(_) => args.rules.clone(),
+    };
+    let mut cfg = rules.rule_config()?;
     let families = match (&saved, args.ipv6) {
         (Some(_), true) => vec![IpFamily::V6],
         (Some(_), false) => vec![IpFamily::V4],
@@ -48,9 +54,9 @@ fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     };
     let objects = load_objects(&args.source.source())?;
     let cri = CriConfig::new(args.cri_endpoint.clone());
-    let Some(resolver) = resolver(&args.rules, saved.is_none().then_some(&cri))? else {
+    let Some(resolver) = resolver(&rules, saved.is_none().then_some(&cri))? else {
         // Offline with a scheme that needs the node: its message says what to use instead.
-        args.rules.check_offline()?;
+        rules.check_offline()?;
         anyhow::bail!("this interface-naming scheme needs the live node");
     };
     let text = match &saved {
@@ -58,7 +64,7 @@ fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
         None => read_live(args.dataplane.backend_mode(), &families)?,
     };
     let host_addrs = kube_ipvs_mode(
-        &args.rules,
+        &rules,
         &mut cfg,
         saved.is_some().then(|| {
             (

@@ -4,22 +4,23 @@
 //! is the one with the staged policies applied; without it, a line says when they would change
 //! the answer (`super::staged`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, Context};
 use serde_json::{json, Value};
 
 use super::args::{ExplainArgs, OutputFormat};
 use super::{
-    family_name, kube_ipvs_mode, load_objects, node_name, read_live, read_saved, resolver, staged,
-    KernelText, EXIT_BAD_INPUT, EXIT_KERNEL_DIFFERS,
+    family_name, kube_ipvs_mode, live_rules, load_objects, node_name, read_live, read_saved,
+    resolver, staged, KernelText, EXIT_BAD_INPUT, EXIT_KERNEL_DIFFERS,
 };
 use crate::agent::Calculation;
 use crate::calc_graph::GraphConfig;
 use crate::config::ConfigError;
 use crate::iface_naming::{CriConfig, InterfaceResolver};
-use crate::model::IpFamily;
+use crate::model::{IpFamily, Protocol};
 use crate::rules::provenance::Provenance;
 use crate::rules::Direction;
 use crate::verdict::kernel::{trace_marked, KernelSets, NodeView, Ruleset, Trace};
@@ -60,12 +61,101 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     }
 }
 
+/// One flow asked about: `--from`/`--to`/`--port`, or one line of `--flows`.
+#[derive(Clone, Debug, PartialEq)]
+struct Request {
+    from: Endpoint,
+    to: Endpoint,
+    protocol: Protocol,
+    /// `None`: every port the destination declares for the protocol.
+    port: Option<u16>,
+    /// The line of `--flows` (0: the command line), for messages.
+    line: usize,
+}
+
+/// Parses `--flows` text: `FROM TO [PORT[/PROTOCOL]]` a line, `#` comments, blank lines
+/// skipped. The protocol is `TCP`, `UDP` or `SCTP` (any case), else `default`.
+fn parse_flows(text: &str, default: Protocol) -> Result<Vec<Request>, String> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |e: String| format!("line {}: {e} (in {line:?})", i + 1);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (from, to, port) = match words.as_slice() {
+            [from, to] => (*from, *to, None),
+            [from, to, port] => (*from, *to, Some(*port)),
+            _ => return Err(at("want FROM TO [PORT[/PROTOCOL]]".into())),
+        };
+        let (port, protocol) = match port.map(|p| p.split_once('/').unwrap_or((p, ""))) {
+            None => (None, default),
+            Some((port, proto)) => {
+                let protocol = if proto.is_empty() {
+                    default
+                } else {
+                    Protocol::parse(&proto.to_ascii_uppercase()).ok_or_else(|| {
+                        at(format!("unknown protocol {proto:?}: TCP, UDP or SCTP"))
+                    })?
+                };
+                let port = match port.parse::<u16>() {
+                    Ok(p) if p > 0 => p,
+                    _ => return Err(at(format!("the port {port:?} is not 1-65535"))),
+                };
+                (Some(port), protocol)
+            }
+        };
+        out.push(Request {
+            from: Endpoint::parse(from).map_err(|e| at(format!("FROM: {e}")))?,
+            to: Endpoint::parse(to).map_err(|e| at(format!("TO: {e}")))?,
+            protocol,
+            port,
+            line: i + 1,
+        });
+    }
+    Ok(out)
+}
+
+/// The flows asked about, from the command line or `--flows`.
+fn requests(args: &ExplainArgs) -> anyhow::Result<Vec<Request>> {
+    let protocol = args.protocol.protocol();
+    let Some(path) = &args.flows else {
+        let from = args.from.as_deref().unwrap_or_default();
+        let to = args.to.as_deref().unwrap_or_default();
+        return Ok(vec![Request {
+            from: Endpoint::parse(from).map_err(|e| anyhow!("--from: {e}"))?,
+            to: Endpoint::parse(to).map_err(|e| anyhow!("--to: {e}"))?,
+            protocol,
+            port: args.port,
+            line: 0,
+        }]);
+    };
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading --flows from standard input")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?
+    };
+    let flows =
+        parse_flows(&text, protocol).map_err(|e| anyhow!("--flows {}: {e}", path.display()))?;
+    if flows.is_empty() {
+        bail!("--flows {}: no flow in it", path.display());
+    }
+    Ok(flows)
+}
+
 fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let from = Endpoint::parse(&args.from).map_err(|e| anyhow!("--from: {e}"))?;
-    let to = Endpoint::parse(&args.to).map_err(|e| anyhow!("--to: {e}"))?;
-    let mut cfg = args.rules.rule_config()?;
+    let requests = requests(args)?;
+    let batch = args.flows.is_some();
     let kernel_mode = args.kernel || args.saved.iptables_save.is_some();
     let live = kernel_mode && args.saved.iptables_save.is_none();
+    // On the node, `auto` means what the agent there resolved it to.
+    let rules = if live {
+        live_rules(&args.rules)?
+    } else {
+        args.rules.clone()
+    };
+    let mut cfg = rules.rule_config()?;
     let objects = load_objects(&args.source.source())?;
     let (mut state, errors) = State::from_objects(cfg.clone(), &objects);
     if !errors.is_empty() {
@@ -73,37 +163,56 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         bail!("invalid objects:\n  {}", list.join("\n  "));
     }
     let cri = CriConfig::new(args.cri_endpoint.clone());
-    let resolver = resolver(&args.rules, live.then_some(&cri))?;
+    let resolver = resolver(&rules, live.then_some(&cri))?;
 
-    // The flows: the port asked, or every port the destination pod declares (both ends are
-    // checked first, so an unknown pod is named as such).
-    let protocol = args.protocol.protocol();
-    state.resolve(&Flow {
-        src: from.clone(),
-        dst: to.clone(),
-        protocol,
-        port: args.port.unwrap_or(1),
-    })?;
-    let ports = match args.port {
-        Some(p) => vec![p],
-        None => {
-            let dst = match &to {
-                Endpoint::Pod(k) => state.pod(k).map(|p| p.key.clone()),
-                Endpoint::Ip(ip) => state.pod_by_ip(ip).map(|p| p.key.clone()),
-            };
-            let ports = dst
-                .as_ref()
-                .map(|k| state.declared_ports(k, protocol))
-                .unwrap_or_default();
-            if ports.is_empty() {
-                bail!(
-                    "--port is needed: {to} declares no {} container port to explain",
-                    protocol.as_str().to_ascii_uppercase()
-                );
+    // The flows: per request the port asked, or every port the destination pod declares
+    // (both ends are checked first, so an unknown pod is named as such).
+    let mut flows = Vec::new();
+    for r in &requests {
+        let at = |e: anyhow::Error| {
+            if r.line > 0 {
+                e.context(format!("--flows line {}", r.line))
+            } else {
+                e
             }
-            ports
-        }
-    };
+        };
+        state
+            .resolve(&Flow {
+                src: r.from.clone(),
+                dst: r.to.clone(),
+                protocol: r.protocol,
+                port: r.port.unwrap_or(1),
+            })
+            .map_err(|e| at(e.into()))?;
+        let ports = match r.port {
+            Some(p) => vec![p],
+            None => {
+                let dst = match &r.to {
+                    Endpoint::Pod(k) => state.pod(k).map(|p| p.key.clone()),
+                    Endpoint::Ip(ip) => state.pod_by_ip(ip).map(|p| p.key.clone()),
+                };
+                let ports = dst
+                    .as_ref()
+                    .map(|k| state.declared_ports(k, r.protocol))
+                    .unwrap_or_default();
+                if ports.is_empty() {
+                    return Err(at(anyhow!(
+                        "{} is needed: {} declares no {} container port to explain",
+                        if r.line > 0 { "a port" } else { "--port" },
+                        r.to,
+                        r.protocol.as_str().to_ascii_uppercase()
+                    )));
+                }
+                ports
+            }
+        };
+        flows.extend(ports.into_iter().map(|port| Flow {
+            src: r.from.clone(),
+            dst: r.to.clone(),
+            protocol: r.protocol,
+            port,
+        }));
+    }
 
     // With --kernel, the node's desired state (for the provenance of the rules met) comes
     // from the same calculation the agent runs, with the same resolver.
@@ -140,7 +249,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             _ => None,
         };
         let host_addrs = kube_ipvs_mode(
-            &args.rules,
+            &rules,
             &mut cfg,
             saved.as_ref().map(|(i, s)| (i.as_str(), s.as_str())),
         )?;
@@ -170,13 +279,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     let mut verdicts = Vec::new();
     let mut notes = Vec::new();
-    for port in ports {
-        let flow = Flow {
-            src: from.clone(),
-            dst: to.clone(),
-            protocol,
-            port,
-        };
+    for flow in flows {
         let resolved = state.resolve(&flow)?;
         let verdict = state.explain(&resolved);
         notes.push(
@@ -189,20 +292,29 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
 
     let mut checks: Vec<Option<KernelCheck>> = Vec::new();
     if let (Some(calc), Some(node)) = (&calc, &node) {
-        let family = verdicts[0].flow.family;
+        let families: BTreeSet<IpFamily> = verdicts.iter().map(|v| v.flow.family).collect();
+        let families: Vec<IpFamily> = families.into_iter().collect();
         let text = match (&args.saved.iptables_save, &args.saved.ipset_save) {
-            (Some(i), Some(s)) => read_saved(i, s, family)?,
-            _ => read_live(args.dataplane.backend_mode(), &[family])?,
+            (Some(i), Some(s)) => match families.as_slice() {
+                [family] => read_saved(i, s, *family)?,
+                _ => bail!(
+                    "--iptables-save holds one family's rules, and the flows asked about are of \
+                     both: ask about the IPv4 and the IPv6 flows apart"
+                ),
+            },
+            _ => read_live(args.dataplane.backend_mode(), &families)?,
         };
-        let provenance = calc.provenance(family);
+        let provenance: BTreeMap<IpFamily, Provenance> =
+            families.iter().map(|&f| (f, calc.provenance(f))).collect();
         for v in &verdicts {
+            let family = v.flow.family;
             checks.push(Some(kernel_check(
                 &state,
                 v,
                 node,
                 &text,
                 family,
-                provenance.clone(),
+                provenance[&family].clone(),
                 args.service_ip.filter(|_| cfg.kube_ipvs.is_some()),
             )?));
         }
@@ -256,7 +368,7 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
                     doc
                 })
                 .collect();
-            let doc = if docs.len() == 1 {
+            let doc = if docs.len() == 1 && !batch {
                 docs.remove(0)
             } else {
                 json!({
@@ -442,4 +554,44 @@ fn kernel_json(c: &KernelCheck) -> Value {
         },
         "agrees": c.agrees(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ObjectKey;
+
+    #[test]
+    fn flow_lines_take_ports_protocols_comments_and_defaults() {
+        let text = "# header\n\nshop/web shop/db 5432\n10.0.0.1 shop/db 53/udp  # dns\nshop/web 2001:db8::5 8080/SCTP\nshop/a shop/b\n";
+        let got = parse_flows(text, Protocol::Udp).unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0].from, Endpoint::Pod(ObjectKey::new("shop", "web")));
+        assert_eq!(
+            (got[0].port, got[0].protocol, got[0].line),
+            (Some(5432), Protocol::Udp, 3)
+        );
+        assert_eq!(got[1].from, Endpoint::Ip("10.0.0.1".parse().unwrap()));
+        assert_eq!((got[1].port, got[1].protocol), (Some(53), Protocol::Udp));
+        assert_eq!(got[2].to, Endpoint::Ip("2001:db8::5".parse().unwrap()));
+        assert_eq!((got[2].port, got[2].protocol), (Some(8080), Protocol::Sctp));
+        assert_eq!(
+            (got[3].port, got[3].protocol, got[3].line),
+            (None, Protocol::Udp, 6)
+        );
+    }
+
+    #[test]
+    fn bad_flow_lines_are_named() {
+        for (text, want) in [
+            ("a/b\n", "line 1: want FROM TO"),
+            ("a/b c/d 80 extra\n", "line 1: want FROM TO"),
+            ("a/b c/d 0\n", "line 1: the port \"0\" is not 1-65535"),
+            ("a/b c/d 70000/TCP\n", "is not 1-65535"),
+            ("\na/b c/d 80/icmp\n", "line 2: unknown protocol \"icmp\""),
+        ] {
+            let err = parse_flows(text, Protocol::Tcp).unwrap_err();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
-use crate::config::{Datastore, RuleOptions};
+use crate::config::{Datastore, NamingScheme, RuleOptions};
 use crate::dataplane::iptables::backend::run_save;
 use crate::dataplane::iptables::{detect_backend, tool_name, Backend, BackendMode};
 use crate::datastore::kube::{self, KubeConnect};
@@ -153,6 +153,29 @@ pub fn resolver(
     }
     // Watchers keep running until the process ends; the answers stay readable.
     Ok(Some(resolver))
+}
+
+/// The rule options on a live node. `FELIX_INTERFACENAMESCHEME=auto` (the shipped
+/// DaemonSet's) is resolved from how this node wires its pods, with the reader `run` uses
+/// (`host::wiring`), so `explain --kernel` and `audit` in the agent's pod name interfaces and
+/// render chains as the agent beside them does. A node with no pod interface yet has nothing
+/// to name: refused, saying so.
+pub fn live_rules(rules: &RuleOptions) -> anyhow::Result<RuleOptions> {
+    if rules.interface_name_scheme != NamingScheme::Auto {
+        return Ok(rules.clone());
+    }
+    let wiring = crate::host::wiring::read()
+        .context("FELIX_INTERFACENAMESCHEME=auto: reading how this node wires its pods")?
+        .detect();
+    match wiring {
+        Some(w) => Ok(rules.with_wiring(&w)),
+        None => bail!(
+            "FELIX_INTERFACENAMESCHEME=auto: this node has no pod interface yet (neither a veth \
+             with a host route nor a bridge port), so how it wires pods is unknown; give the \
+             scheme (--interface-name-scheme routes|bridge with --interface-prefix, \
+             --bridge-interface)"
+        ),
+    }
 }
 
 /// What a node's kernel holds, as text.

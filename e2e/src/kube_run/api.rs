@@ -83,6 +83,7 @@ pub async fn connect(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
 /// The permissions a run needs, as `(verb, group, resource, subresource)`.
 pub fn needed(
     cluster_policies: bool,
+    agents: bool,
 ) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     let mut out = vec![
         ("create", "", "namespaces", ""),
@@ -105,6 +106,10 @@ pub fn needed(
         ("delete", "networking.k8s.io", "networkpolicies", ""),
         ("list", "", "nodes", ""),
     ];
+    if agents {
+        // Finding the agent's pods in whatever namespace it was installed to.
+        out.push(("list", "", "pods", ""));
+    }
     if cluster_policies {
         for verb in ["get", "patch", "delete"] {
             out.push((
@@ -122,10 +127,11 @@ pub fn needed(
 pub async fn missing_permissions(
     client: &Client,
     cluster_policies: bool,
+    agents: bool,
 ) -> anyhow::Result<Vec<String>> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
-    for (verb, group, resource, sub) in needed(cluster_policies) {
+    for (verb, group, resource, sub) in needed(cluster_policies, agents) {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
@@ -590,6 +596,96 @@ impl RealCluster {
         left
     }
 
+    /// Runs `argv` in `container` of a pod over exec, `stdin` written and closed first when
+    /// given; returns what it wrote to stdout and stderr (its exit status is not reported
+    /// apart: callers read what it printed).
+    pub async fn exec_capture(
+        &self,
+        ns: &str,
+        pod: &str,
+        container: &str,
+        argv: Vec<String>,
+        stdin: Option<String>,
+    ) -> anyhow::Result<(String, String)> {
+        use tokio::io::AsyncWriteExt;
+        let api: Api<KubePod> = Api::namespaced(self.client.clone(), ns);
+        let ap = AttachParams::default()
+            .container(container)
+            .stdout(true)
+            .stderr(true)
+            .stdin(stdin.is_some());
+        let mut proc = api.exec(pod, argv, &ap).await?;
+        let mut out = String::new();
+        let mut err = String::new();
+        let input = proc.stdin();
+        let stdout = proc.stdout();
+        let stderr = proc.stderr();
+        let write_in = async {
+            if let (Some(mut w), Some(text)) = (input, stdin) {
+                w.write_all(text.as_bytes()).await?;
+                w.shutdown().await?;
+            }
+            anyhow::Ok(())
+        };
+        let read_out = async {
+            if let Some(mut o) = stdout {
+                o.read_to_string(&mut out).await?;
+            }
+            anyhow::Ok(())
+        };
+        let read_err = async {
+            if let Some(mut e) = stderr {
+                e.read_to_string(&mut err).await?;
+            }
+            anyhow::Ok(())
+        };
+        let (w, a, b) = tokio::join!(write_in, read_out, read_err);
+        w?;
+        a?;
+        b?;
+        proc.join().await?;
+        Ok((out, err))
+    }
+
+    /// The running agent pods by node (`namespace`, `pod`, `container`), found by label.
+    pub async fn agent_pods(
+        &self,
+        selector: &str,
+    ) -> anyhow::Result<std::collections::BTreeMap<String, (String, String, String)>> {
+        let api: Api<KubePod> = Api::all(self.client.clone());
+        let pods = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .with_context(|| format!("listing the agent's pods ({selector})"))?;
+        let mut out = std::collections::BTreeMap::new();
+        for p in pods {
+            let ready = p.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            let (Some(node), Some(ns), Some(name), true) = (
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                p.metadata.namespace.clone(),
+                p.metadata.name.clone(),
+                ready,
+            ) else {
+                continue;
+            };
+            let containers = p.spec.map(|s| s.containers).unwrap_or_default();
+            // The agent's container by the shipped name, else the pod's first.
+            let container = containers
+                .iter()
+                .find(|c| c.name == "netpol-agent")
+                .or(containers.first())
+                .map(|c| c.name.clone())
+                .unwrap_or_default();
+            out.insert(node, (ns, name, container));
+        }
+        Ok(out)
+    }
+
     /// Probes from one client pod: one exec of a shell in its prober container that runs
     /// `agnhost connect` for every target at once and prints each one's exit status and the
     /// first word agnhost wrote (one exec per source pod and round: an exec per probe costs
@@ -603,7 +699,6 @@ impl RealCluster {
         targets: &[(IpAddr, u16, Protocol)],
         timeout: Duration,
     ) -> Vec<Outcome> {
-        let api: Api<KubePod> = Api::namespaced(self.client.clone(), ns);
         let script = format!(
             "for a in \"$@\"; do i=${{a%%,*}}; r=${{a#*,}}; p=${{r%%,*}}; d=${{r#*,}}; \
              ( e=$(/agnhost connect \"$d\" --timeout={}ms --protocol=\"$p\" 2>&1 >/dev/null); \
@@ -621,35 +716,7 @@ impl RealCluster {
                 protocol.as_str().to_ascii_lowercase()
             ));
         }
-        let ap = AttachParams::default()
-            .container(super::objects::PROBER)
-            .stdout(true)
-            .stderr(true)
-            .stdin(false);
-        let run = async {
-            let mut proc = api.exec(pod, argv, &ap).await?;
-            let mut out = String::new();
-            let mut err = String::new();
-            let stdout = proc.stdout();
-            let stderr = proc.stderr();
-            let read_out = async {
-                if let Some(mut o) = stdout {
-                    o.read_to_string(&mut out).await?;
-                }
-                anyhow::Ok(())
-            };
-            let read_err = async {
-                if let Some(mut e) = stderr {
-                    e.read_to_string(&mut err).await?;
-                }
-                anyhow::Ok(())
-            };
-            let (a, b) = tokio::join!(read_out, read_err);
-            a?;
-            b?;
-            proc.join().await?;
-            anyhow::Ok((out, err))
-        };
+        let run = self.exec_capture(ns, pod, super::objects::PROBER, argv, None);
         let fail = |why: String| vec![Outcome::WrongPeer(why); targets.len()];
         match tokio::time::timeout(timeout + Duration::from_secs(30), run).await {
             Err(_) => fail("the probe's exec did not return".into()),

@@ -14,6 +14,7 @@
 //! when it may not.
 
 mod api;
+mod explain;
 mod names;
 mod objects;
 mod probe;
@@ -54,6 +55,10 @@ pub struct Config {
     pub pod_timeout: Duration,
     pub json: bool,
     pub verbose: bool,
+    /// Hold the agent's `explain --kernel`, on each node, to every probe ([`explain`]).
+    pub check_explain: bool,
+    /// The label selector of the agent's pods (for `check_explain`).
+    pub agent_selector: String,
 }
 
 /// What the cluster offers, found once before the first scenario.
@@ -126,7 +131,7 @@ async fn run(cfg: Config, scenarios: Vec<Scenario>, stop: Arc<AtomicBool>) -> Ex
     };
     let wants_cnp = scenarios.iter().any(uses_cluster_policies);
     let cnp_served = api::serves_cluster_policies(&client).await;
-    match api::missing_permissions(&client, wants_cnp && cnp_served).await {
+    match api::missing_permissions(&client, wants_cnp && cnp_served, cfg.check_explain).await {
         Ok(missing) if missing.is_empty() => {}
         Ok(missing) => {
             eprintln!(
@@ -340,6 +345,8 @@ async fn run_scenarios(
 struct LivePod {
     ips: Vec<IpAddr>,
     cluster_ips: Vec<IpAddr>,
+    /// The node it runs on.
+    node: String,
 }
 
 impl LivePod {
@@ -588,7 +595,14 @@ impl<'a> ScenarioRun<'a> {
                 }
                 cluster_ips = c.cluster_ips(&ns, &svc).await?;
             }
-            self.live.insert(key, LivePod { ips, cluster_ips });
+            self.live.insert(
+                key,
+                LivePod {
+                    ips,
+                    cluster_ips,
+                    node,
+                },
+            );
         }
         // Labels of pods that stay.
         for (key, pod) in &next.pods {

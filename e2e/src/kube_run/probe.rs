@@ -24,6 +24,7 @@ use futures::stream::{self, StreamExt};
 use super::api::RealCluster;
 use super::report::{Probe, StepReport};
 use super::ScenarioRun;
+use super::{explain, objects};
 use crate::expect::{Outcome, PortKey, Protocol};
 use crate::scenario::{Step, Target};
 
@@ -50,27 +51,19 @@ pub fn changed_pairs(previous: Option<&Step>, step: &Step) -> BTreeSet<(PortKey,
 /// pod. A kernel without SCTP refuses the socket ("protocol not supported"); with SCTP the
 /// closed port answers with an ABORT (refused), which is the answer wanted here.
 pub async fn sctp_offered(cluster: &RealCluster, ns: &str, pod: &str) -> (bool, String) {
-    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(cluster.client.clone(), ns);
-    let ap = kube::api::AttachParams::default()
-        .container(super::objects::PROBER)
-        .stdout(false)
-        .stderr(true);
     let argv = [
         "/agnhost",
         "connect",
         "127.0.0.1:9",
         "--timeout=2s",
         "--protocol=sctp",
-    ];
+    ]
+    .map(String::from)
+    .to_vec();
     let text = async {
-        use tokio::io::AsyncReadExt;
-        let mut proc = api.exec(pod, argv, &ap).await?;
-        let mut err = String::new();
-        if let Some(mut e) = proc.stderr() {
-            e.read_to_string(&mut err).await?;
-        }
-        proc.join().await?;
+        let (_, err) = cluster
+            .exec_capture(ns, pod, super::objects::PROBER, argv, None)
+            .await?;
         anyhow::Ok(err)
     };
     match tokio::time::timeout(Duration::from_secs(20), text).await {
@@ -269,7 +262,43 @@ pub async fn check_step(
         .max();
     rep.enforcement = slowest;
     rep.record(&expected, &latest);
+    if run.cfg.check_explain {
+        check_explain(run, &probes, &expected, &mut rep).await;
+    }
     rep
+}
+
+/// `--check-explain` for one step (see [`super::explain`]): the agents' answers, judged.
+async fn check_explain(
+    run: &ScenarioRun<'_>,
+    probes: &[Probe],
+    expected: &BTreeMap<Probe, bool>,
+    rep: &mut StepReport,
+) {
+    let agents = match run.cluster.agent_pods(&run.cfg.agent_selector).await {
+        Ok(a) => a,
+        Err(e) => {
+            rep.explain_failed(vec![format!("{e:#}")]);
+            return;
+        }
+    };
+    let (answers, errors) = explain::ask(run, &agents, probes).await;
+    let served = |p: &Probe| {
+        run.world.pods.get(&p.3).is_some_and(|pod| {
+            objects::served(pod, run.offer.sctp)
+                .any(|d| d.protocol == p.1.protocol && d.port == p.1.port)
+        })
+    };
+    let mut wrong = errors;
+    wrong.extend(explain::judge(&answers, expected, &served));
+    rep.explained = answers.len();
+    rep.explained_nodes = answers
+        .values()
+        .flatten()
+        .map(|a| a.node.as_str())
+        .collect::<BTreeSet<_>>()
+        .len();
+    rep.explain_failed(wrong);
 }
 
 #[cfg(test)]

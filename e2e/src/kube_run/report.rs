@@ -46,6 +46,11 @@ pub struct StepReport {
     pub tables: BTreeMap<(IpFamily, PortKey), Matrix>,
     /// Every disagreement: (family, key, from, to, expected connected, what was seen).
     pub mismatches: Vec<(IpFamily, PortKey, String, String, bool, String)>,
+    /// `--check-explain`: probes the agents' explain answered, on how many nodes, and each
+    /// disagreement (or explain that could not answer) in words.
+    pub explained: usize,
+    pub explained_nodes: usize,
+    pub explain: Vec<String>,
     denied: usize,
     denied_connected: usize,
     denied_blocked: usize,
@@ -81,6 +86,9 @@ impl StepReport {
             enforcement: None,
             tables: BTreeMap::new(),
             mismatches: Vec::new(),
+            explained: 0,
+            explained_nodes: 0,
+            explain: Vec::new(),
             denied: 0,
             denied_connected: 0,
             denied_blocked: 0,
@@ -127,6 +135,14 @@ impl StepReport {
             }
         }
         self.passed = self.mismatches.is_empty();
+    }
+
+    /// `--check-explain`'s disagreements: any fails the step.
+    pub fn explain_failed(&mut self, wrong: Vec<String>) {
+        if !wrong.is_empty() {
+            self.passed = false;
+        }
+        self.explain.extend(wrong);
     }
 
     /// Every probe the policies deny connected (and there was at least one).
@@ -310,6 +326,16 @@ pub fn scenario_text(rep: &ScenarioReport, verbose: bool) -> String {
                 if *want { "connected" } else { "blocked" }
             );
         }
+        if step.explained > 0 && step.explain.is_empty() && verbose {
+            let _ = writeln!(
+                out,
+                "    explain agrees on {} probes ({} nodes)",
+                step.explained, step.explained_nodes
+            );
+        }
+        for text in &step.explain {
+            let _ = writeln!(out, "    explain: {text}");
+        }
     }
     match &rep.outcome {
         Outcome::Skipped(why) => {
@@ -387,6 +413,10 @@ pub fn summary(run: &RunResult, as_json: bool) -> String {
                             "family": family_name(*f), "key": k.to_string(), "from": from, "to": to,
                             "expected": if *want { "connected" } else { "blocked" }, "observed": seen,
                         })).collect::<Vec<_>>(),
+                        "explain": (st.explained > 0 || !st.explain.is_empty()).then(|| json!({
+                            "probes": st.explained, "nodes": st.explained_nodes,
+                            "disagreements": st.explain,
+                        })),
                     })).collect::<Vec<_>>(),
                 })
             })
