@@ -4,10 +4,11 @@
 #
 #   bash scripts/k8s-connectivity.sh                # every scenario of e2e/scenarios and e2e/regressions
 #   bash scripts/k8s-connectivity.sh --smoke        # a handful, then what the runner must refuse and survive
-#   bash scripts/k8s-connectivity.sh [--jobs N] [--check-explain] [PATH...]
+#   bash scripts/k8s-connectivity.sh [--jobs N] [--check-explain|--check-flow-logs] [PATH...]
 #
-# --smoke runs its scenarios with --check-explain (the agents' explain --kernel on each node must
-# answer every probe and agree), then (each must pass, read from `--output json`):
+# --smoke turns the agents' flow logs on and runs its scenarios with --check-flow-logs (the
+# agents' explain --kernel on each node must answer every probe and agree, their flow records
+# hold every probe as explain says), then (each must pass, read from `--output json`):
 #   refusal    a kubeconfig of a ServiceAccount with no rights: the run refuses, names what it
 #              lacks, creates nothing;
 #   interrupt  SIGINT while a scenario's pods start: the run ends and leaves no namespace of
@@ -37,6 +38,8 @@ while [ $# -gt 0 ]; do
     --smoke) smoke=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --check-explain) explain=(--check-explain); shift ;;
+    # The agents must run with FELIX_FLOWLOGSENABLED=true (kubectl set env); implies the above.
+    --check-flow-logs) explain=(--check-flow-logs); shift ;;
     -*) die "unknown option $1" ;;
     *) paths+=("$1"); shift ;;
   esac
@@ -70,6 +73,8 @@ if [ "$smoke" = 0 ]; then
   status=$?
   set -e
   read -r passed failed skipped < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["summary"]; print(s["passed"], s["failed"], s["skipped"])' "$json" 2>/dev/null || echo "0 1 0")
+  # The enforcement times over the run (the JSON's summary; the text summary went to stdout).
+  python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["summary"]["enforcement_ms"]; print("enforcement over the run: p50 %s ms, p99 %s ms (%s steps)" % (e["p50"], e["p99"], e["samples"]))' "$json" 2>/dev/null || true
   [ "$status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
   [ "$(leftovers)" = 0 ] || { echo "k8s-connectivity: namespaces left behind"; failed=$((failed + 1)); }
   echo "$passed passed, $failed failed, $skipped skipped"
@@ -92,10 +97,15 @@ smoke_scenarios=(
   e2e/scenarios/cnp/interplay/admin-deny-overrides-networkpolicy-allow.yaml
 )
 for f in "${smoke_scenarios[@]}"; do [ -f "$f" ] || die "smoke scenario $f is missing"; done
+# Flow logs on, as an operator turns them on, for --check-flow-logs.
+say "flow logs on: FELIX_FLOWLOGSENABLED=true on the agents"
+"${KUBECTL[@]}" -n kube-system set env ds/netpol-agent FELIX_FLOWLOGSENABLED=true >/dev/null
+"${KUBECTL[@]}" -n kube-system rollout status ds/netpol-agent --timeout 300s >/dev/null \
+  || die "the agents did not roll out with flow logs on"
 say "smoke: ${#smoke_scenarios[@]} scenarios on $cell"
 json=$OUT/connectivity-smoke.json
 set +e
-"$E2E" run --kubeconfig "$KC" --image "$IMAGE" --jobs "$jobs" --check-explain --output json "${smoke_scenarios[@]}" >"$json" 2>"$OUT/connectivity-smoke.txt"
+"$E2E" run --kubeconfig "$KC" --image "$IMAGE" --jobs "$jobs" --check-flow-logs --output json "${smoke_scenarios[@]}" >"$json" 2>"$OUT/connectivity-smoke.txt"
 status=$?
 set -e
 while read -r line; do
@@ -109,14 +119,18 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 for sc in doc["scenarios"]:
     steps = sc["steps"]
-    # --check-explain: the agents' explain answered for every probe of every step, and agreed.
+    # --check-flow-logs: the agents' explain answered for every probe of every step and agreed,
+    # and their flow records held every probe (a direction or two each) with that verdict.
     ok = sc["result"] == "passed" and steps and all(
         st["passed"] and st["probes"] > 0 and (st.get("explain") or {}).get("probes") == st["probes"]
-        and not st["explain"]["disagreements"] for st in steps)
+        and not st["explain"]["disagreements"]
+        and (st.get("flow_logs") or {}).get("matched", 0) >= st["probes"]
+        and not st["flow_logs"]["problems"] for st in steps)
     timed = [st["enforcement_ms"] for st in steps if st["enforcement_ms"] is not None]
     print(("passed" if ok else "failed") + f"  {sc['name']}: {len(steps)} steps, "
           f"{sum(st['probes'] for st in steps)} probes, each explained by the agents and their "
-          f"kernels, enforcement ms {timed}")
+          f"kernels and in their flow records ({sum(st['flow_logs']['matched'] for st in steps if st.get('flow_logs'))} "
+          f"directions), enforcement ms {timed}")
 e = doc["summary"]["enforcement_ms"]
 print(f"enforcement over the smoke: p50 {e['p50']} ms, p99 {e['p99']} ms ({e['samples']} steps)")
 EOF

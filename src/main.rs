@@ -124,6 +124,9 @@ enum Command {
     /// Why a flow is allowed or denied: per side, the policy, rule, peer and port that decided
     /// (or the closest misses), and the rules implementing it; --kernel follows the packet
     /// through what a node's kernel holds.
+    #[command(
+        override_usage = "netpol-agent explain [OPTIONS] <--from <FROM> --to <TO>|--flows <FILE>>"
+    )]
     Explain(Box<ExplainArgs>),
     /// Whether a node's kernel holds what the policies say: every chain and rule of ours with
     /// what it implements, drift, and other programs' rules that bypass or break enforcement.

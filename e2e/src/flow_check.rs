@@ -87,9 +87,29 @@ pub(crate) struct RecordKey {
     dst_port: u64,
 }
 
+impl RecordKey {
+    pub(crate) fn new(
+        node: &str,
+        reporter: &'static str,
+        proto: &str,
+        src_ip: std::net::IpAddr,
+        dst_ip: std::net::IpAddr,
+        dst_port: u16,
+    ) -> RecordKey {
+        RecordKey {
+            node: node.to_string(),
+            reporter,
+            proto: proto.to_ascii_lowercase(),
+            src_ip: src_ip.to_string(),
+            dst_ip: dst_ip.to_string(),
+            dst_port: u64::from(dst_port),
+        }
+    }
+}
+
 /// A policy as `policies.enforced_policies[]` names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Enforced {
+pub(crate) struct Enforced {
     kind: String,
     namespace: String,
     name: String,
@@ -99,7 +119,7 @@ struct Enforced {
 
 /// What one direction's record must say.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Want {
+pub(crate) enum Want {
     /// Required: a NetworkPolicy decided, or none isolates the pod.
     Record {
         action: &'static str,
@@ -149,7 +169,7 @@ fn action_name(a: Action) -> &'static str {
 
 /// What explain says one direction's record must hold; `None` when the direction is not
 /// policed at all (no record).
-fn want_of(d: &DirectionVerdict) -> Option<Want> {
+pub(crate) fn want_of(d: &DirectionVerdict) -> Option<Want> {
     if d.unpoliced.is_some() {
         return None;
     }
@@ -214,6 +234,85 @@ fn want_of(d: &DirectionVerdict) -> Option<Want> {
                 .map_or(-1, |m| i64::try_from(m.rule).unwrap_or(i64::MAX)),
             action: action_name(d.action),
         },
+    })
+}
+
+/// [`want_of`] for one side of `explain --output json` (`egress`/`ingress`, as the agent's
+/// explain prints it on a real cluster): the same reading of the same fields.
+pub(crate) fn want_of_json(d: &Value) -> Option<Want> {
+    if d["policed"] == false {
+        return None;
+    }
+    let decider = d["tiers"]
+        .as_array()
+        .and_then(|t| t.last())
+        .filter(|t| t["decision"] != "pass");
+    let split = |key: &str| -> (String, String) {
+        let (ns, name) = key.split_once('/').unwrap_or(("", key));
+        (ns.to_string(), name.to_string())
+    };
+    let none = Want::Record {
+        action: "Allow",
+        verdict: "no policy isolates the pod",
+        policies: Vec::new(),
+    };
+    let Some(t) = decider else {
+        return Some(none);
+    };
+    let tier = t["tier"].as_str().unwrap_or("");
+    Some(if tier == "NetworkPolicy" {
+        if t["result"] == "allowed" {
+            let (namespace, name) = split(t["allowed_by"]["policy"].as_str().unwrap_or(""));
+            Want::Record {
+                action: "Allow",
+                verdict: "rule",
+                policies: vec![Enforced {
+                    kind: "NetworkPolicy".into(),
+                    namespace,
+                    name,
+                    action: "Allow".into(),
+                    rule_index: t["allowed_by"]["rule"].as_i64().unwrap_or(i64::MAX),
+                }],
+            }
+        } else {
+            let mut policies: Vec<Enforced> = t["isolated_by"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or(&[])
+                .iter()
+                .map(|p| {
+                    let (namespace, name) = split(p["policy"].as_str().unwrap_or(""));
+                    Enforced {
+                        kind: "NetworkPolicy".into(),
+                        namespace,
+                        name,
+                        action: "Deny".into(),
+                        rule_index: -1,
+                    }
+                })
+                .collect();
+            policies.sort();
+            Want::Record {
+                action: "Deny",
+                verdict: "isolated, no rule allowed",
+                policies,
+            }
+        }
+    } else {
+        Want::Cluster {
+            tier: if tier.ends_with("Baseline") {
+                "Baseline"
+            } else {
+                "Admin"
+            },
+            name: t["matched"]["policy"].as_str().unwrap_or("").to_string(),
+            rule: t["matched"]["rule"].as_i64().unwrap_or(-1),
+            action: if d["verdict"] == "allow" {
+                "Allow"
+            } else {
+                "Deny"
+            },
+        }
     })
 }
 
@@ -359,7 +458,7 @@ pub struct Earlier {
 }
 
 impl Earlier {
-    fn remember(&mut self, expected: &[Expected]) {
+    pub(crate) fn remember(&mut self, expected: &[Expected]) {
         for e in expected {
             let wants = self.wants.entry(e.key.clone()).or_default();
             if !wants.contains(&e.want) {
@@ -521,47 +620,82 @@ pub(crate) fn expect_probe(
             .unwrap_or_default()
     };
     let (src_labels, dst_labels) = (labels_of(from), labels_of(&dst_name));
-    let key = |node: usize, reporter| RecordKey {
-        node: node_name(node),
-        reporter,
-        proto: pk.protocol.as_str().to_ascii_lowercase(),
-        src_ip: src.addr(family).to_string(),
-        dst_ip: dst_ip.to_string(),
-        dst_port: u64::from(pk.port),
+    let key = |node: usize, reporter| {
+        RecordKey::new(
+            &node_name(node),
+            reporter,
+            pk.protocol.as_str(),
+            src.addr(family),
+            dst_ip,
+            pk.port,
+        )
     };
-    let what = format!(
-        "{from} -> {to} {pk} ({})",
-        crate::family::family_name(family)
-    );
-    let mut out = Vec::new();
-    if let Some(want) = want_of(&verdict.egress) {
-        out.push(Expected {
-            what: format!("{what} egress"),
-            key: key(src.node, "Src"),
-            src: from.to_string(),
-            dst: dst_name.clone(),
-            src_labels: src_labels.clone(),
-            dst_labels: dst_labels.clone(),
-            required,
+    let ends = Ends {
+        what: format!(
+            "{from} -> {to} {pk} ({})",
+            crate::family::family_name(family)
+        ),
+        src: from.to_string(),
+        dst: dst_name,
+        src_labels,
+        dst_labels,
+        src_key: key(src.node, "Src"),
+        dst_key: key(dst.node, "Dst"),
+        required,
+    };
+    Ok(ends.expected(
+        want_of(&verdict.egress),
+        verdict.egress.action == Action::Allow,
+        want_of(&verdict.ingress),
+    ))
+}
+
+/// The two ends of one probe as its records name them, for [`Ends::expected`].
+pub(crate) struct Ends {
+    /// `ns/pod -> ns/pod proto/port (family)`, for messages.
+    pub(crate) what: String,
+    /// `namespace/name` as the records name them (empty: no pod, e.g. a ClusterIP).
+    pub(crate) src: String,
+    pub(crate) dst: String,
+    /// Labels as `key=value`, sorted.
+    pub(crate) src_labels: Vec<String>,
+    pub(crate) dst_labels: Vec<String>,
+    /// The egress record's key (source's node) and the ingress one's (destination's node).
+    pub(crate) src_key: RecordKey,
+    pub(crate) dst_key: RecordKey,
+    pub(crate) required: bool,
+}
+
+impl Ends {
+    /// The records a probe makes: egress where it is policed, ingress where it is policed
+    /// and egress let the packet through.
+    pub(crate) fn expected(
+        self,
+        egress: Option<Want>,
+        egress_allowed: bool,
+        ingress: Option<Want>,
+    ) -> Vec<Expected> {
+        let mut out = Vec::new();
+        let one = |dir: &str, key: RecordKey, want: Want| Expected {
+            what: format!("{} {dir}", self.what),
+            key,
+            src: self.src.clone(),
+            dst: self.dst.clone(),
+            src_labels: self.src_labels.clone(),
+            dst_labels: self.dst_labels.clone(),
+            required: self.required,
             want,
-        });
-    }
-    // Ingress is decided only for packets egress let through.
-    if verdict.egress.action == Action::Allow {
-        if let Some(want) = want_of(&verdict.ingress) {
-            out.push(Expected {
-                what: format!("{what} ingress"),
-                key: key(dst.node, "Dst"),
-                src: from.to_string(),
-                dst: dst_name.clone(),
-                src_labels: src_labels.clone(),
-                dst_labels: dst_labels.clone(),
-                required,
-                want,
-            });
+        };
+        if let Some(want) = egress {
+            out.push(one("egress", self.src_key.clone(), want));
         }
+        if egress_allowed {
+            if let Some(want) = ingress {
+                out.push(one("ingress", self.dst_key.clone(), want));
+            }
+        }
+        out
     }
-    Ok(out)
 }
 
 /// Checks the records of the step's last probe round (its rounds' starts in `rounds`, its
@@ -611,7 +745,7 @@ pub fn check(
 
 /// Judges one reading of the step's window (`records`, with the node that served each)
 /// against `expected`. Pure: the unit tests call it.
-fn judge(
+pub(crate) fn judge(
     expected: &[Expected],
     records: &[(String, Value)],
     rounds: Rounds,

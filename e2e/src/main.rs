@@ -77,7 +77,7 @@ struct RunArgs {
     /// (docs/operations/connectivity-test.md). The options about simulated nodes do not apply.
     #[arg(long, conflicts_with_all = [
         "cni", "agent", "iptables_backend", "ip_family", "service_proxy", "probe_workers",
-        "check_deny_logs", "check_flow_logs", "check_staged",
+        "check_deny_logs", "check_staged",
         "check_spoofing", "auto_wiring", "workload_source_spoofing", "policy_union_min",
     ])]
     kubeconfig: Option<PathBuf>,
@@ -150,7 +150,9 @@ struct RunArgs {
     /// in the flow records (`GET /flows`) of the node(s) whose policy decided it (egress at
     /// the source's node, ingress at the destination's when egress let it through), with
     /// the action, both pods, port, protocol and the policies `explain` names; no record of
-    /// the step may claim a flow that was not sent.
+    /// the step may claim a flow that was not sent. With --kubeconfig: the installed agents'
+    /// records (they must run with FELIX_FLOWLOGSENABLED=true), read in their pods, against
+    /// their own explain's answers (implies --check-explain).
     #[arg(long)]
     check_flow_logs: bool,
     /// Stage every policy change first (implies flow logs on, as --check-flow-logs): for a
@@ -290,7 +292,8 @@ fn run(args: RunArgs) -> ExitCode {
             pod_timeout: Duration::from_secs(args.pod_timeout_secs),
             json: args.output == "json",
             verbose: args.verbose,
-            check_explain: args.check_explain,
+            check_explain: args.check_explain || args.check_flow_logs,
+            check_flow_logs: args.check_flow_logs,
             agent_selector: args.agent_selector,
         };
         return kube_run::main(cfg, scenarios, stop);

@@ -330,3 +330,119 @@ fn a_cluster_policy_decision_is_required() {
     );
     assert_eq!(c.problems.len(), 2, "{:?}", c.problems);
 }
+
+/// The real cluster's check reads explain's JSON (`want_of_json`); the simulated one the
+/// verdict itself (`want_of`). Over every pair and tier outcome of a small cluster, the two
+/// readings must be the same.
+#[test]
+fn explain_json_reads_as_the_verdict_does() {
+    use netpol_agent::datastore::manifests::parse_manifests;
+    use netpol_agent::model::{ObjectKey, Protocol};
+    use netpol_agent::rules::RuleConfig;
+    use netpol_agent::verdict::{Flow, State};
+    let text = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: x, labels: {team: a}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: y, labels: {team: b}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: x, labels: {app: a}}
+spec: {nodeName: n1, containers: [{name: c, ports: [{containerPort: 80}]}]}
+status: {phase: Running, podIP: 10.0.1.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: x, labels: {app: b}}
+spec: {nodeName: n2, containers: [{name: c, ports: [{containerPort: 80}]}]}
+status: {phase: Running, podIP: 10.0.2.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: c, namespace: y, labels: {app: c}}
+spec: {nodeName: n2, containers: [{name: c, ports: [{containerPort: 80}]}]}
+status: {phase: Running, podIP: 10.0.2.2}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-a, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress: [{from: [{podSelector: {}}], ports: [{port: 80}]}, {from: [{podSelector: {matchLabels: {app: a}}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-deny-out, namespace: x}
+spec: {podSelector: {matchLabels: {app: a}}, policyTypes: [Egress]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: admin}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: b}}}
+  ingress:
+  - {name: deny-x, action: Deny, from: [{namespaces: {matchLabels: {team: a}}}], ports: [{portNumber: {port: 81, protocol: TCP}}]}
+  - {name: allow-x, action: Accept, from: [{namespaces: {matchLabels: {team: a}}}]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: baseline}
+spec:
+  tier: Baseline
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: a}}}
+  egress:
+  - {name: deny-y, action: Deny, to: [{namespaces: {matchLabels: {team: b}}}]}
+"#;
+    let (objects, errors) = parse_manifests(text, "t.yaml");
+    assert!(errors.is_empty(), "{errors:?}");
+    let (state, invalid) = State::from_objects(RuleConfig::default(), &objects);
+    assert!(invalid.is_empty(), "{invalid:?}");
+    let pods = [("x", "a"), ("x", "b"), ("y", "c")];
+    let mut kinds = std::collections::BTreeSet::new();
+    for from in pods {
+        for to in pods {
+            for port in [80, 81] {
+                let flow = Flow {
+                    src: Endpoint::Pod(ObjectKey::new(from.0, from.1)),
+                    dst: Endpoint::Pod(ObjectKey::new(to.0, to.1)),
+                    protocol: Protocol::Tcp,
+                    port,
+                };
+                let v = state.explain(&state.resolve(&flow).unwrap());
+                for side in [&v.egress, &v.ingress] {
+                    let want = want_of(side);
+                    assert_eq!(
+                        want_of_json(&side.to_json()),
+                        want,
+                        "{from:?} -> {to:?} {port}"
+                    );
+                    kinds.insert(match want {
+                        None => "unpoliced",
+                        Some(Want::Record { verdict, .. }) => verdict,
+                        Some(Want::Cluster { tier: "Admin", .. }) => "admin",
+                        Some(Want::Cluster { .. }) => "baseline",
+                    });
+                }
+            }
+        }
+    }
+    // Every kind of answer was met: unpoliced, no policy, a rule, isolation, both tiers.
+    assert_eq!(
+        kinds,
+        std::collections::BTreeSet::from([
+            "unpoliced",
+            "no policy isolates the pod",
+            "rule",
+            "isolated, no rule allowed",
+            "admin",
+            "baseline"
+        ]),
+    );
+}

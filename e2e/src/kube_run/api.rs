@@ -50,6 +50,16 @@ pub struct Created {
     pub cluster_policies: BTreeSet<String>,
 }
 
+/// One node's agent pod, as `--check-explain` and `--check-flow-logs` reach it.
+#[derive(Clone, Debug)]
+pub struct AgentPod {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// Its health server (and flows API) port on the node's loopback.
+    pub health_port: u16,
+}
+
 pub struct RealCluster {
     pub client: Client,
     /// The run's id ([`RUN_LABEL`]'s value): cleanup deletes only what carries it.
@@ -647,11 +657,11 @@ impl RealCluster {
         Ok((out, err))
     }
 
-    /// The running agent pods by node (`namespace`, `pod`, `container`), found by label.
+    /// The ready agent pods by node, found by label.
     pub async fn agent_pods(
         &self,
         selector: &str,
-    ) -> anyhow::Result<std::collections::BTreeMap<String, (String, String, String)>> {
+    ) -> anyhow::Result<std::collections::BTreeMap<String, AgentPod>> {
         let api: Api<KubePod> = Api::all(self.client.clone());
         let pods = api
             .list(&ListParams::default().labels(selector))
@@ -675,13 +685,30 @@ impl RealCluster {
             };
             let containers = p.spec.map(|s| s.containers).unwrap_or_default();
             // The agent's container by the shipped name, else the pod's first.
-            let container = containers
+            let Some(c) = containers
                 .iter()
                 .find(|c| c.name == "netpol-agent")
                 .or(containers.first())
-                .map(|c| c.name.clone())
-                .unwrap_or_default();
-            out.insert(node, (ns, name, container));
+            else {
+                continue;
+            };
+            // Its health server's port, as its environment sets it (felix's default else).
+            let health_port = c
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == "FELIX_HEALTHPORT")
+                .and_then(|e| e.value.as_deref()?.trim().parse().ok())
+                .unwrap_or(9099);
+            out.insert(
+                node,
+                AgentPod {
+                    namespace: ns,
+                    pod: name,
+                    container: c.name.clone(),
+                    health_port,
+                },
+            );
         }
         Ok(out)
     }

@@ -29,8 +29,8 @@ use crate::scenario::Target;
 /// Disagreements shown in full per step; the rest are counted.
 const SHOWN: usize = 4;
 
-/// The agent pods by node: (namespace, pod, container).
-pub type Agents = BTreeMap<String, (String, String, String)>;
+/// The agent pods by node.
+pub type Agents = BTreeMap<String, super::api::AgentPod>;
 
 /// What one node's explain said of one probe.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +43,8 @@ pub struct Answer {
     pub agrees: Option<bool>,
     /// The deciding lines of the text explain would print, for the report.
     pub detail: String,
+    /// The whole result (`--check-flow-logs` reads each side's deciding tier from it).
+    pub raw: Value,
 }
 
 /// Reads one node's `--output json` answer: one result per flow line, in order.
@@ -75,6 +77,7 @@ pub fn parse_answers(node: &str, stdout: &str, lines: usize) -> Result<Vec<Answe
                 kernel: r["kernel"]["verdict"].as_str().unwrap_or("?").to_string(),
                 agrees: r["kernel"]["agrees"].as_bool(),
                 detail: format!("{}; {}", side("egress"), side("ingress")),
+                raw: r.clone(),
             }
         })
         .collect())
@@ -179,9 +182,10 @@ pub async fn ask(
     let mut answers: BTreeMap<Probe, Vec<Answer>> = BTreeMap::new();
     let asked: Vec<_> = stream::iter(by_node)
         .map(|(node, flows)| async move {
-            let Some((ns, pod, container)) = agents.get(node) else {
+            let Some(agent) = agents.get(node) else {
                 return (flows, Err(format!("no ready agent pod on node {node}")));
             };
+            let (ns, pod) = (&agent.namespace, &agent.pod);
             let stdin: String = flows.iter().map(|(_, l)| format!("{l}\n")).collect();
             let argv = [
                 "netpol-agent",
@@ -200,7 +204,7 @@ pub async fn ask(
             .to_vec();
             let r = run
                 .cluster
-                .exec_capture(ns, pod, container, argv, Some(stdin))
+                .exec_capture(ns, pod, &agent.container, argv, Some(stdin))
                 .await;
             let parsed = match r {
                 Err(e) => Err(format!("exec in {ns}/{pod} on {node}: {e:#}")),
@@ -227,7 +231,7 @@ pub async fn ask(
 
 /// What explain wrote to stderr, in one line: its messages, not its log records (JSON
 /// lines under the DaemonSet's `FELIX_LOGFORMAT=json`), at most [`SAID`] characters.
-fn said(stderr: &str) -> String {
+pub fn said(stderr: &str) -> String {
     let text = stderr
         .lines()
         .map(str::trim)
@@ -292,6 +296,7 @@ mod tests {
             kernel: "deny".into(),
             agrees,
             detail: String::new(),
+            raw: Value::Null,
         };
         let expected = BTreeMap::from([
             (p("x/b"), true),

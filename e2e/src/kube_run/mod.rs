@@ -15,6 +15,7 @@
 
 mod api;
 mod explain;
+mod flows;
 mod names;
 mod objects;
 mod probe;
@@ -57,6 +58,8 @@ pub struct Config {
     pub verbose: bool,
     /// Hold the agent's `explain --kernel`, on each node, to every probe ([`explain`]).
     pub check_explain: bool,
+    /// Hold the agents' flow records to every probe ([`flows`]; implies `check_explain`).
+    pub check_flow_logs: bool,
     /// The label selector of the agent's pods (for `check_explain`).
     pub agent_selector: String,
 }
@@ -372,6 +375,8 @@ struct ScenarioRun<'a> {
     namespaces: BTreeSet<String>,
     cluster_policies: BTreeSet<String>,
     families: Vec<IpFamily>,
+    /// `--check-flow-logs`: what the scenario's earlier steps expected per record key.
+    flow_earlier: std::cell::RefCell<crate::flow_check::Earlier>,
 }
 
 impl<'a> ScenarioRun<'a> {
@@ -393,6 +398,7 @@ impl<'a> ScenarioRun<'a> {
             namespaces: BTreeSet::new(),
             cluster_policies: BTreeSet::new(),
             families: Vec::new(),
+            flow_earlier: Default::default(),
         }
     }
 

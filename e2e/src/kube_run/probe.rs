@@ -17,15 +17,16 @@
 //! underestimate.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::stream::{self, StreamExt};
 
 use super::api::RealCluster;
 use super::report::{Probe, StepReport};
 use super::ScenarioRun;
-use super::{explain, objects};
+use super::{explain, flows, objects};
 use crate::expect::{Outcome, PortKey, Protocol};
+use crate::flow_check::Rounds;
 use crate::scenario::{Step, Target};
 
 /// Pairs (per key) whose expected verdict changed from `previous` to `step`.
@@ -161,6 +162,8 @@ pub async fn check_step(
     changed: &BTreeSet<(PortKey, String, String)>,
 ) -> StepReport {
     let mut rep = run.step_report(&step.name, index);
+    let step_began = SystemTime::now();
+    let mut confirmed_at = None;
     let mut probes: Vec<Probe> = Vec::new();
     let mut expected: BTreeMap<Probe, bool> = BTreeMap::new();
     for family in &run.families {
@@ -231,6 +234,7 @@ pub async fn check_step(
     // a policy's verdict.
     if pending.is_empty() {
         rounds += 1;
+        confirmed_at = Some(SystemTime::now());
         for (p, _, outcome) in probe_all(run, &probes).await {
             latest.insert(p, outcome);
         }
@@ -263,16 +267,22 @@ pub async fn check_step(
     rep.enforcement = slowest;
     rep.record(&expected, &latest);
     if run.cfg.check_explain {
-        check_explain(run, &probes, &expected, &mut rep).await;
+        let rounds = confirmed_at.map(|last| Rounds {
+            first: step_began,
+            last,
+        });
+        check_agents(run, &probes, &expected, rounds, &mut rep).await;
     }
     rep
 }
 
-/// `--check-explain` for one step (see [`super::explain`]): the agents' answers, judged.
-async fn check_explain(
+/// `--check-explain` (see [`super::explain`]) and `--check-flow-logs` ([`super::flows`],
+/// after a confirming round that began at `rounds.last`) for one step.
+async fn check_agents(
     run: &ScenarioRun<'_>,
     probes: &[Probe],
     expected: &BTreeMap<Probe, bool>,
+    rounds: Option<Rounds>,
     rep: &mut StepReport,
 ) {
     let agents = match run.cluster.agent_pods(&run.cfg.agent_selector).await {
@@ -299,6 +309,14 @@ async fn check_explain(
         .collect::<BTreeSet<_>>()
         .len();
     rep.explain_failed(wrong);
+    if let (true, Some(rounds)) = (run.cfg.check_flow_logs, rounds) {
+        // The step's expectations are remembered for the next steps' windows, also when
+        // this step's explain disagreed (its records are still the step's).
+        let mut earlier = std::mem::take(&mut *run.flow_earlier.borrow_mut());
+        let checked = flows::check(run, &agents, probes, &answers, rounds, &mut earlier).await;
+        *run.flow_earlier.borrow_mut() = earlier;
+        rep.flows_checked(&checked);
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,10 @@ pub struct StepReport {
     pub explained: usize,
     pub explained_nodes: usize,
     pub explain: Vec<String>,
+    /// `--check-flow-logs`: records read in the step's window, how many directions' records
+    /// agreed (of those denied, decided by a ClusterNetworkPolicy), how many of the window's
+    /// records were carried (earlier rounds and steps, conntrack's counts), and each problem.
+    pub flows: Option<FlowsSeen>,
     denied: usize,
     denied_connected: usize,
     denied_blocked: usize,
@@ -89,6 +93,7 @@ impl StepReport {
             explained: 0,
             explained_nodes: 0,
             explain: Vec::new(),
+            flows: None,
             denied: 0,
             denied_connected: 0,
             denied_blocked: 0,
@@ -145,6 +150,21 @@ impl StepReport {
         self.explain.extend(wrong);
     }
 
+    /// `--check-flow-logs`' answer for the step: any problem fails it.
+    pub fn flows_checked(&mut self, c: &crate::flow_check::Checked) {
+        if !c.problems.is_empty() {
+            self.passed = false;
+        }
+        self.flows = Some(FlowsSeen {
+            records: c.records,
+            matched: c.matched,
+            denied: c.denied,
+            cluster_decided: c.cluster_decided,
+            carried: c.carried + c.count_only,
+            problems: c.problems.clone(),
+        });
+    }
+
     /// Every probe the policies deny connected (and there was at least one).
     pub fn nothing_enforced(&self) -> bool {
         self.denied > 0 && self.denied_connected == self.denied
@@ -158,6 +178,17 @@ impl StepReport {
     pub fn denied_probes(&self) -> usize {
         self.denied
     }
+}
+
+/// What `--check-flow-logs` saw in one step (see [`StepReport::flows`]).
+#[derive(Clone, Debug, Default)]
+pub struct FlowsSeen {
+    pub records: usize,
+    pub matched: usize,
+    pub denied: usize,
+    pub cluster_decided: usize,
+    pub carried: usize,
+    pub problems: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -336,6 +367,22 @@ pub fn scenario_text(rep: &ScenarioReport, verbose: bool) -> String {
         for text in &step.explain {
             let _ = writeln!(out, "    explain: {text}");
         }
+        if let Some(f) = &step.flows {
+            if verbose && f.problems.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    flow logs agree: {} records of {} directions ({} denied, {} by a ClusterNetworkPolicy), {} carried",
+                    f.records, f.matched, f.denied, f.cluster_decided, f.carried
+                );
+            }
+            for (i, text) in f.problems.iter().enumerate() {
+                if i == 4 {
+                    let _ = writeln!(out, "    flow logs: ... and {} more", f.problems.len() - 4);
+                    break;
+                }
+                let _ = writeln!(out, "    flow logs: {text}");
+            }
+        }
     }
     match &rep.outcome {
         Outcome::Skipped(why) => {
@@ -416,6 +463,11 @@ pub fn summary(run: &RunResult, as_json: bool) -> String {
                         "explain": (st.explained > 0 || !st.explain.is_empty()).then(|| json!({
                             "probes": st.explained, "nodes": st.explained_nodes,
                             "disagreements": st.explain,
+                        })),
+                        "flow_logs": st.flows.as_ref().map(|f| json!({
+                            "records": f.records, "matched": f.matched, "denied": f.denied,
+                            "cluster_decided": f.cluster_decided, "carried": f.carried,
+                            "problems": f.problems,
                         })),
                     })).collect::<Vec<_>>(),
                 })
