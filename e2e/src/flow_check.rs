@@ -61,7 +61,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant, SystemTime};
 
 use netpol_agent::model::IpFamily;
-use netpol_agent::verdict::{Action, DirectionVerdict, Endpoint, NpOutcome, TierDetail};
+use netpol_agent::verdict::{Action, Endpoint};
 use serde_json::Value;
 
 use crate::cluster::{node_name, Cluster, FLOWS_PORT};
@@ -71,6 +71,9 @@ use crate::netns::in_netns;
 use crate::probe::SourcePorts;
 use crate::scenario::{PortKey, Step, Target};
 use crate::services::ServiceProxy;
+
+mod want;
+pub(crate) use want::{want_of, want_of_json, Enforced, Want};
 
 /// How long records may take to appear, and to name both ends, after the probes ended.
 pub(crate) const SETTLE: Duration = Duration::from_secs(3);
@@ -105,215 +108,6 @@ impl RecordKey {
             dst_port: u64::from(dst_port),
         }
     }
-}
-
-/// A policy as `policies.enforced_policies[]` names it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Enforced {
-    kind: String,
-    namespace: String,
-    name: String,
-    action: String,
-    rule_index: i64,
-}
-
-/// What one direction's record must say.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Want {
-    /// Required: a NetworkPolicy decided, or none isolates the pod.
-    Record {
-        action: &'static str,
-        verdict: &'static str,
-        policies: Vec<Enforced>,
-    },
-    /// A ClusterNetworkPolicy decided (`Admin`/`Baseline`, its name, the rule's index in
-    /// `ingress`/`egress`, allow or deny).
-    Cluster {
-        tier: &'static str,
-        name: String,
-        rule: i64,
-        action: &'static str,
-    },
-}
-
-impl Want {
-    fn describe(&self) -> String {
-        match self {
-            Want::Record {
-                action,
-                verdict,
-                policies,
-            } => {
-                let names: Vec<String> = policies
-                    .iter()
-                    .map(|p| format!("{}/{} rule {}", p.namespace, p.name, p.rule_index))
-                    .collect();
-                format!("{action} ({verdict}) [{}]", names.join(", "))
-            }
-            Want::Cluster {
-                tier,
-                name,
-                rule,
-                action,
-            } => format!("{action} by ClusterNetworkPolicy {tier}/{name} rule {rule}"),
-        }
-    }
-}
-
-fn action_name(a: Action) -> &'static str {
-    match a {
-        Action::Allow => "Allow",
-        Action::Deny => "Deny",
-    }
-}
-
-/// What explain says one direction's record must hold; `None` when the direction is not
-/// policed at all (no record).
-pub(crate) fn want_of(d: &DirectionVerdict) -> Option<Want> {
-    if d.unpoliced.is_some() {
-        return None;
-    }
-    let np = |namespace: &str, name: &str, action: &str, rule_index: i64| Enforced {
-        kind: "NetworkPolicy".into(),
-        namespace: namespace.into(),
-        name: name.into(),
-        action: action.into(),
-        rule_index,
-    };
-    // The tiers ran in order and the last one decided, or none did (allowed by the profile).
-    let decider = d.tiers.last().filter(|t| t.decision.is_some());
-    Some(match decider.map(|t| &t.detail) {
-        None => Want::Record {
-            action: "Allow",
-            verdict: "no policy isolates the pod",
-            policies: Vec::new(),
-        },
-        Some(TierDetail::NetworkPolicy(report)) => match &report.outcome {
-            NpOutcome::Allowed(m) => Want::Record {
-                action: "Allow",
-                verdict: "rule",
-                policies: vec![np(
-                    &m.policy.namespace,
-                    &m.policy.name,
-                    "Allow",
-                    i64::try_from(m.rule).unwrap_or(i64::MAX),
-                )],
-            },
-            NpOutcome::Denied { .. } => {
-                let mut policies: Vec<Enforced> = report
-                    .policies
-                    .iter()
-                    .map(|(k, _)| np(&k.namespace, &k.name, "Deny", -1))
-                    .collect();
-                policies.sort();
-                Want::Record {
-                    action: "Deny",
-                    verdict: "isolated, no rule allowed",
-                    policies,
-                }
-            }
-            NpOutcome::NotIsolated { .. } => Want::Record {
-                action: "Allow",
-                verdict: "no policy isolates the pod",
-                policies: Vec::new(),
-            },
-        },
-        Some(TierDetail::Cluster(c)) => Want::Cluster {
-            tier: match c.tier {
-                netpol_agent::model::Tier::Admin => "Admin",
-                netpol_agent::model::Tier::Baseline => "Baseline",
-            },
-            name: c
-                .matched
-                .as_ref()
-                .map(|m| m.policy.clone())
-                .unwrap_or_default(),
-            rule: c
-                .matched
-                .as_ref()
-                .map_or(-1, |m| i64::try_from(m.rule).unwrap_or(i64::MAX)),
-            action: action_name(d.action),
-        },
-    })
-}
-
-/// [`want_of`] for one side of `explain --output json` (`egress`/`ingress`, as the agent's
-/// explain prints it on a real cluster): the same reading of the same fields.
-pub(crate) fn want_of_json(d: &Value) -> Option<Want> {
-    if d["policed"] == false {
-        return None;
-    }
-    let decider = d["tiers"]
-        .as_array()
-        .and_then(|t| t.last())
-        .filter(|t| t["decision"] != "pass");
-    let split = |key: &str| -> (String, String) {
-        let (ns, name) = key.split_once('/').unwrap_or(("", key));
-        (ns.to_string(), name.to_string())
-    };
-    let none = Want::Record {
-        action: "Allow",
-        verdict: "no policy isolates the pod",
-        policies: Vec::new(),
-    };
-    let Some(t) = decider else {
-        return Some(none);
-    };
-    let tier = t["tier"].as_str().unwrap_or("");
-    Some(if tier == "NetworkPolicy" {
-        if t["result"] == "allowed" {
-            let (namespace, name) = split(t["allowed_by"]["policy"].as_str().unwrap_or(""));
-            Want::Record {
-                action: "Allow",
-                verdict: "rule",
-                policies: vec![Enforced {
-                    kind: "NetworkPolicy".into(),
-                    namespace,
-                    name,
-                    action: "Allow".into(),
-                    rule_index: t["allowed_by"]["rule"].as_i64().unwrap_or(i64::MAX),
-                }],
-            }
-        } else {
-            let mut policies: Vec<Enforced> = t["isolated_by"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or(&[])
-                .iter()
-                .map(|p| {
-                    let (namespace, name) = split(p["policy"].as_str().unwrap_or(""));
-                    Enforced {
-                        kind: "NetworkPolicy".into(),
-                        namespace,
-                        name,
-                        action: "Deny".into(),
-                        rule_index: -1,
-                    }
-                })
-                .collect();
-            policies.sort();
-            Want::Record {
-                action: "Deny",
-                verdict: "isolated, no rule allowed",
-                policies,
-            }
-        }
-    } else {
-        Want::Cluster {
-            tier: if tier.ends_with("Baseline") {
-                "Baseline"
-            } else {
-                "Admin"
-            },
-            name: t["matched"]["policy"].as_str().unwrap_or("").to_string(),
-            rule: t["matched"]["rule"].as_i64().unwrap_or(-1),
-            action: if d["verdict"] == "allow" {
-                "Allow"
-            } else {
-                "Deny"
-            },
-        }
-    })
 }
 
 /// One expected direction of one probe.

@@ -2,7 +2,8 @@
 //! with `--kernel` the packet followed through the rules and sets a node's kernel holds
 //! (`verdict::kernel`), said loudly when the two answers differ. With `--staged` the answer
 //! is the one with the staged policies applied; without it, a line says when they would change
-//! the answer (`super::staged`).
+//! the answer (`super::staged`). `--flows` asks about many flows at once: the objects, the
+//! resolver and the kernel are read once, and each flow is answered as it would be alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
