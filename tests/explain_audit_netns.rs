@@ -97,21 +97,28 @@ impl Node {
     }
 
     fn explain(&self, from: &str, to: &str, port: &str) -> (i32, String) {
+        self.explain_env(&[], from, to, port)
+    }
+
+    fn explain_env(&self, env: &[(&str, &str)], from: &str, to: &str, port: &str) -> (i32, String) {
         let demo = demo();
-        self.run(&[
-            "explain",
-            "--manifests",
-            &demo,
-            "--node",
-            "node-1",
-            "--kernel",
-            "--from",
-            from,
-            "--to",
-            to,
-            "--port",
-            port,
-        ])
+        self.run_env(
+            env,
+            &[
+                "explain",
+                "--manifests",
+                &demo,
+                "--node",
+                "node-1",
+                "--kernel",
+                "--from",
+                from,
+                "--to",
+                to,
+                "--port",
+                port,
+            ],
+        )
     }
 
     fn audit(&self, json: bool) -> (i32, String) {
@@ -194,22 +201,8 @@ fn kernel_follows_the_policies_until_tampered(backend: &'static str) {
 fn kernel_trace_with_auto_naming() {
     let n = node("nft");
     let demo = demo();
-    let args = [
-        "explain",
-        "--manifests",
-        &demo,
-        "--node",
-        "node-1",
-        "--kernel",
-        "--from",
-        "shop/web",
-        "--to",
-        "shop/api",
-        "--port",
-        "9090",
-    ];
     let auto = [("FELIX_INTERFACENAMESCHEME", "auto")];
-    let (code, out) = n.run_env(&auto, &args);
+    let (code, out) = n.explain_env(&auto, "shop/web", "shop/api", "9090");
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("this node has no pod interface yet"), "{out}");
     // node-1's pods (shop/web, shop/api) wired as a routed CNI wires them: a veth each under
@@ -225,7 +218,7 @@ fn kernel_trace_with_auto_naming() {
              ip link set peer{i} up && ip route add {ip}/32 dev {iface}"
         ));
     }
-    let (code, out) = n.run_env(&auto, &args);
+    let (code, out) = n.explain_env(&auto, "shop/web", "shop/api", "9090");
     assert_eq!(code, 1, "{out}");
     assert!(out.contains(&format!("out {api}")), "{out}");
     assert!(out.contains("kernel: DENY, as the policies say"), "{out}");

@@ -236,6 +236,13 @@ fn disagreements(e: &Expected, r: &Value) -> Vec<String> {
     wrong
 }
 
+/// Whether a record ends at or after `since` (the API's `since` is whole seconds: the
+/// window's start is held to exactly here). A record without a readable end is kept: it is
+/// reported as not matching.
+pub(crate) fn ends_in_window(r: &Value, since: SystemTime) -> bool {
+    time_of(r, "end_time").is_none_or(|end| end >= since)
+}
+
 /// A record's time field (`None`: missing or unreadable).
 fn time_of(r: &Value, field: &str) -> Option<SystemTime> {
     r[field]
@@ -314,10 +321,8 @@ pub(crate) fn records_since(
     for i in 0..cluster.node_count() {
         let node = node_name(i);
         for r in fetch(cluster, i, secs).map_err(|e| anyhow::anyhow!("{node}: {e:#}"))? {
-            match time_of(&r, "end_time") {
-                Some(end) if end < since => {}
-                // A record without a readable end is kept: it is reported as not matching.
-                _ => out.push((node.clone(), r)),
+            if ends_in_window(&r, since) {
+                out.push((node.clone(), r));
             }
         }
     }

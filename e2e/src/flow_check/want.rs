@@ -16,6 +16,18 @@ pub(crate) struct Enforced {
     pub(crate) rule_index: i64,
 }
 
+impl Enforced {
+    fn network_policy(namespace: &str, name: &str, action: &str, rule_index: i64) -> Enforced {
+        Enforced {
+            kind: "NetworkPolicy".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            action: action.into(),
+            rule_index,
+        }
+    }
+}
+
 /// What one direction's record must say.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
@@ -36,6 +48,37 @@ pub(crate) enum Want {
 }
 
 impl Want {
+    /// No policy of the direction isolates the pod: allowed by its namespace profile.
+    fn unisolated() -> Want {
+        Want::Record {
+            action: "Allow",
+            verdict: "no policy isolates the pod",
+            policies: Vec::new(),
+        }
+    }
+
+    /// Allowed by rule `rule` of the NetworkPolicy `namespace/name`.
+    fn allowed_by(namespace: &str, name: &str, rule: i64) -> Want {
+        Want::Record {
+            action: "Allow",
+            verdict: "rule",
+            policies: vec![Enforced::network_policy(namespace, name, "Allow", rule)],
+        }
+    }
+
+    /// Denied: isolated by these NetworkPolicies (`namespace`, `name`), no rule allowed.
+    fn isolated_by<'a>(policies: impl Iterator<Item = (&'a str, &'a str)>) -> Want {
+        let mut policies: Vec<Enforced> = policies
+            .map(|(ns, name)| Enforced::network_policy(ns, name, "Deny", -1))
+            .collect();
+        policies.sort();
+        Want::Record {
+            action: "Deny",
+            verdict: "isolated, no rule allowed",
+            policies,
+        }
+    }
+
     pub(crate) fn describe(&self) -> String {
         match self {
             Want::Record {
@@ -72,50 +115,23 @@ pub(crate) fn want_of(d: &DirectionVerdict) -> Option<Want> {
     if d.unpoliced.is_some() {
         return None;
     }
-    let np = |namespace: &str, name: &str, action: &str, rule_index: i64| Enforced {
-        kind: "NetworkPolicy".into(),
-        namespace: namespace.into(),
-        name: name.into(),
-        action: action.into(),
-        rule_index,
-    };
     // The tiers ran in order and the last one decided, or none did (allowed by the profile).
     let decider = d.tiers.last().filter(|t| t.decision.is_some());
     Some(match decider.map(|t| &t.detail) {
-        None => Want::Record {
-            action: "Allow",
-            verdict: "no policy isolates the pod",
-            policies: Vec::new(),
-        },
+        None => Want::unisolated(),
         Some(TierDetail::NetworkPolicy(report)) => match &report.outcome {
-            NpOutcome::Allowed(m) => Want::Record {
-                action: "Allow",
-                verdict: "rule",
-                policies: vec![np(
-                    &m.policy.namespace,
-                    &m.policy.name,
-                    "Allow",
-                    i64::try_from(m.rule).unwrap_or(i64::MAX),
-                )],
-            },
-            NpOutcome::Denied { .. } => {
-                let mut policies: Vec<Enforced> = report
+            NpOutcome::Allowed(m) => Want::allowed_by(
+                &m.policy.namespace,
+                &m.policy.name,
+                i64::try_from(m.rule).unwrap_or(i64::MAX),
+            ),
+            NpOutcome::Denied { .. } => Want::isolated_by(
+                report
                     .policies
                     .iter()
-                    .map(|(k, _)| np(&k.namespace, &k.name, "Deny", -1))
-                    .collect();
-                policies.sort();
-                Want::Record {
-                    action: "Deny",
-                    verdict: "isolated, no rule allowed",
-                    policies,
-                }
-            }
-            NpOutcome::NotIsolated { .. } => Want::Record {
-                action: "Allow",
-                verdict: "no policy isolates the pod",
-                policies: Vec::new(),
-            },
+                    .map(|(k, _)| (k.namespace.as_str(), k.name.as_str())),
+            ),
+            NpOutcome::NotIsolated { .. } => Want::unisolated(),
         },
         Some(TierDetail::Cluster(c)) => Want::Cluster {
             tier: match c.tier {
@@ -136,6 +152,11 @@ pub(crate) fn want_of(d: &DirectionVerdict) -> Option<Want> {
     })
 }
 
+/// `namespace/name` as explain prints a NetworkPolicy (a name alone: no namespace).
+fn split(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
 /// [`want_of`] for one side of `explain --output json` (`egress`/`ingress`, as the agent's
 /// explain prints it on a real cluster): the same reading of the same fields.
 pub(crate) fn want_of_json(d: &Value) -> Option<Want> {
@@ -146,56 +167,28 @@ pub(crate) fn want_of_json(d: &Value) -> Option<Want> {
         .as_array()
         .and_then(|t| t.last())
         .filter(|t| t["decision"] != "pass");
-    let split = |key: &str| -> (String, String) {
-        let (ns, name) = key.split_once('/').unwrap_or(("", key));
-        (ns.to_string(), name.to_string())
-    };
-    let none = Want::Record {
-        action: "Allow",
-        verdict: "no policy isolates the pod",
-        policies: Vec::new(),
-    };
     let Some(t) = decider else {
-        return Some(none);
+        return Some(Want::unisolated());
     };
     let tier = t["tier"].as_str().unwrap_or("");
     Some(if tier == "NetworkPolicy" {
         if t["result"] == "allowed" {
             let (namespace, name) = split(t["allowed_by"]["policy"].as_str().unwrap_or(""));
-            Want::Record {
-                action: "Allow",
-                verdict: "rule",
-                policies: vec![Enforced {
-                    kind: "NetworkPolicy".into(),
-                    namespace,
-                    name,
-                    action: "Allow".into(),
-                    rule_index: t["allowed_by"]["rule"].as_i64().unwrap_or(i64::MAX),
-                }],
-            }
+            Want::allowed_by(
+                namespace,
+                name,
+                t["allowed_by"]["rule"].as_i64().unwrap_or(i64::MAX),
+            )
         } else {
-            let mut policies: Vec<Enforced> = t["isolated_by"]
+            let isolating = t["isolated_by"]
                 .as_array()
                 .map(Vec::as_slice)
-                .unwrap_or(&[])
-                .iter()
-                .map(|p| {
-                    let (namespace, name) = split(p["policy"].as_str().unwrap_or(""));
-                    Enforced {
-                        kind: "NetworkPolicy".into(),
-                        namespace,
-                        name,
-                        action: "Deny".into(),
-                        rule_index: -1,
-                    }
-                })
-                .collect();
-            policies.sort();
-            Want::Record {
-                action: "Deny",
-                verdict: "isolated, no rule allowed",
-                policies,
-            }
+                .unwrap_or(&[]);
+            Want::isolated_by(
+                isolating
+                    .iter()
+                    .map(|p| split(p["policy"].as_str().unwrap_or(""))),
+            )
         }
     } else {
         Want::Cluster {

@@ -30,7 +30,8 @@ use super::report::Probe;
 use super::ScenarioRun;
 use crate::family::family_name;
 use crate::flow_check::{
-    judge, record_key, want_of_json, Checked, Earlier, Ends, RecordKey, Rounds, SETTLE,
+    ends_in_window, judge, record_key, want_of_json, Checked, Earlier, Ends, RecordKey, Rounds,
+    SETTLE,
 };
 use crate::scenario::Target;
 
@@ -59,12 +60,7 @@ fn expectations(
             continue;
         };
         let proto = key.protocol.as_str();
-        let served = run.world.pods.get(to).is_some_and(|pod| {
-            pod.ports
-                .iter()
-                .any(|d| d.protocol == key.protocol && d.port == key.port)
-        });
-        if run.scenario.target == Target::Service && !served {
+        if run.scenario.target == Target::Service && !run.serves(to, key) {
             if let Some(ip) = dst.addr(*family, Target::Service) {
                 unjudged.insert(RecordKey::new(
                     &src.node, "Src", proto, src_ip, ip, key.port,
@@ -72,12 +68,6 @@ fn expectations(
             }
             continue;
         }
-        let real = |name: &str| -> String {
-            match crate::scenario::split_key(name) {
-                Ok((ns, pod)) => format!("{}/{pod}", run.names.ns(ns)),
-                Err(_) => name.to_string(),
-            }
-        };
         let labels = |name: &str| -> Vec<String> {
             run.world
                 .pods
@@ -87,8 +77,8 @@ fn expectations(
         };
         let ends = Ends {
             what: format!("{from} -> {to} {key} ({})", family_name(*family)),
-            src: real(from),
-            dst: real(to),
+            src: run.names.pod(from),
+            dst: run.names.pod(to),
             src_labels: labels(from),
             dst_labels: labels(to),
             src_key: RecordKey::new(&src.node, "Src", proto, src_ip, dst_ip, key.port),
@@ -169,13 +159,7 @@ async fn records(
                         .iter()
                         .any(|a| a.as_str().is_some_and(|a| ours.contains(a)))
                 })
-                .filter(|r| {
-                    // `since` is whole seconds: the window's start is held to exactly.
-                    r["end_time"]
-                        .as_str()
-                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                        .is_none_or(|t| SystemTime::from(t) >= since)
-                })
+                .filter(|r| ends_in_window(r, since))
                 .map(|r| (node.to_string(), r))
                 .collect())
         })

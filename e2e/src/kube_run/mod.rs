@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{Pod as KubePod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use netpol_agent::model::IpFamily;
 
-use crate::expect::Protocol;
+use crate::expect::{PortKey, Protocol};
 use crate::scenario::{self, Applied, Scenario, Target, World};
 use api::RealCluster;
 use names::{Names, RUN_LABEL};
@@ -713,6 +713,15 @@ impl<'a> ScenarioRun<'a> {
 
 // The step check lives in `probe`; these are what it needs of a running scenario.
 impl ScenarioRun<'_> {
+    /// Whether scenario pod `pod` serves `key` on this cluster (what its Service declares:
+    /// SCTP ports only where the cluster carries SCTP).
+    fn serves(&self, pod: &str, key: &PortKey) -> bool {
+        self.world.pods.get(pod).is_some_and(|p| {
+            objects::served(p, self.offer.sctp)
+                .any(|d| d.protocol == key.protocol && d.port == key.port)
+        })
+    }
+
     fn step_report(&self, name: &str, index: usize) -> StepReport {
         StepReport::new(name, index, self.scenario.steps.len())
     }

@@ -66,6 +66,14 @@ impl Names {
     }
 
     /// The cluster's name of cluster policy `name`.
+    /// A scenario pod `ns/name` as the cluster names it (its namespace suffixed).
+    pub fn pod(&self, key: &str) -> String {
+        match key.split_once('/') {
+            Some((ns, pod)) => format!("{}/{pod}", self.ns(ns)),
+            None => key.to_string(),
+        }
+    }
+
     pub fn cluster_policy(&self, name: &str) -> String {
         format!("{name}-{}", self.suffix)
     }

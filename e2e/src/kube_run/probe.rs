@@ -24,7 +24,7 @@ use futures::stream::{self, StreamExt};
 use super::api::RealCluster;
 use super::report::{Probe, StepReport};
 use super::ScenarioRun;
-use super::{explain, flows, objects};
+use super::{explain, flows};
 use crate::expect::{Outcome, PortKey, Protocol};
 use crate::flow_check::Rounds;
 use crate::scenario::{Step, Target};
@@ -293,12 +293,7 @@ async fn check_agents(
         }
     };
     let (answers, errors) = explain::ask(run, &agents, probes).await;
-    let served = |p: &Probe| {
-        run.world.pods.get(&p.3).is_some_and(|pod| {
-            objects::served(pod, run.offer.sctp)
-                .any(|d| d.protocol == p.1.protocol && d.port == p.1.port)
-        })
-    };
+    let served = |p: &Probe| run.serves(&p.3, &p.1);
     let mut wrong = errors;
     wrong.extend(explain::judge(&answers, expected, &served));
     rep.explained = answers.len();
