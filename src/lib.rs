@@ -30,6 +30,7 @@ pub mod host;
 pub mod iface_naming;
 pub mod inspect;
 pub mod ipsets;
+pub mod kernel_text;
 pub mod model;
 pub mod rules;
 pub mod telemetry;

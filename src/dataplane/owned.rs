@@ -8,9 +8,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::iptables::parse::normalize_save_line;
 use super::iptables::Ownership;
 use crate::ipsets::set_family;
+use crate::kernel_text::ipset::{self, SetLine};
+use crate::kernel_text::iptables::{self, SaveLine};
 use crate::model::IpFamily;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,28 +31,21 @@ impl OwnedState {
     /// `ownership` names ours, and our rules (those carrying our hash) in other chains.
     pub fn add_iptables(&mut self, text: &str, ownership: &Ownership) {
         // Read as the writer reads saves: iptables 1.8.7's quirks (a trailing space, two
-        // spaces after --nflog-prefix) are no difference.
-        for line in text.lines().map(normalize_save_line) {
-            let line = line.as_ref();
-            if let Some(decl) = line.strip_prefix(':') {
-                let name = decl.split_whitespace().next().unwrap_or_default();
-                if ownership.owns_chain(name) {
-                    self.chains.entry(name.to_string()).or_default();
+        // spaces after --nflog-prefix) are no difference. Every table is read: our rules
+        // live in filter only, and a restore script's inserts count where they stand.
+        for line in iptables::lines(text.as_bytes()) {
+            let (chain, body) = match line.kind() {
+                SaveLine::Chain { name, .. } => {
+                    if ownership.owns_chain(name) {
+                        self.chains.entry(name.to_string()).or_default();
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let inserted = line.starts_with("-I ");
-            let Some(rest) = line
-                .strip_prefix("-A ")
-                .or_else(|| line.strip_prefix("-I "))
-            else {
-                continue;
+                SaveLine::Append { chain, body } | SaveLine::Insert { chain, body, .. } => {
+                    (chain, body)
+                }
+                _ => continue,
             };
-            let (chain, mut body) = rest.split_once(' ').unwrap_or((rest, ""));
-            if inserted {
-                // `-I CHAIN N body`: drop the position.
-                body = body.split_once(' ').map_or("", |(_, b)| b);
-            }
             if ownership.owns_chain(chain) {
                 self.chains
                     .entry(chain.to_string())
@@ -70,22 +64,28 @@ impl OwnedState {
     /// restore` text.
     pub fn add_ipsets(&mut self, text: &str, family: IpFamily) {
         let ours = |name: &str| set_family(name) == Some(family);
-        for line in text.lines() {
-            let mut words = line.split_whitespace();
-            match (words.next(), words.next(), words.next()) {
-                (Some("create"), Some(name), set_type) if ours(name) => {
+        for line in ipset::lines(text) {
+            match line {
+                SetLine::Create {
+                    name,
+                    set_type,
+                    options,
+                } if ours(name) => {
                     self.sets.entry(name.to_string()).or_default();
-                    let family = line
-                        .split_whitespace()
-                        .skip_while(|w| *w != "family")
-                        .nth(1)
-                        .unwrap_or("inet");
                     self.set_types.insert(
                         name.to_string(),
-                        format!("{} family {family}", set_type.unwrap_or_default()),
+                        format!(
+                            "{} family {}",
+                            set_type.unwrap_or_default(),
+                            options.family().unwrap_or("inet")
+                        ),
                     );
                 }
-                (Some("add"), Some(name), Some(member)) if ours(name) => {
+                SetLine::Add {
+                    name,
+                    entry: Some(member),
+                    ..
+                } if ours(name) => {
                     self.sets
                         .entry(name.to_string())
                         .or_default()

@@ -25,6 +25,7 @@
 use std::path::Path;
 
 use crate::host::exec::Exec;
+use crate::kernel_text::iptables::{self, SaveLine};
 
 /// What the detector looks at.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -184,15 +185,13 @@ fn output(exec: &Exec, tool: &str, args: &[&str]) -> Option<String> {
 
 /// `(table, chain)` of every chain declaration in `iptables-save` output.
 pub fn chain_names(save: &str) -> Vec<(String, String)> {
-    let mut table = String::new();
+    let mut table = "";
     let mut out = Vec::new();
     for line in save.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.trim().to_string();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            if let Some(name) = decl.split_whitespace().next() {
-                out.push((table.clone(), name.to_string()));
-            }
+        match iptables::classify(line) {
+            SaveLine::Table(t) => table = t,
+            SaveLine::Chain { name, .. } => out.push((table.to_string(), name.to_string())),
+            _ => {}
         }
     }
     out

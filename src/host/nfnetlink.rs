@@ -1,7 +1,10 @@
-//! A small synchronous nfnetlink client (`NETLINK_NETFILTER`) over `netlink-sys`, carrying
-//! the message types of `netlink-packet-netfilter`: acknowledged requests, dumps read one
-//! message at a time, and raw datagram reads for sockets the kernel sends to unasked (an
-//! NFLOG group). Shared by [`crate::host::nflog`] and [`crate::host::conntrack`].
+//! The one netfilter netlink client (`NETLINK_NETFILTER`), over `netlink-sys`. It speaks two
+//! ways: with the message types of `netlink-packet-netfilter` (acknowledged requests, dumps
+//! read one message at a time, raw datagram reads for sockets the kernel sends to unasked,
+//! an NFLOG group: [`crate::host::nflog`], [`crate::host::conntrack`]), and undecoded, as
+//! [`RawMessage`]s (requests built as bytes, dumps, and multicast event reads: the rule
+//! counters and the change watchers of `dataplane::watch`, which read two or three
+//! attributes per message where decoding every one would cost ~50 times as much).
 //!
 //! The socket works in the network namespace of the thread that opens it, as every netlink
 //! socket does; nothing here changes namespaces.
@@ -11,15 +14,15 @@
 //! `NLMSG_DONE` or fails. Datagrams the kernel sends while a request waits for its
 //! acknowledgement (NFLOG packets arriving during configuration) are kept, not dropped, and
 //! returned by [`NfnlSocket::recv_datagram`] first. A message that does not decode is counted
-//! and skipped, never a panic.
-
+//! and skipped, never a panic; a datagram too long for the buffer is an error, never cut.
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_DONE, NLMSG_ERROR,
+    NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::NetfilterMessage;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
@@ -74,6 +77,26 @@ impl NfnlSocket {
             buf: Vec::with_capacity(MAX_DATAGRAM),
             backlog: VecDeque::new(),
         })
+    }
+
+    /// A non-blocking socket receiving the multicast events of `groups`, with a receive
+    /// buffer of `rcvbuf` bytes (forced past `rmem_max` when we may; a smaller one only costs
+    /// the reader a full read after an overrun).
+    pub fn monitor(groups: &[u32], rcvbuf: usize) -> io::Result<NfnlSocket> {
+        let mut socket = Socket::new(NETLINK_NETFILTER)?;
+        socket.bind_auto()?;
+        for group in groups {
+            socket.add_membership(*group)?;
+        }
+        socket.set_non_blocking(true)?;
+        let socket = NfnlSocket {
+            socket,
+            seq: 0,
+            buf: Vec::with_capacity(MAX_DATAGRAM),
+            backlog: VecDeque::new(),
+        };
+        let _ = socket.set_receive_buffer(rcvbuf);
+        Ok(socket)
     }
 
     /// Asks for a receive buffer of `bytes`. As root `SO_RCVBUFFORCE` lifts the
@@ -156,7 +179,9 @@ impl NfnlSocket {
     /// A dump whose replies are handed over undecoded: `each(message type, payload)` for every
     /// reply message (the payload starts at the `nfgenmsg` header). For large dumps read on a
     /// timer (the rule counters), where decoding every attribute of every message into the
-    /// crate's owned types would cost more than the read itself.
+    /// crate's owned types would cost more than the read itself. A dump the kernel marks
+    /// interrupted by a concurrent change is read to its end all the same: counters are
+    /// read again on the next tick.
     pub fn dump_raw(
         &mut self,
         message: NetfilterMessage,
@@ -166,46 +191,121 @@ impl NfnlSocket {
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
             let data = self.recv_for_request(deadline)?;
-            let mut offset = 0;
-            while offset + NLMSG_HDRLEN <= data.len() {
-                let message = netlink_packet_core::NetlinkBuffer::new_checked(&data[offset..])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = message.length() as usize;
-                if message.sequence_number() == seq {
-                    match message.message_type() {
-                        netlink_packet_core::NLMSG_DONE => return Ok(()),
-                        netlink_packet_core::NLMSG_ERROR => {
-                            let payload = message.payload();
-                            let code = payload
-                                .get(..4)
-                                .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                                .unwrap_or(0);
-                            if code != 0 {
-                                return Err(io::Error::from_raw_os_error(-code));
-                            }
-                        }
-                        kind => each(kind, message.payload()),
-                    }
+            for message in raw_messages(&data) {
+                let message = message?;
+                if message.seq != seq {
+                    continue;
                 }
-                offset += (len + 3) & !3;
+                match message.msg_type {
+                    NLMSG_DONE => return Ok(()),
+                    NLMSG_ERROR => ack_result(message.payload)?,
+                    kind => each(kind, message.payload),
+                }
             }
         }
     }
 
-    fn send(&mut self, message: NetfilterMessage, flags: u16) -> io::Result<u32> {
+    /// Sends `payload` (nfgenmsg and attributes, built as bytes) as one message of `msg_type`
+    /// with `NLM_F_REQUEST | flags`, then hands every reply message to `each` until the reply
+    /// is complete: `NLMSG_DONE` for a dump, the first reply (or acknowledgement) otherwise.
+    /// Each reply datagram may take up to [`REQUEST_TIMEOUT`]. A kernel error is returned as
+    /// the `io::Error` of its errno (ipset's own codes, 4096 and up, come through as raw OS
+    /// errors too); a dump the kernel marks interrupted by a concurrent change is an
+    /// `Interrupted` error, so the caller reads it again whole.
+    pub fn exchange(
+        &mut self,
+        msg_type: u16,
+        flags: u16,
+        payload: &[u8],
+        mut each: impl FnMut(&RawMessage<'_>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let seq = self.send_raw(msg_type, NLM_F_REQUEST | flags, payload)?;
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        loop {
+            let n = self.recv_reply(Instant::now() + REQUEST_TIMEOUT)?;
+            let mut answered = false;
+            for message in raw_messages(&self.buf[..n]) {
+                let message = message?;
+                if message.seq != seq {
+                    // A late reply to an earlier request that was given up on.
+                    continue;
+                }
+                if message.flags & NLM_F_DUMP_INTR != 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "the dump was interrupted by a concurrent change",
+                    ));
+                }
+                match message.msg_type {
+                    NLMSG_NOOP => {}
+                    NLMSG_DONE => return Ok(()),
+                    NLMSG_ERROR => return ack_result(message.payload),
+                    NLMSG_OVERRUN => return Err(io::Error::from_raw_os_error(libc::ENOBUFS)),
+                    _ => {
+                        each(&message)?;
+                        answered = true;
+                    }
+                }
+            }
+            if answered && !dump {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One datagram if one is pending (non-blocking sockets: [`NfnlSocket::monitor`]), `None`
+    /// when none is. Lost events come back as `Err` with `ENOBUFS` ([`is_overrun`]).
+    pub fn recv_pending(&mut self) -> io::Result<Option<&[u8]>> {
+        if let Some(data) = self.backlog.pop_front() {
+            self.buf.clear();
+            self.buf.extend_from_slice(&data);
+            return Ok(Some(&self.buf));
+        }
+        match self.recv_raw() {
+            Ok(n) => Ok(Some(&self.buf[..n])),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(&[])),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        // Never 0: sequence 0 is the kernel speaking unasked.
         self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq
+    }
+
+    fn send(&mut self, message: NetfilterMessage, flags: u16) -> io::Result<u32> {
+        let seq = self.next_seq();
         let mut header = NetlinkHeader::default();
         header.flags = flags;
-        header.sequence_number = self.seq;
+        header.sequence_number = seq;
         let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(message));
         packet.finalize();
         let mut buf = vec![0; packet.buffer_len()];
         packet.serialize(&mut buf);
         self.socket.send(&buf, 0)?;
-        Ok(self.seq)
+        Ok(seq)
     }
 
-    fn recv_for_request(&mut self, deadline: Instant) -> io::Result<Vec<u8>> {
+    fn send_raw(&mut self, msg_type: u16, flags: u16, payload: &[u8]) -> io::Result<u32> {
+        let seq = self.next_seq();
+        let len = NLMSG_HDRLEN + payload.len();
+        let mut out = vec![0u8; len];
+        let mut header = NetlinkBuffer::new(&mut out[..]);
+        header.set_length(len as u32);
+        header.set_message_type(msg_type);
+        header.set_flags(flags);
+        header.set_sequence_number(seq);
+        header.set_port_number(0);
+        out[NLMSG_HDRLEN..].copy_from_slice(payload);
+        self.socket.send(&out, 0)?;
+        Ok(seq)
+    }
+
+    /// Waits for the next datagram of a reply until `deadline` and reads it into `self.buf`;
+    /// returns its length.
+    fn recv_reply(&mut self, deadline: Instant) -> io::Result<usize> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // The socket itself, not the backlog: replies never sit there.
@@ -216,12 +316,17 @@ impl NfnlSocket {
                 ));
             }
             match self.recv_raw() {
-                Ok(n) => return Ok(self.buf[..n].to_vec()),
+                Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    fn recv_for_request(&mut self, deadline: Instant) -> io::Result<Vec<u8>> {
+        let n = self.recv_reply(deadline)?;
+        Ok(self.buf[..n].to_vec())
     }
 
     /// Reads one datagram (the backlog first), blocking unless the socket is non-blocking.
@@ -266,6 +371,84 @@ impl NfnlSocket {
 
     pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.socket.as_fd()
+    }
+}
+
+/// One message of a datagram, undecoded.
+#[derive(Clone, Copy, Debug)]
+pub struct RawMessage<'a> {
+    pub msg_type: u16,
+    pub flags: u16,
+    pub seq: u32,
+    /// From the `nfgenmsg` header on.
+    pub payload: &'a [u8],
+}
+
+impl RawMessage<'_> {
+    /// The subsystem (`NFNL_SUBSYS_*`) and its message type.
+    pub fn nfnl_type(&self) -> (u8, u8) {
+        ((self.msg_type >> 8) as u8, self.msg_type as u8)
+    }
+}
+
+/// The messages of one datagram, in order, bounds-checked by netlink-packet-core; stops at
+/// the first malformed one (an `InvalidData` error naming its offset).
+pub fn raw_messages(data: &[u8]) -> RawMessages<'_> {
+    RawMessages { data, pos: 0 }
+}
+
+pub struct RawMessages<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Iterator for RawMessages<'a> {
+    type Item = io::Result<RawMessage<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.data.get(self.pos..).unwrap_or_default();
+        if rest.is_empty() {
+            return None;
+        }
+        let buf = match NetlinkBuffer::new_checked(rest) {
+            Ok(buf) => buf,
+            Err(e) => {
+                let at = self.pos;
+                self.pos = self.data.len();
+                return Some(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("at byte {at}: {e}"),
+                )));
+            }
+        };
+        let len = buf.length() as usize;
+        let message = RawMessage {
+            msg_type: buf.message_type(),
+            flags: buf.flags(),
+            seq: buf.sequence_number(),
+            payload: buf.payload(),
+        };
+        // Messages are 4-byte aligned (NLMSG_ALIGN); the last one may end unpadded.
+        self.pos = self.pos.saturating_add((len + 3) & !3);
+        Some(Ok(message))
+    }
+}
+
+/// `NLMSG_ERROR`: errno 0 is an acknowledgement.
+fn ack_result(payload: &[u8]) -> io::Result<()> {
+    let code = payload
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(i32::from_ne_bytes)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a netlink error message shorter than its error code",
+            )
+        })?;
+    match code {
+        0 => Ok(()),
+        c => Err(io::Error::from_raw_os_error(c.saturating_neg())),
     }
 }
 
@@ -364,6 +547,49 @@ mod tests {
         data[..4].copy_from_slice(&8u32.to_ne_bytes());
         assert!(split(&data).is_err(), "a length below the header size");
         assert!(split(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn raw_messages_walks_aligned_messages_and_stops_at_garbage() {
+        let mut data = Vec::new();
+        for (ty, payload) in [(0x0a0fu16, &[1u8, 2, 3][..]), (NLMSG_DONE, &[0u8; 4][..])] {
+            let len = 16 + payload.len();
+            data.extend_from_slice(&(len as u32).to_ne_bytes());
+            data.extend_from_slice(&ty.to_ne_bytes());
+            data.extend_from_slice(&0u16.to_ne_bytes());
+            data.extend_from_slice(&7u32.to_ne_bytes());
+            data.extend_from_slice(&0u32.to_ne_bytes());
+            data.extend_from_slice(payload);
+            data.resize((data.len() + 3) & !3, 0);
+        }
+        let msgs: Vec<_> = raw_messages(&data).collect::<Result<_, _>>().unwrap();
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(msgs[0].nfnl_type(), (10, 15));
+        assert_eq!(msgs[0].payload, &[1, 2, 3]);
+        assert_eq!(msgs[1].msg_type, NLMSG_DONE);
+
+        // A length field past the end, a length below the header, a short tail.
+        let mut bad = data.clone();
+        bad[0] = 200;
+        assert!(raw_messages(&bad).next().unwrap().is_err());
+        let mut bad = data.clone();
+        bad[0] = 3;
+        assert!(raw_messages(&bad).next().unwrap().is_err());
+        let cut = &data[..data.len() - 2];
+        let results: Vec<_> = raw_messages(cut).collect();
+        assert!(results[0].is_ok());
+        assert!(results[1].is_err());
+        assert!(raw_messages(&[]).next().is_none());
+        assert!(raw_messages(&[1, 2, 3]).next().unwrap().is_err());
+    }
+
+    #[test]
+    fn kernel_errors_become_io_errors() {
+        assert!(ack_result(&0i32.to_ne_bytes()).is_ok());
+        let e = ack_result(&(-libc::ENOENT).to_ne_bytes()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        assert!(ack_result(&[1]).is_err());
+        assert!(ack_result(&i32::MIN.to_ne_bytes()).is_err());
     }
 
     #[test]

@@ -33,6 +33,8 @@ use crate::datastore::kube::{self, KubeConnect};
 use crate::datastore::manifests;
 use crate::host::exec::Exec;
 use crate::iface_naming::{CriConfig, InterfaceResolver};
+use crate::kernel_text::ipset::{self, SetLine};
+use crate::kernel_text::iptables::{self, SaveLine};
 use crate::model::{DatastoreEvent, IpFamily, K8sObject, ObjectRef};
 
 /// How long reading the Kubernetes API may take before its first complete listing.
@@ -286,10 +288,9 @@ pub fn kube_ipvs_mode(
         IpvsSupport::Off => false,
         IpvsSupport::Auto => match (&view, saved) {
             (Some(v), _) => v.present,
-            (None, Some((iptables, _))) => {
-                let header = format!(":{FORWARD_CHECK_CHAIN} ");
-                iptables.lines().any(|l| l.starts_with(&header))
-            }
+            (None, Some((save, _))) => iptables::lines(save.as_bytes()).any(
+                |l| matches!(l.kind(), SaveLine::Chain { name, .. } if name == FORWARD_CHECK_CHAIN),
+            ),
             (None, None) => false,
         },
     };
@@ -306,10 +307,14 @@ pub fn kube_ipvs_mode(
     }
     let names = [this_host_set(IpFamily::V4), this_host_set(IpFamily::V6)];
     let mut addrs = std::collections::BTreeSet::new();
-    for line in saved.map_or("", |(_, ipsets)| ipsets).lines() {
-        let mut w = line.split_whitespace();
-        if let (Some("add"), Some(set), Some(member)) = (w.next(), w.next(), w.next()) {
-            if names.iter().any(|n| n == set) {
+    for line in ipset::lines(saved.map_or("", |(_, ipsets)| ipsets)) {
+        if let SetLine::Add {
+            name,
+            entry: Some(member),
+            ..
+        } = line
+        {
+            if names.iter().any(|n| n == name) {
                 // hash:net prints a host address bare; a wider net is no host address and is
                 // left out, so audit reports it as a member that should not be there.
                 if let Ok(ip) = member.parse() {

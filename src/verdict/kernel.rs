@@ -23,6 +23,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
+use crate::kernel_text::ipset::{self, SetLine};
+use crate::kernel_text::iptables::{self, SaveLine};
 use crate::model::{IpFamily, Protocol};
 use crate::rules::RULE_HASH_PREFIX;
 
@@ -492,54 +494,35 @@ impl Ruleset {
         let mut rs = Ruleset::default();
         let mut inside = false;
         let mut any_table = false;
-        for line in text.lines() {
-            let line = line.trim_end();
-            if line.starts_with('#') || line.is_empty() {
-                continue;
-            }
-            if let Some(name) = line.strip_prefix('*') {
-                any_table = true;
-                inside = name == "filter";
-                continue;
-            }
-            if any_table && !inside {
-                continue;
-            }
-            if line == "COMMIT" {
-                inside = false;
-                continue;
-            }
-            if let Some(decl) = line.strip_prefix(':') {
-                let mut w = decl.split_whitespace();
-                if let Some(name) = w.next() {
+        for line in iptables::lines(text.as_bytes()) {
+            match line.kind() {
+                SaveLine::Table(name) => {
+                    any_table = true;
+                    inside = name == "filter";
+                }
+                _ if any_table && !inside => {}
+                SaveLine::Commit => inside = false,
+                SaveLine::Chain { name, policy } => {
                     rs.chains.entry(name.to_string()).or_default();
-                    if let Some(policy) = w.next().filter(|p| *p != "-") {
+                    if let Some(policy) = policy {
                         rs.policies.insert(name.to_string(), policy.to_string());
                     }
                 }
-                continue;
-            }
-            let line = match line.strip_prefix('[') {
-                Some(rest) => rest.split_once("] ").map_or(line, |(_, r)| r),
-                None => line,
-            };
-            if let Some(rest) = line.strip_prefix("-A ") {
-                let (chain, body) = rest.split_once(' ').unwrap_or((rest, ""));
-                rs.chains
+                SaveLine::Append { chain, body } => rs
+                    .chains
                     .entry(chain.to_string())
                     .or_default()
-                    .push(KernelRule::new(body));
-            } else if let Some(rest) = line.strip_prefix("-I ") {
-                let (chain, rest) = rest.split_once(' ').unwrap_or((rest, ""));
-                let (pos, body) = match rest.split_once(' ') {
-                    Some((n, b)) if n.parse::<usize>().is_ok() => {
-                        (n.parse::<usize>().unwrap_or(1), b)
-                    }
-                    _ => (1, rest),
-                };
-                let rules = rs.chains.entry(chain.to_string()).or_default();
-                let at = pos.saturating_sub(1).min(rules.len());
-                rules.insert(at, KernelRule::new(body));
+                    .push(KernelRule::new(body)),
+                SaveLine::Insert {
+                    chain,
+                    position,
+                    body,
+                } => {
+                    let rules = rs.chains.entry(chain.to_string()).or_default();
+                    let at = position.saturating_sub(1).min(rules.len());
+                    rules.insert(at, KernelRule::new(body));
+                }
+                SaveLine::Comment(_) | SaveLine::Other => {}
             }
         }
         for builtin in ["INPUT", "FORWARD", "OUTPUT"] {
@@ -559,32 +542,33 @@ impl KernelSets {
     /// Reads `ipset save` (or `ipset restore` input): every set, ours and others'.
     pub fn parse(text: &str) -> KernelSets {
         let mut sets: HashMap<String, KernelSet> = HashMap::new();
-        for line in text.lines() {
-            let mut w = line.split_whitespace();
-            match (w.next(), w.next()) {
-                (Some("create"), Some(name)) => {
-                    let set_type = w.next().unwrap_or_default().to_string();
-                    let mut family = None;
-                    while let Some(x) = w.next() {
-                        if x == "family" {
-                            family = match w.next() {
-                                Some("inet") => Some(IpFamily::V4),
-                                Some("inet6") => Some(IpFamily::V6),
-                                _ => None,
-                            };
-                        }
-                    }
+        for line in ipset::lines(text) {
+            match line {
+                SetLine::Create {
+                    name,
+                    set_type,
+                    options,
+                } => {
+                    let family = match options.family() {
+                        Some("inet") => Some(IpFamily::V4),
+                        Some("inet6") => Some(IpFamily::V6),
+                        _ => None,
+                    };
                     sets.insert(
                         name.to_string(),
                         KernelSet {
-                            set_type,
+                            set_type: set_type.unwrap_or_default().to_string(),
                             family,
                             ..KernelSet::default()
                         },
                     );
                 }
-                (Some("add"), Some(name)) => {
-                    if let (Some(set), Some(entry)) = (sets.get_mut(name), w.next()) {
+                SetLine::Add {
+                    name,
+                    entry: Some(entry),
+                    ..
+                } => {
+                    if let Some(set) = sets.get_mut(name) {
                         set.add(entry);
                     }
                 }

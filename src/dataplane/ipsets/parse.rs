@@ -1,4 +1,4 @@
-//! Reading `ipset save` output: our sets (`crate::ipsets::is_owned_set`) with their type,
+//! Reading `ipset save` output (lines read by [`crate::kernel_text::ipset`]): our sets (`crate::ipsets::is_owned_set`) with their type,
 //! family, size and members; everything else is read past. Any bytes are accepted.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 use super::plan::KernelSet;
 use crate::ipsets::{is_owned_set, Member, SetType};
+use crate::kernel_text::ipset::{self, Options, SetLine};
 use crate::model::{IpFamily, Protocol};
 
 /// Reads `ipset save` output, keeping our sets. Lines it does not understand are skipped; a
@@ -20,16 +21,20 @@ pub(super) fn parse_save<R: BufRead>(mut reader: R) -> io::Result<BTreeMap<Strin
             break;
         }
         let line = String::from_utf8_lossy(&buf);
-        let mut words = line.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("create"), Some(name)) if is_owned_set(name) => {
-                let set = parse_create(words);
-                sets.insert(name.to_string(), set);
+        match ipset::classify(&line) {
+            SetLine::Create {
+                name,
+                set_type,
+                options,
+            } if is_owned_set(name) => {
+                sets.insert(name.to_string(), parse_create(set_type, options));
             }
-            (Some("add"), Some(name)) => {
+            SetLine::Add {
+                name,
+                entry,
+                trailing,
+            } => {
                 if let Some(set) = sets.get_mut(name) {
-                    let entry = words.next();
-                    let trailing = words.next().is_some();
                     match entry.and_then(|e| parse_member(set.set_type, set.family, e)) {
                         Some(m) if !trailing => {
                             set.members.insert(m);
@@ -45,8 +50,8 @@ pub(super) fn parse_save<R: BufRead>(mut reader: R) -> io::Result<BTreeMap<Strin
 }
 
 /// The rest of a `create NAME` line: `TYPE family inet hashsize 1024 maxelem 1048576 ...`.
-fn parse_create<'a>(mut words: impl Iterator<Item = &'a str>) -> KernelSet {
-    let set_type = match words.next() {
+fn parse_create(set_type: Option<&str>, mut words: Options<'_>) -> KernelSet {
+    let set_type = match set_type {
         Some("hash:net") => Some(SetType::HashNet),
         Some("hash:ip,port") => Some(SetType::HashIpPort),
         _ => None,

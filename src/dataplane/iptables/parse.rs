@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use anyhow::anyhow;
 
+use crate::kernel_text;
+use crate::kernel_text::iptables::SaveLine;
+
 /// What the writer owns in a table: every chain whose name starts with `chain_prefix` (at
 /// most `max_chain_len` characters), and in other chains the rules whose first comment is
 /// `<rule_hash_prefix><hash>`. Given by whoever renders the rules.
@@ -77,106 +80,51 @@ impl TableState {
     }
 }
 
-/// One line of `iptables-save` output in the form current iptables (1.8.8 and later) prints
-/// it, so that one rule reads the same whatever release printed it:
-/// - iptables 1.8.7 (Debian 11, and the `-nft` tools' save) ends a rule without a target
-///   with a space;
-/// - its `NFLOG` extension prints two spaces after `--nflog-prefix` (both backends); a
-///   prefix that starts with a space is printed quoted, so two spaces there are never part
-///   of a prefix.
+/// Parses the `*<table>` section of `iptables-save` output (lines read by
+/// [`kernel_text::iptables`]): `:NAME` lines declare chains, `-A NAME ...` lines are rules.
+/// Output without the table (nft before the table exists) is an empty table. felix treats
+/// the nft tools' "table is incompatible" warning as an error, and so do we.
 ///
-/// Without this, every deny-log rule would differ from what we render on such a node: the
-/// writer would replace it on every resync and `audit` would report it as drift.
-pub fn normalize_save_line(line: &str) -> std::borrow::Cow<'_, str> {
-    const NFLOG_PREFIX_1_8_7: &str = " --nflog-prefix  ";
-    let line = line.trim_end();
-    if line.contains(NFLOG_PREFIX_1_8_7) {
-        std::borrow::Cow::Owned(line.replace(NFLOG_PREFIX_1_8_7, " --nflog-prefix "))
-    } else {
-        std::borrow::Cow::Borrowed(line)
-    }
-}
-
-/// Parses the `*<table>` section of `iptables-save` output: `:NAME` lines declare chains,
-/// `-A NAME ...` lines are rules (a `[packets:bytes]` counter prefix is skipped). Output
-/// without the table (nft before the table exists) is an empty table. felix treats the nft
-/// tools' "table is incompatible" warning as an error, and so do we.
-///
-/// The output is read as bytes: other programs' rules may carry any bytes (a comment is
-/// whatever its writer passed), and one byte that is not UTF-8 must not stop us from reading
-/// our own. A line that is not UTF-8 is never ours (we write only safe ASCII), so it is
-/// carried opaquely: its chain and body are kept in lossy form, only to keep positions and
-/// counts right. The writer never writes a body back unless the rule carries our hash, and a
-/// rule that is not UTF-8 is given none, even if a comment looks like ours.
+/// One byte that is not UTF-8 in another program's rule must not stop us from reading our
+/// own. Such a line is never ours (we write only safe ASCII), so it is carried opaquely: its
+/// chain and body are kept in lossy form, only to keep positions and counts right. The
+/// writer never writes a body back unless the rule carries our hash, and a rule that is not
+/// UTF-8 is given none, even if a comment looks like ours.
 pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Result<TableState> {
     let mut state = TableState::empty(ownership);
     let mut inside = false;
-    for raw in bytes.split(|&b| b == b'\n') {
-        // Counters (`[packets:bytes] `, with `-c`) are not part of the rule: a rule is judged
-        // by its own text, whatever bytes stand in front of it.
-        let raw = strip_counters(raw);
-        let (line, foreign) = match std::str::from_utf8(raw) {
-            Ok(line) => (std::borrow::Cow::Borrowed(line), false),
-            Err(_) => (String::from_utf8_lossy(raw), true),
-        };
-        let line = normalize_save_line(&line);
-        let line = line.as_ref();
-        if line.starts_with('#') {
-            if line.contains("incompatible") {
-                return Err(anyhow!("save output says: {line}"));
+    for line in kernel_text::iptables::lines(bytes) {
+        match line.kind() {
+            SaveLine::Comment(text) => {
+                if text.contains("incompatible") {
+                    return Err(anyhow!("save output says: {}", line.text));
+                }
             }
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('*') {
-            inside = name == table;
-            continue;
-        }
-        if !inside {
-            continue;
-        }
-        if line == "COMMIT" {
-            inside = false;
-            continue;
-        }
-        if let Some(decl) = line.strip_prefix(':') {
-            if let Some(name) = decl.split_whitespace().next() {
+            SaveLine::Table(name) => inside = name == table,
+            _ if !inside => {}
+            SaveLine::Commit => inside = false,
+            SaveLine::Chain { name, .. } => {
                 state.chains.entry(name.to_string()).or_default();
             }
-            continue;
-        }
-        let line = match line.strip_prefix('[') {
-            Some(rest) => rest.split_once("] ").map_or(line, |(_, r)| r),
-            None => line,
-        };
-        if let Some(rest) = line.strip_prefix("-A ") {
-            let (chain, body) = rest.split_once(' ').unwrap_or((rest, ""));
-            let rule = if foreign {
-                KernelRule {
-                    hash: None,
-                    body: body.to_string(),
-                }
-            } else {
-                ownership.rule(body)
-            };
-            state
-                .chains
-                .entry(chain.to_string())
-                .or_default()
-                .push(rule);
+            SaveLine::Append { chain, body } => {
+                let rule = if line.lossy {
+                    KernelRule {
+                        hash: None,
+                        body: body.to_string(),
+                    }
+                } else {
+                    ownership.rule(body)
+                };
+                state
+                    .chains
+                    .entry(chain.to_string())
+                    .or_default()
+                    .push(rule);
+            }
+            SaveLine::Insert { .. } | SaveLine::Other => {}
         }
     }
     Ok(state)
-}
-
-/// A rule line without its `[packets:bytes] ` prefix, when it has one.
-fn strip_counters(raw: &[u8]) -> &[u8] {
-    if raw.first() != Some(&b'[') {
-        return raw;
-    }
-    match raw.windows(2).position(|w| w == b"] ") {
-        Some(end) => &raw[end + 2..],
-        None => raw,
-    }
 }
 
 #[cfg(test)]
@@ -203,7 +151,7 @@ mod tests {
             .map(|r| r.body.as_str())
             .collect();
         assert_eq!(bodies, [body, "-m comment --comment \"cali:abc\"", quoted]);
-        assert_eq!(normalize_save_line(body), body);
+        assert_eq!(kernel_text::iptables::normalize_save_line(body), body);
     }
 
     #[test]

@@ -44,7 +44,7 @@ use std::io;
 
 use netlink_packet_core::{NLA_F_NET_BYTEORDER, NLM_F_DUMP};
 
-use super::nfnl::{self, attr_be32, attr_str, attrs, NfnlSocket, NFNL_SUBSYS_IPSET};
+use super::nfnl::{self, attr_be32, attr_str, attrs, NfGen as _, NfnlSocket, NFNL_SUBSYS_IPSET};
 use super::{Finding, Interest, Malformed};
 
 const IPSET_CMD_LIST: u8 = 7;
@@ -290,7 +290,8 @@ impl IpsetWatch {
                 return Err(Malformed::new(
                     "ipset list reply",
                     format!("asked for set {name}, got {}", part.name),
-                ));
+                )
+                .into());
             }
             if let Some(adt) = part.adt {
                 digest_members(adt, &mut digest)?;

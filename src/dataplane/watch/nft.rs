@@ -41,7 +41,9 @@ use netlink_packet_netfilter::{
 };
 use nix::libc;
 
-use super::nfnl::{self, attr_str, attrs, Msg, NfnlSocket, NFNLGRP_NFTABLES, NFNL_SUBSYS_NFTABLES};
+use super::nfnl::{
+    self, attr_str, attrs, Msg, NfGen as _, NfnlSocket, NFNLGRP_NFTABLES, NFNL_SUBSYS_NFTABLES,
+};
 use super::{Finding, Interest, Malformed};
 use crate::model::IpFamily;
 
