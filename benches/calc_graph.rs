@@ -21,9 +21,10 @@ mod synthetic;
 
 use std::time::{Duration, Instant};
 
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
-use netpol_agent::rules::{chains::kernel_chain_rules, render, RuleConfig};
+use netpol_agent::rules::RuleConfig;
 
 use synthetic::{build, pod, Rng, Scale, APPS};
 
@@ -62,12 +63,10 @@ fn full_compile(scale: Scale) -> Duration {
     let state = g.snapshot();
     let fam = &state.families[&IpFamily::V4];
     let cfg = RuleConfig::default();
-    let ipset_script = ipsets::restore_script(&fam.sets, ipsets::DEFAULT_MAX_SET_SIZE);
-    let iptables_script = render::restore_script(
-        &fam.chains,
-        &kernel_chain_rules(&cfg, IpFamily::V4),
-        cfg.insert_mode,
-    );
+    let RestoreScripts {
+        ipsets: ipset_script,
+        iptables: iptables_script,
+    } = fam.restore_scripts(&cfg, IpFamily::V4, ipsets::DEFAULT_MAX_SET_SIZE);
     let elapsed = start.elapsed();
     let peak = rss_kib("VmHWM:");
     let members: usize = fam.sets.values().map(|s| s.members.len()).sum();

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrusage, UsageWho};
 
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::dataplane::ipsets::IpsetManager;
 use netpol_agent::dataplane::iptables::parse::parse_save;
 use netpol_agent::dataplane::watch::ipset::IpsetWatch;
@@ -41,10 +42,9 @@ use netpol_agent::dataplane::watch::nft::{classify_event, NftGeneration, NftMoni
 use netpol_agent::dataplane::watch::xtables::{digest_entries, LegacyWatch, XtSocket};
 use netpol_agent::dataplane::watch::Finding;
 use netpol_agent::host::exec::Exec;
-use netpol_agent::ipsets::{self, DEFAULT_MAX_SET_SIZE};
+use netpol_agent::ipsets::DEFAULT_MAX_SET_SIZE;
 use netpol_agent::model::IpFamily;
-use netpol_agent::rules::chains::kernel_chain_rules;
-use netpol_agent::rules::{render, RuleConfig};
+use netpol_agent::rules::RuleConfig;
 
 use synthetic::{build, Rng, Scale};
 
@@ -204,12 +204,10 @@ fn scripts(local: usize) -> (String, String, usize, usize) {
     let state = graph.snapshot();
     let fam = &state.families[&IpFamily::V4];
     let cfg = RuleConfig::default();
-    let ipset = ipsets::restore_script(&fam.sets, DEFAULT_MAX_SET_SIZE);
-    let iptables = render::restore_script(
-        &fam.chains,
-        &kernel_chain_rules(&cfg, IpFamily::V4),
-        cfg.insert_mode,
-    );
+    let RestoreScripts {
+        ipsets: ipset,
+        iptables,
+    } = fam.restore_scripts(&cfg, IpFamily::V4, DEFAULT_MAX_SET_SIZE);
     let rules = iptables
         .lines()
         .filter(|l| l.starts_with("-A ") || l.starts_with("-I "))

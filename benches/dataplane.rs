@@ -83,15 +83,15 @@ use tracing_subscriber::prelude::*;
 use tracing_subscriber::Layer;
 
 use netpol_agent::agent::Calculation;
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::calc_graph::update::Update;
 use netpol_agent::dataplane::iptables::Backend;
 use netpol_agent::dataplane::{Dataplane, DataplaneConfig};
 use netpol_agent::host::exec::Exec;
-use netpol_agent::ipsets::{self, SetSpec, DEFAULT_MAX_SET_SIZE};
+use netpol_agent::ipsets::{SetSpec, DEFAULT_MAX_SET_SIZE};
 use netpol_agent::model::cluster_policy::{NamespacedPod, Subject};
 use netpol_agent::model::{ClusterNetworkPolicy, IpFamily};
-use netpol_agent::rules::chains::kernel_chain_rules;
-use netpol_agent::rules::{render, Chain, RuleConfig};
+use netpol_agent::rules::{Chain, RuleConfig};
 
 use synthetic::{
     build, cluster_policy, pod, pod_namespace, policies, policy, sel, selected_app, Rng, Scale,
@@ -324,12 +324,10 @@ fn full_scripts(graph: &Calculation) -> (Scripts, usize, usize) {
     let mut scripts = Scripts::default();
     let (mut ipset_lines, mut iptables_lines) = (0, 0);
     for (&family, fam) in &state.families {
-        let ipset = ipsets::restore_script(&fam.sets, DEFAULT_MAX_SET_SIZE);
-        let iptables = render::restore_script(
-            &fam.chains,
-            &kernel_chain_rules(&cfg, family),
-            cfg.insert_mode,
-        );
+        let RestoreScripts {
+            ipsets: ipset,
+            iptables,
+        } = fam.restore_scripts(&cfg, family, DEFAULT_MAX_SET_SIZE);
         // Without the `*filter` and `COMMIT` framing, which `Scripts::apply` adds back.
         let body: Vec<&str> = iptables
             .lines()

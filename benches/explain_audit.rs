@@ -21,6 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use netpol_agent::agent::{Calculation, OWNERSHIP};
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::dataplane::audit::{audit, AuditInput};
 use netpol_agent::datastore::manifests::load_paths;
@@ -28,7 +29,6 @@ use netpol_agent::iface_naming::CalicoResolver;
 use netpol_agent::ipsets;
 use netpol_agent::model::{IpFamily, Protocol};
 use netpol_agent::rules::chains::kernel_chain_rules;
-use netpol_agent::rules::render::restore_script;
 use netpol_agent::rules::RuleConfig;
 use netpol_agent::verdict::kernel::NodeView;
 use netpol_agent::verdict::{Endpoint, Flow, State};
@@ -282,8 +282,10 @@ fn audit_figures(dir: &Path) {
     let desired = calc.snapshot();
     let fam = &desired.families[&IpFamily::V4];
     let kernel_rules = kernel_chain_rules(&cfg, IpFamily::V4);
-    let want_iptables = restore_script(&fam.chains, &kernel_rules, cfg.insert_mode);
-    let want_ipsets = ipsets::restore_script(&fam.sets, ipsets::DEFAULT_MAX_SET_SIZE);
+    let RestoreScripts {
+        ipsets: want_ipsets,
+        iptables: want_iptables,
+    } = fam.restore_scripts(&cfg, IpFamily::V4, ipsets::DEFAULT_MAX_SET_SIZE);
     let render = start.elapsed();
     let start = Instant::now();
     let provenance = calc.provenance(IpFamily::V4);

@@ -28,10 +28,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{in_netns, NetNs};
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::host::rule_counters::{self, Family, Xtables};
 use netpol_agent::model::IpFamily;
-use netpol_agent::rules::chains::kernel_chain_rules;
-use netpol_agent::rules::{render, RuleConfig, RULE_HASH_PREFIX};
+use netpol_agent::rules::{RuleConfig, RULE_HASH_PREFIX};
 use netpol_agent::traffic::counters::CounterPlan;
 use nix::libc;
 use synthetic::{Rng, Scale};
@@ -105,12 +105,10 @@ fn main() {
         let state = g.snapshot();
         let fam = &state.families[&IpFamily::V4];
         let cfg = RuleConfig::default();
-        let sets = netpol_agent::ipsets::restore_script(&fam.sets, 1_048_576);
-        let rules = render::restore_script(
-            &fam.chains,
-            &kernel_chain_rules(&cfg, IpFamily::V4),
-            cfg.insert_mode,
-        );
+        let RestoreScripts {
+            ipsets: sets,
+            iptables: rules,
+        } = fam.restore_scripts(&cfg, IpFamily::V4, 1_048_576);
         for (backend, xt) in [("legacy", Xtables::Legacy), ("nft", Xtables::Nft)] {
             let ns = NetNs::new(&format!("bench-counters-{local}-{backend}"));
             let dir = common::TempDir::new("bench-counters");

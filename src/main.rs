@@ -33,6 +33,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing::{error, info, warn};
 
 use netpol_agent::agent::{self, Calculation, Input};
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::config::{
     explain_invalid_value, AgentOptions, ConfigError, DataplaneOptions, Datastore, LogFormat,
@@ -52,10 +53,9 @@ use netpol_agent::host::wiring as host_wiring;
 use netpol_agent::inspect;
 use netpol_agent::inspect::args::{AuditArgs, ExplainArgs};
 use netpol_agent::inspect::staged::StagedArgs;
-use netpol_agent::ipsets;
 use netpol_agent::model::IpFamily;
+use netpol_agent::rules::token;
 use netpol_agent::rules::RuleConfig;
-use netpol_agent::rules::{chains::kernel_chain_rules, render, token};
 use netpol_agent::telemetry::health::Health;
 use netpol_agent::telemetry::http;
 use netpol_agent::telemetry::metrics_tls::{serve_metrics_tls, MetricsTls};
@@ -945,12 +945,10 @@ fn compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     let state = graph.snapshot();
     let fam = state.families.get(&family).cloned().unwrap_or_default();
 
-    let ipset_script = ipsets::restore_script(&fam.sets, args.rules.max_ipset_size);
-    let iptables_script = render::restore_script(
-        &fam.chains,
-        &kernel_chain_rules(&rule_cfg, family),
-        rule_cfg.insert_mode,
-    );
+    let RestoreScripts {
+        ipsets: ipset_script,
+        iptables: iptables_script,
+    } = fam.restore_scripts(&rule_cfg, family, args.rules.max_ipset_size);
     // Every line was rendered from checked text; a line that still is not safe is a bug, and
     // printing it could hand iptables-restore a command nobody wrote.
     let unsafe_line = token::script_problem(&ipset_script, token::ipset_line_problem)

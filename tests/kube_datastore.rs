@@ -28,14 +28,13 @@ use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::datastore::kube::{spawn_with, InitialList, KubeConnect, KubeOptions};
 use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
-use netpol_agent::ipsets::{self, Member};
+use netpol_agent::ipsets::Member;
 use netpol_agent::model::validate;
 use netpol_agent::model::IpFamily;
 use netpol_agent::model::ObjectKind;
 use netpol_agent::model::{ClusterNetworkPolicy, K8sObject};
 use netpol_agent::model::{DatastoreEvent, ObjectRef};
-use netpol_agent::rules::chains::kernel_chain_rules;
-use netpol_agent::rules::{render, RuleConfig};
+use netpol_agent::rules::RuleConfig;
 use serde_json::{json, Value};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -330,12 +329,9 @@ fn scripts(state: &DesiredState) -> String {
     let cfg = RuleConfig::default();
     let mut out = String::new();
     for (family, fam) in &state.families {
-        out.push_str(&ipsets::restore_script(&fam.sets, 1_048_576));
-        out.push_str(&render::restore_script(
-            &fam.chains,
-            &kernel_chain_rules(&cfg, *family),
-            cfg.insert_mode,
-        ));
+        let scripts = fam.restore_scripts(&cfg, *family, 1_048_576);
+        out.push_str(&scripts.ipsets);
+        out.push_str(&scripts.iptables);
     }
     out
 }

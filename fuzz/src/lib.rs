@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use netpol_agent::agent::{Calculation, OWNERSHIP};
+use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::dataplane::iptables::parse::parse_save;
 use netpol_agent::dataplane::iptables::plan::{apply_ops, plan_table};
@@ -28,7 +29,7 @@ use netpol_agent::iface_naming::{CalicoResolver, InterfaceResolver, SandboxResol
 use netpol_agent::model::{validate, IpFamily, K8sObject, LabelSel, Peer, PortMatch};
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::token::{ipset_line_problem, restore_line_problem, script_problem};
-use netpol_agent::rules::{render, ChainInsertMode, RuleConfig};
+use netpol_agent::rules::{ChainInsertMode, RuleConfig};
 
 /// A message meant for a log line: bounded, and one line.
 fn assert_loggable(message: &str, max_chars: usize) {
@@ -382,9 +383,10 @@ pub fn compile(data: &[u8]) {
     let Some(fam) = state.families.get(&family) else {
         return;
     };
-    let ipset_script = netpol_agent::ipsets::restore_script(&fam.sets, 1 << 20);
-    let kernel = kernel_chain_rules(&rules, family);
-    let script = render::restore_script(&fam.chains, &kernel, mode);
+    let RestoreScripts {
+        ipsets: ipset_script,
+        iptables: script,
+    } = fam.restore_scripts(&rules, family, 1 << 20);
     if let Some(problem) = script_problem(&ipset_script, ipset_line_problem) {
         panic!("unsafe ipset script: {problem}");
     }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use crate::ipsets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
-use crate::rules::Chain;
+use crate::rules::chains::kernel_chain_rules;
+use crate::rules::render::restore_script;
+use crate::rules::{Chain, RuleConfig};
 
 /// What one IP family of a node must hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -17,6 +19,36 @@ pub struct FamilyState {
     /// Shared with the calc graph's record of what it emitted (a chain is not copied on its
     /// way to the dataplane).
     pub chains: BTreeMap<String, Arc<Chain>>,
+}
+
+/// One family's desired state as restore scripts, rendered by [`FamilyState::restore_scripts`]:
+/// the one place objects become script text for `compile`, `audit`, the benches, the fuzz
+/// targets and the tests (the agent itself writes deltas, never whole scripts).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreScripts {
+    /// `ipset restore` input: every set created, then its members.
+    pub ipsets: String,
+    /// `iptables-restore --noflush` input for the filter table: our chains, then our rules
+    /// in the kernel's chains as `cfg.insert_mode` places them.
+    pub iptables: String,
+}
+
+impl FamilyState {
+    pub fn restore_scripts(
+        &self,
+        cfg: &RuleConfig,
+        family: IpFamily,
+        max_set_size: u32,
+    ) -> RestoreScripts {
+        RestoreScripts {
+            ipsets: crate::ipsets::restore_script(&self.sets, max_set_size),
+            iptables: restore_script(
+                &self.chains,
+                &kernel_chain_rules(cfg, family),
+                cfg.insert_mode,
+            ),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

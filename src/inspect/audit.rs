@@ -17,10 +17,8 @@ use crate::calc_graph::GraphConfig;
 use crate::dataplane::audit::{audit, AuditInput, AuditReport, Finding};
 use crate::dataplane::owned::OwnedState;
 use crate::iface_naming::CriConfig;
-use crate::ipsets;
 use crate::model::IpFamily;
 use crate::rules::chains::kernel_chain_rules;
-use crate::rules::render::restore_script;
 use crate::rules::ChainInsertMode;
 use crate::verdict::kernel::NodeView;
 
@@ -88,15 +86,14 @@ fn run_audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     for &family in &families {
         let fam = desired.families.get(&family).cloned().unwrap_or_default();
         let kernel_rules = kernel_chain_rules(&cfg, family);
-        let want_iptables = restore_script(&fam.chains, &kernel_rules, cfg.insert_mode);
-        let want_ipsets = ipsets::restore_script(&fam.sets, args.rules.max_ipset_size);
+        let want = fam.restore_scripts(&cfg, family, args.rules.max_ipset_size);
         let provenance = calc.provenance(family);
         let mut report = audit(&AuditInput {
             family,
             iptables_save: text.iptables.get(&family).map_or("", String::as_str),
             ipset_save: &text.ipsets,
-            want_iptables: &want_iptables,
-            want_ipsets: &want_ipsets,
+            want_iptables: &want.iptables,
+            want_ipsets: &want.ipsets,
             kernel_rules: &kernel_rules,
             provenance: &provenance,
             ownership: &OWNERSHIP,

@@ -12,12 +12,11 @@ use crate::agent::Calculation;
 use crate::calc_graph::tests::{
     cluster_policy, label_map, pod, policy, NAMESPACES, NODE, NS_LABELS,
 };
+use crate::calc_graph::update::RestoreScripts;
 use crate::calc_graph::GraphConfig;
 use crate::datastore::manifests::parse_manifests;
 use crate::iface_naming::{CalicoResolver, InterfaceResolver};
 use crate::ipsets;
-use crate::rules::chains::kernel_chain_rules;
-use crate::rules::render::restore_script;
 
 const FIXTURE: &str = r#"
 apiVersion: v1
@@ -460,12 +459,10 @@ fn compile(
         let state = calc.snapshot();
         for family in [IpFamily::V4, IpFamily::V6] {
             let fam = &state.families[&family];
-            let text = restore_script(
-                &fam.chains,
-                &kernel_chain_rules(cfg, family),
-                cfg.insert_mode,
-            );
-            let sets = ipsets::restore_script(&fam.sets, ipsets::DEFAULT_MAX_SET_SIZE);
+            let RestoreScripts {
+                ipsets: sets,
+                iptables: text,
+            } = fam.restore_scripts(cfg, family, ipsets::DEFAULT_MAX_SET_SIZE);
             let prov = calc.provenance(family);
             // Provenance describes exactly the chains the graph renders.
             assert_eq!(prov.chains.len(), fam.chains.len());
