@@ -971,6 +971,28 @@ impl RuleOptions {
         })
     }
 
+    /// kube-proxy IPVS support on this node, the one decision `run`, `explain` and `audit`
+    /// share: `FELIX_KUBEIPVSSUPPORTENABLED=true|false` decides, `auto` follows whether the
+    /// node has `kube-ipvs0` (read by the caller: live, or from a saved dump). Sets
+    /// `rules.kube_ipvs` to match and says whether it is on.
+    pub fn apply_kube_ipvs(
+        &self,
+        rules: &mut RuleConfig,
+        kube_ipvs0: bool,
+    ) -> Result<bool, ConfigError> {
+        let on = match self.kube_ipvs_support_enabled {
+            IpvsSupport::On => true,
+            IpvsSupport::Off => false,
+            IpvsSupport::Auto => kube_ipvs0,
+        };
+        rules.kube_ipvs = if on {
+            Some(self.kube_ipvs_config(&rules.marks)?)
+        } else {
+            None
+        };
+        Ok(on)
+    }
+
     /// The IPVS rule settings, with the endpoint-mark bits carved from the mark mask (refused
     /// when too few are left).
     pub fn kube_ipvs_config(&self, marks: &MarkBits) -> Result<IpvsConfig, ConfigError> {

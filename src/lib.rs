@@ -33,6 +33,7 @@ pub mod ipsets;
 pub mod kernel_text;
 pub mod model;
 pub mod rules;
+pub mod startup;
 pub mod telemetry;
 pub mod traffic;
 pub mod verdict;

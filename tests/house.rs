@@ -314,3 +314,57 @@ fn the_reader_finds_imports_and_groups() {
         .collect();
     assert_eq!(found, ["1:model", "2:rules", "2:ipsets", "5:telemetry"]);
 }
+
+/// docs/development/layout.md names every folder of src/, so a newcomer finds each room
+/// there: a top-level folder by its own row (`src/NAME/`, or the row of `src/NAME.rs` naming
+/// `NAME/`), a folder inside one in its room's row (`watch/`, `iptables/plan/`).
+#[test]
+fn layout_names_every_folder_of_src() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let layout = std::fs::read_to_string(root.join("docs/development/layout.md")).unwrap();
+    let row = |top: &str| {
+        layout.lines().find(|l| {
+            l.starts_with(&format!("| `src/{top}/`")) || l.starts_with(&format!("| `src/{top}.rs`"))
+        })
+    };
+    fn folders(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.push(path.clone());
+                folders(&path, out);
+            }
+        }
+    }
+    let src = root.join("src");
+    let mut all = Vec::new();
+    folders(&src, &mut all);
+    let mut missing = Vec::new();
+    for folder in &all {
+        let rel = folder
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let (top, rest) = rel.split_once('/').unwrap_or((&rel, ""));
+        let named = match row(top) {
+            None => false,
+            Some(line) if rest.is_empty() => {
+                line.starts_with(&format!("| `src/{top}/`")) || line.contains(&format!("`{top}/"))
+            }
+            Some(line) => line.contains(&format!("`{rest}/")),
+        };
+        if !named {
+            missing.push(format!("src/{rel}/"));
+        }
+    }
+    assert!(
+        all.len() > 10,
+        "found only {} folders under src/",
+        all.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "docs/development/layout.md does not name these folders in their room's row: {missing:?}"
+    );
+}

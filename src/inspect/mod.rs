@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod audit;
+pub mod compile;
 pub mod explain;
 pub mod flows;
 pub mod staged;
@@ -283,22 +284,14 @@ pub fn kube_ipvs_mode(
         }
         _ => None,
     };
-    let on = match opts.kube_ipvs_support_enabled {
-        IpvsSupport::On => true,
-        IpvsSupport::Off => false,
-        IpvsSupport::Auto => match (&view, saved) {
-            (Some(v), _) => v.present,
-            (None, Some((save, _))) => iptables::lines(save.as_bytes()).any(
-                |l| matches!(l.kind(), SaveLine::Chain { name, .. } if name == FORWARD_CHECK_CHAIN),
-            ),
-            (None, None) => false,
-        },
+    let kube_ipvs0 = match (&view, saved) {
+        (Some(v), _) => v.present,
+        (None, Some((save, _))) => iptables::lines(save.as_bytes()).any(
+            |l| matches!(l.kind(), SaveLine::Chain { name, .. } if name == FORWARD_CHECK_CHAIN),
+        ),
+        (None, None) => false,
     };
-    cfg.kube_ipvs = if on {
-        Some(opts.kube_ipvs_config(&cfg.marks)?)
-    } else {
-        None
-    };
+    let on = opts.apply_kube_ipvs(cfg, kube_ipvs0)?;
     if !on {
         return Ok(Default::default());
     }
