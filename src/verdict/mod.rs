@@ -27,11 +27,16 @@
 //!
 //! # The pipeline
 //!
-//! Each direction runs a list of tiers ([`TierReport`]): a tier decides (allow or deny) or
-//! passes to the next; when none decides the flow is allowed. Today the only tier is
-//! NetworkPolicy (`netpol`), which decides exactly when the pod is isolated in that
-//! direction. ClusterNetworkPolicy's Admin and Baseline tiers (issue 15) go before and after
-//! it as two more entries of [`TierDetail`] and two more stages in `direction_verdict`.
+//! Each direction runs a list of tiers ([`TierReport`]), one file each: a tier decides
+//! (allow or deny) or passes to the next; when none decides the flow is allowed. In order:
+//! ClusterNetworkPolicy's Admin tier (`cluster`), NetworkPolicy (`netpol`), which decides
+//! exactly when the pod is isolated in that direction, and ClusterNetworkPolicy's Baseline
+//! tier (`cluster` again). Staged policies (`staged`) are evaluated as the tiers they would
+//! join, on a state of their own, never on the enforced one. With kube-proxy in IPVS mode a
+//! flow to a Service is judged where the agent's IPVS rules judge it (`ipvs`).
+//!
+//! The answer's types are in `report` (with their JSON), a flow's passes through one node's
+//! filter table in `passes`, the text rendering in `text`.
 //!
 //! # Where the kernel implements it
 //!
@@ -46,6 +51,8 @@ mod cluster;
 mod ipvs;
 pub mod kernel;
 mod netpol;
+mod passes;
+mod report;
 mod staged;
 mod text;
 
@@ -71,181 +78,9 @@ use crate::rules::{Direction, EndpointToHostAction, RuleConfig};
 
 pub use cluster::{tier_name, ClusterMatch, ClusterTierReport};
 pub use netpol::{AllowMatch, Miss, MissKind, NetworkPolicyReport, NpOutcome};
+pub use passes::NodePass;
+pub use report::*;
 pub use staged::{deciding_policies, DecidingPolicy, Staging};
-
-/// One side of a flow as asked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `namespace/pod`.
-    Pod(ObjectKey),
-    /// An address: a pod's, a node's, or an outside peer's.
-    Ip(IpAddr),
-}
-
-impl Endpoint {
-    /// `namespace/pod` or an IP address.
-    pub fn parse(text: &str) -> Result<Endpoint, String> {
-        let t = text.trim();
-        if let Ok(ip) = t.parse::<IpAddr>() {
-            return Ok(Endpoint::Ip(ip));
-        }
-        match t.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(Endpoint::Pod(ObjectKey::new(ns, name)))
-            }
-            _ => Err(format!(
-                "{text:?} is neither namespace/pod nor an IP address (e.g. shop/web or 10.0.0.5)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Endpoint::Pod(k) => write!(f, "{k}"),
-            Endpoint::Ip(ip) => write!(f, "{ip}"),
-        }
-    }
-}
-
-/// A connection's first packet, after kube-proxy's DNAT (pod to pod).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Flow {
-    pub src: Endpoint,
-    pub dst: Endpoint,
-    pub protocol: Protocol,
-    pub port: u16,
-}
-
-/// What stands behind one address of a resolved flow.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// A pod the agent enforces on (index into the state's pods).
-    Pod(usize),
-    /// A node's own address (its host network).
-    Host { node: String },
-    /// Anything else: outside the cluster, or unknown to these objects.
-    Outside,
-}
-
-/// A flow with its addresses and the pods behind them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResolvedFlow {
-    pub family: IpFamily,
-    pub src_ip: IpAddr,
-    pub dst_ip: IpAddr,
-    pub src: Side,
-    pub dst: Side,
-    pub protocol: Protocol,
-    pub port: u16,
-    /// Things the resolution had to assume, for the report (a host-network pod given by
-    /// name, a dual-stack choice).
-    pub notes: Vec<String>,
-}
-
-/// Allow or deny.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    Allow,
-    Deny,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Allow => "allow",
-            Action::Deny => "deny",
-        }
-    }
-}
-
-/// A rule of ours that implements a step, so it can be found in `iptables-save`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelRef {
-    /// `None` when the chain's name is not known (a workload chain of a pod whose interface
-    /// was not given).
-    pub chain: Option<String>,
-    /// The `cali:` hash.
-    pub hash: Option<String>,
-    /// 1-based position in the chain (`iptables -L --line-numbers`).
-    pub number: Option<usize>,
-    /// What the rule does.
-    pub what: String,
-}
-
-/// One tier's report for one direction.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TierReport {
-    /// `None`: the tier passed the flow to the next one.
-    pub decision: Option<Action>,
-    pub detail: TierDetail,
-}
-
-/// Per tier: ClusterNetworkPolicy Admin, NetworkPolicy, ClusterNetworkPolicy Baseline.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TierDetail {
-    NetworkPolicy(NetworkPolicyReport),
-    Cluster(ClusterTierReport),
-}
-
-impl TierDetail {
-    pub fn name(&self) -> &'static str {
-        match self {
-            TierDetail::NetworkPolicy(_) => "NetworkPolicy",
-            TierDetail::Cluster(c) => match c.tier {
-                Tier::Admin => "ClusterNetworkPolicy Admin",
-                Tier::Baseline => "ClusterNetworkPolicy Baseline",
-            },
-        }
-    }
-}
-
-/// Why a direction was not evaluated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unpoliced {
-    /// That side is no pod: nothing enforces this direction.
-    NotAPod,
-    /// Traffic from a pod's own node to it: `cali-OUTPUT` returns before policy (kubelet
-    /// probes); routed through `OUTPUT`, never `FORWARD`.
-    FromOwnNode,
-    /// The pod's traffic to itself never leaves it.
-    ToItself,
-}
-
-/// The verdict of one direction (egress of the source, ingress of the destination).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirectionVerdict {
-    pub direction: Direction,
-    /// The pod this direction belongs to; `None` when that side is no pod.
-    pub pod: Option<ObjectKey>,
-    pub action: Action,
-    /// Set when the direction is not policed at all.
-    pub unpoliced: Option<Unpoliced>,
-    /// The tiers that ran, in order; the last one decided (or none did: allowed).
-    pub tiers: Vec<TierReport>,
-    /// Steps after the tiers: the namespace profile when a Baseline tier passed the flow on
-    /// (without one the NetworkPolicy tier's report ends there), then what changed the
-    /// answer (`FELIX_DEFAULTENDPOINTTOHOSTACTION`).
-    pub after: Vec<KernelRef>,
-}
-
-/// The answer for one flow.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub flow: ResolvedFlow,
-    /// `namespace/pod`, `node <name> (host)` or the address, per side.
-    pub src_name: String,
-    pub dst_name: String,
-    pub action: Action,
-    pub egress: DirectionVerdict,
-    pub ingress: DirectionVerdict,
-}
-
-/// Why a flow cannot be evaluated (bad input: the message names it).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct FlowError(pub String);
 
 /// A pod the objects hold that is not an endpoint, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -913,163 +748,9 @@ impl State {
     }
 }
 
-/// One pass of a flow's first packet through a hook of one node's filter table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodePass {
-    /// `FORWARD`, `INPUT` (to the node itself) or `OUTPUT` (from the node itself).
-    pub hook: &'static str,
-    pub packet: kernel::Packet,
-    /// The directions this pass enforces (what the policies' answer for the node is).
-    pub enforces: Vec<Direction>,
-    /// The packet enters this hook with the mark the previous pass left on it (kube-proxy
-    /// IPVS mode: `OUTPUT` reads the endpoint mark `INPUT` set), not a clear one.
-    pub carries_mark: bool,
-}
-
-impl State {
-    /// How the flow's first packet crosses `node`'s filter table: one pass for the side(s)
-    /// that are local pods (or the node itself), with the interfaces (routed veths, or the
-    /// bridge and its ports) the kernel shows. Empty when nothing of the flow is on the node.
-    /// A local pod whose interface is not known is an error naming it.
-    pub fn node_passes(&self, flow: &ResolvedFlow, node: &str) -> Result<Vec<NodePass>, FlowError> {
-        use kernel::{Iface, Packet};
-        let local = |side: &Side| match side {
-            Side::Pod(i) => self.pods[*i].node.as_deref() == Some(node),
-            _ => false,
-        };
-        let iface = |side: &Side| -> Result<String, FlowError> {
-            let Side::Pod(i) = side else {
-                return Err(FlowError("not a pod".into()));
-            };
-            let key = &self.pods[*i].key;
-            self.interfaces.get(key).cloned().ok_or_else(|| {
-                FlowError(format!(
-                    "pod {key} is on node {node} but its interface is not known (check the interface-naming scheme and that the pod is running)"
-                ))
-            })
-        };
-        let is_host = |side: &Side| matches!(side, Side::Host { node: n } if n == node);
-        if matches!((&flow.src, &flow.dst), (Side::Pod(a), Side::Pod(b)) if a == b) {
-            return Ok(Vec::new());
-        }
-        let bridge = self.cfg.bridge.clone();
-        let (src_local, dst_local) = (local(&flow.src), local(&flow.dst));
-        let mut p = Packet {
-            src: flow.src_ip,
-            dst: flow.dst_ip,
-            protocol: flow.protocol,
-            dport: flow.port,
-            in_iface: Iface::NonPod,
-            out_iface: Iface::NonPod,
-            physdev_in: None,
-            physdev_out: None,
-            bridged: false,
-        };
-        let mut enforces = Vec::new();
-        let mut hook = "FORWARD";
-        if src_local {
-            let i = iface(&flow.src)?;
-            enforces.push(Direction::Egress);
-            match &bridge {
-                None => p.in_iface = Iface::Named(i),
-                Some(b) => {
-                    p.in_iface = Iface::Named(b.clone());
-                    p.physdev_in = Some(i);
-                }
-            }
-        } else if is_host(&flow.src) {
-            hook = "OUTPUT";
-            p.in_iface = Iface::Absent;
-        }
-        if dst_local {
-            let i = iface(&flow.dst)?;
-            if hook == "FORWARD" {
-                enforces.push(Direction::Ingress);
-            }
-            match &bridge {
-                None => p.out_iface = Iface::Named(i),
-                Some(b) => {
-                    p.out_iface = Iface::Named(b.clone());
-                    // Bridged between two ports of this node; routed in from elsewhere, the
-                    // kernel knows no port (rules::bridge).
-                    if src_local {
-                        p.physdev_out = Some(i);
-                        p.bridged = true;
-                    }
-                }
-            }
-        } else if is_host(&flow.dst) && src_local {
-            hook = "INPUT";
-            p.out_iface = Iface::Absent;
-        }
-        if !src_local && !dst_local {
-            return Ok(Vec::new());
-        }
-        Ok(vec![NodePass {
-            hook,
-            packet: p,
-            enforces,
-            carries_mark: false,
-        }])
-    }
-}
-
 fn list_ips(ips: &[(IpAddr, Side)]) -> String {
     ips.iter()
         .map(|(ip, _)| ip.to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-// ---------------------------------------------------------------- JSON
-
-impl KernelRef {
-    pub fn to_json(&self) -> Value {
-        json!({"chain": self.chain, "hash": self.hash, "rule_number": self.number, "what": self.what})
-    }
-}
-
-impl DirectionVerdict {
-    pub fn to_json(&self) -> Value {
-        let unpoliced = self.unpoliced.as_ref().map(|u| match u {
-            Unpoliced::NotAPod => "not a pod: nothing enforces this direction",
-            Unpoliced::FromOwnNode => "from the pod's own node: host-to-pod traffic is not policed",
-            Unpoliced::ToItself => "a pod's traffic to itself never leaves it",
-        });
-        json!({
-            "direction": self.direction.as_str(),
-            "pod": self.pod.as_ref().map(ToString::to_string),
-            "verdict": self.action.as_str(),
-            "policed": self.unpoliced.is_none(),
-            "unpoliced_because": unpoliced,
-            "tiers": self.tiers.iter().map(|t| {
-                let mut v = match &t.detail {
-                    TierDetail::NetworkPolicy(np) => np.to_json(),
-                    TierDetail::Cluster(c) => c.to_json(),
-                };
-                v["tier"] = json!(t.detail.name());
-                v["decision"] = json!(t.decision.map(Action::as_str).unwrap_or("pass"));
-                v
-            }).collect::<Vec<_>>(),
-            "after": self.after.iter().map(KernelRef::to_json).collect::<Vec<_>>(),
-        })
-    }
-}
-
-impl Verdict {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "verdict": self.action.as_str(),
-            "from": self.src_name,
-            "to": self.dst_name,
-            "family": match self.flow.family { IpFamily::V4 => "ipv4", IpFamily::V6 => "ipv6" },
-            "source_ip": self.flow.src_ip.to_string(),
-            "destination_ip": self.flow.dst_ip.to_string(),
-            "protocol": self.flow.protocol.as_str().to_ascii_uppercase(),
-            "port": self.flow.port,
-            "notes": self.flow.notes,
-            "egress": self.egress.to_json(),
-            "ingress": self.ingress.to_json(),
-        })
-    }
 }
