@@ -350,19 +350,27 @@ pub struct AgentOptions {
     pub startup_taint: String,
 }
 
+/// This node's name, the one rule `run`, `explain` and `audit` share: the first of `given`
+/// (`--node`/`NODENAME`, then `FELIX_FELIXHOSTNAME`) that is not blank, else the hostname.
+pub fn node_name<'a>(given: impl IntoIterator<Item = Option<&'a str>>) -> anyhow::Result<String> {
+    if let Some(name) = given
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|n| !n.is_empty())
+    {
+        return Ok(name.to_string());
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("no --node, NODENAME or FELIX_FELIXHOSTNAME, and the hostname is unreadable")?;
+    Ok(host.trim().to_string())
+}
+
 impl AgentOptions {
     /// `--node`, else NODENAME (both the same option), else FELIX_FELIXHOSTNAME, else the
     /// hostname.
     pub fn node_name(&self) -> anyhow::Result<String> {
-        for name in [&self.node, &self.felix_hostname].into_iter().flatten() {
-            if !name.trim().is_empty() {
-                return Ok(name.trim().to_string());
-            }
-        }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").context(
-            "no --node, NODENAME or FELIX_FELIXHOSTNAME, and the hostname is unreadable",
-        )?;
-        Ok(host.trim().to_string())
+        node_name([self.node.as_deref(), self.felix_hostname.as_deref()])
     }
 
     /// Where the metrics server binds: the configured host, else every address of the

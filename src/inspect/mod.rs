@@ -121,17 +121,8 @@ fn load_kubernetes() -> anyhow::Result<Vec<K8sObject>> {
 
 /// `--node`, else `NODENAME` (the same option), else `FELIX_FELIXHOSTNAME`, else the hostname.
 pub fn node_name(node: Option<&str>) -> anyhow::Result<String> {
-    if let Some(n) = node.map(str::trim).filter(|n| !n.is_empty()) {
-        return Ok(n.to_string());
-    }
-    if let Ok(n) = std::env::var("FELIX_FELIXHOSTNAME") {
-        if !n.trim().is_empty() {
-            return Ok(n.trim().to_string());
-        }
-    }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .context("no --node, NODENAME or FELIX_FELIXHOSTNAME, and the hostname is unreadable")?;
-    Ok(host.trim().to_string())
+    let felix_hostname = std::env::var("FELIX_FELIXHOSTNAME").ok();
+    crate::config::node_name([node, felix_hostname.as_deref()])
 }
 
 /// The resolver for offline use (`None` for schemes that only work on a live node: then
