@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tracing::{error, info, warn};
 
-use super::{restart_in_place, serve_metrics};
+use super::{request_restart, restart_in_place, serve_metrics, Restart};
 use crate::config::AgentOptions;
 use crate::host::exec::Exec;
 use crate::host::felix;
@@ -227,20 +227,18 @@ pub fn read_wiring() -> Option<host_wiring::Wiring> {
 
 /// Watches, on its own thread, for the node's first pod interface while auto's wiring is
 /// pending; when it shows, asks for a restart in place (which detects it again at start).
-pub fn watch_wiring(
-    restart: Arc<std::sync::Mutex<Option<String>>>,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+pub fn watch_wiring(restart: Restart, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("wiring-watch".into())
         .spawn(move || {
             while sleep_unless_stopped(&stop, WIRING_RECHECK) {
                 if let Ok(Some(_)) = host_wiring::read().map(|w| w.detect()) {
-                    *restart.lock().unwrap_or_else(|p| p.into_inner()) = Some(
+                    request_restart(
+                        &restart,
+                        &stop,
                         "FELIX_INTERFACENAMESCHEME=auto: the node shows how it wires pods now"
                             .into(),
                     );
-                    stop.store(true, Ordering::Relaxed);
                     return;
                 }
             }

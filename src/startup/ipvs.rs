@@ -5,11 +5,12 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context;
 use tracing::{info, warn};
 
+use super::{request_restart, Restart};
 use crate::agent::Input;
 use crate::config::{IpvsSupport, RuleOptions};
 use crate::host::ipvs;
@@ -49,7 +50,7 @@ pub fn watch_kube_ipvs(
     view: ipvs::IpvsView,
     tx: &Sender<Input>,
     stop: &Arc<AtomicBool>,
-    restart: &Arc<Mutex<Option<String>>>,
+    restart: &Restart,
 ) -> anyhow::Result<()> {
     let on = rules.kube_ipvs.is_some();
     let (restart, stop_all) = (restart.clone(), stop.clone());
@@ -77,8 +78,7 @@ pub fn watch_kube_ipvs(
                 kube_ipvs0 = now,
                 "{why}; restarting to render the rules for the new mode"
             );
-            *restart.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            stop_all.store(true, std::sync::atomic::Ordering::Relaxed);
+            request_restart(&restart, &stop_all, why);
             true
         },
         move |addrs| {

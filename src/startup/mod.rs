@@ -196,6 +196,12 @@ fn timers(opts: &AgentOptions) -> Timers {
 /// and `run` starts the agent again in place, rules kept meanwhile.
 pub type Restart = Arc<Mutex<Option<String>>>;
 
+/// Asks for a restart in place: records why, then stops the loops.
+pub fn request_restart(restart: &Restart, stop: &AtomicBool, why: String) {
+    *restart.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 pub fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     let node = args.agent.node_name()?;
     if args.rules.interface_name_scheme != NamingScheme::Auto {
