@@ -399,6 +399,7 @@ spec: {stagedAction: Maybe}
             counts: Default::default(),
             live: 0,
             seq: 1,
+            active: None,
         }
     }
 

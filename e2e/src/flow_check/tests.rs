@@ -20,6 +20,7 @@ fn expected(want: Want) -> Expected {
         src_labels: vec!["pod=a".into()],
         dst_labels: vec!["app=web".into(), "pod=b".into()],
         required: matches!(want, Want::Record { .. }),
+        may_ride: false,
         want,
     }
 }
@@ -287,6 +288,69 @@ fn counts_and_earlier_steps_records_are_told_apart() {
         .is_empty());
     let older = timed(allow_rule_record(2), 1, "2026-11-27T04:00:01Z", AFTER);
     assert_eq!(judge(&e, &[good, older], retried, &none).problems.len(), 1);
+}
+
+#[test]
+fn a_udp_probe_may_ride_an_earlier_connection_only_with_its_traffic() {
+    // A real cluster's UDP probe (the client picks its port); its key is this UDP flow.
+    let udp = |mut e: Expected| {
+        e.key.proto = "udp".into();
+        e.may_ride = true;
+        e
+    };
+    let udp_record = |r: (String, Value)| {
+        let (node, mut r) = r;
+        r["proto"] = json!("udp");
+        (node, r)
+    };
+    let none = Earlier::default();
+    // The earlier connection of the key: logged before the round, whose packets a poll in
+    // the round counted.
+    let ridden = |rule: i64, active: Option<&str>, packets: u64| {
+        let (node, mut r) = udp_record(timed(allow_rule_record(rule), 1, BEFORE, BEFORE));
+        r["last_active_time"] = json!(active);
+        r["packets_in"] = json!(packets);
+        r["packets_out"] = json!(packets);
+        (node, r)
+    };
+    let e = vec![udp(expected(allow_rule(1)))];
+    let c = judge(&e, &[ridden(1, Some(AFTER), 1)], rounds(), &none);
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+    assert_eq!((c.rode, c.matched), (1, 0));
+    // A record of counts alone made in the round is such a trace too.
+    let mut counts = udp_record(timed(allow_rule_record(1), 0, IN, IN));
+    counts.1["last_active_time"] = json!(IN);
+    counts.1["packets_out"] = json!(1);
+    let c = judge(&e, &[counts], rounds(), &none);
+    assert_eq!((c.problems.len(), c.rode, c.count_only), (0, 1, 1));
+    // No traffic in the round, no packets, or another verdict (this step's or an earlier
+    // step's): still no record of the probe.
+    for (r, why) in [
+        (ridden(1, Some(BEFORE), 1), "last traffic before the round"),
+        (ridden(1, None, 1), "no traffic in the interval"),
+        (ridden(1, Some(AFTER), 0), "no packets"),
+        (ridden(0, Some(AFTER), 1), "another rule"),
+    ] {
+        let c = judge(&e, &[r], rounds(), &none);
+        assert_eq!((c.problems.len(), c.rode), (1, 0), "{why}: {:?}", c.problems);
+    }
+    // ... unless an earlier step expected that verdict of the key (the kernel did not
+    // judge the ridden connection again).
+    let mut earlier = Earlier::default();
+    earlier.remember(&[udp(expected(allow_rule(0)))]);
+    let c = judge(&e, &[ridden(0, Some(AFTER), 1)], rounds(), &earlier);
+    assert_eq!((c.problems.len(), c.rode), (0, 1), "{:?}", c.problems);
+    // TCP cannot ride (a SYN on a closed entry starts over), nor can the simulated runs'
+    // probes (the runner picks their ports): the same trace does not stand in.
+    let tcp = vec![expected(allow_rule(1))];
+    let mut tcp_ridden = timed(allow_rule_record(1), 1, BEFORE, BEFORE);
+    tcp_ridden.1["last_active_time"] = json!(AFTER);
+    tcp_ridden.1["packets_out"] = json!(1);
+    assert_eq!(judge(&tcp, &[tcp_ridden], rounds(), &none).problems.len(), 1);
+    let mut sim = udp(expected(allow_rule(1)));
+    sim.may_ride = false;
+    let c = judge(&[sim], &[ridden(1, Some(AFTER), 1)], rounds(), &none);
+    assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
 }
 
 #[test]

@@ -14,6 +14,9 @@
 //! - a Service probe of a port its Service does not declare is not DNATed (it goes to the
 //!   ClusterIP, no pod) and explain was asked about the pod: its records are left unjudged
 //!   (counted as carried), where the simulated check knows the proxy mode and judges them.
+//! - the client (`agnhost connect`) picks its source port, so a UDP probe may ride a 5-tuple
+//!   conntrack still holds and start no connection (`Ends::client_ports`): records that saw
+//!   traffic in the window (`last_active_time`) are read as well, as its only trace.
 //!
 //! The agents must run with flow logs on (`FELIX_FLOWLOGSENABLED=true`); an agent without
 //! them answers 404, and the step fails saying so.
@@ -30,7 +33,7 @@ use super::report::Probe;
 use super::ScenarioRun;
 use crate::family::family_name;
 use crate::flow_check::{
-    ends_in_window, judge, record_key, want_of_json, Checked, Earlier, Ends, RecordKey, Rounds,
+    in_window, judge, record_key, want_of_json, Checked, Earlier, Ends, RecordKey, Rounds,
     SETTLE,
 };
 use crate::scenario::Target;
@@ -84,6 +87,7 @@ fn expectations(
             src_key: RecordKey::new(&src.node, "Src", proto, src_ip, dst_ip, key.port),
             dst_key: RecordKey::new(&dst.node, "Dst", proto, src_ip, dst_ip, key.port),
             required: true,
+            client_ports: true,
         };
         let raw = &answer.raw;
         out.extend(ends.expected(
@@ -95,8 +99,9 @@ fn expectations(
     (out, unjudged)
 }
 
-/// The records of every node with a scenario pod that end at or after `since` and have an
-/// address of the scenario's pods or Services, each with the node that served it.
+/// The records of every node with a scenario pod that end, or saw traffic, at or after
+/// `since` and have an address of the scenario's pods or Services, each with the node that
+/// served it.
 async fn records(
     run: &ScenarioRun<'_>,
     agents: &Agents,
@@ -159,7 +164,7 @@ async fn records(
                         .iter()
                         .any(|a| a.as_str().is_some_and(|a| ours.contains(a)))
                 })
-                .filter(|r| ends_in_window(r, since))
+                .filter(|r| in_window(r, since))
                 .map(|r| (node.to_string(), r))
                 .collect())
         })

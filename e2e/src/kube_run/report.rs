@@ -161,6 +161,7 @@ impl StepReport {
             denied: c.denied,
             cluster_decided: c.cluster_decided,
             carried: c.carried + c.count_only,
+            rode: c.rode,
             problems: c.problems.clone(),
         });
     }
@@ -188,6 +189,8 @@ pub struct FlowsSeen {
     pub denied: usize,
     pub cluster_decided: usize,
     pub carried: usize,
+    /// UDP probe directions that rode an earlier connection (`Checked::rode`).
+    pub rode: usize,
     pub problems: Vec<String>,
 }
 
@@ -371,8 +374,8 @@ pub fn scenario_text(rep: &ScenarioReport, verbose: bool) -> String {
             if verbose && f.problems.is_empty() {
                 let _ = writeln!(
                     out,
-                    "    flow logs agree: {} records of {} directions ({} denied, {} by a ClusterNetworkPolicy), {} carried",
-                    f.records, f.matched, f.denied, f.cluster_decided, f.carried
+                    "    flow logs agree: {} records of {} directions ({} denied, {} by a ClusterNetworkPolicy), {} carried, {} rode an earlier UDP connection",
+                    f.records, f.matched, f.denied, f.cluster_decided, f.carried, f.rode
                 );
             }
             for (i, text) in f.problems.iter().enumerate() {
@@ -466,7 +469,7 @@ pub fn summary(run: &RunResult, as_json: bool) -> String {
                         })),
                         "flow_logs": st.flows.as_ref().map(|f| json!({
                             "records": f.records, "matched": f.matched, "denied": f.denied,
-                            "cluster_decided": f.cluster_decided, "carried": f.carried,
+                            "cluster_decided": f.cluster_decided, "carried": f.carried, "rode": f.rode,
                             "problems": f.problems,
                         })),
                     })).collect::<Vec<_>>(),

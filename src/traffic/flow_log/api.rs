@@ -41,7 +41,7 @@ pub struct Filter {
     /// `namespace/name` of a NetworkPolicy, or the name of a ClusterNetworkPolicy, the
     /// record names.
     pub policy: Option<String>,
-    /// Records that ended at or after this time.
+    /// Records that ended, or last saw traffic, at or after this time.
     pub since: Option<SystemTime>,
     /// Records that started at or before this time.
     pub until: Option<SystemTime>,
@@ -127,7 +127,7 @@ impl Filter {
                 return false;
             }
         }
-        if self.since.is_some_and(|since| r.end < since) {
+        if self.since.is_some_and(|since| r.latest() < since) {
             return false;
         }
         if self.until.is_some_and(|until| r.start > until) {
@@ -277,6 +277,7 @@ pub fn record_json(
     json!({
         "start_time": rfc3339(r.start),
         "end_time": rfc3339(r.end),
+        "last_active_time": r.active.map(rfc3339),
         "interval": if r.closed() { "closed" } else { "current" },
         "node": node,
         "source_name": sn,

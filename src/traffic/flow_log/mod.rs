@@ -503,6 +503,7 @@ mod tests {
                 counts: Counts::default(),
                 live: 0,
                 seq: 1,
+                active: Some(SystemTime::UNIX_EPOCH),
             },
             &lookup,
         );
@@ -578,6 +579,12 @@ mod tests {
         assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 0);
         let f = Filter::parse("since=1970-01-01T00:00:13Z").unwrap();
         assert_eq!(records.iter().filter(|r| f.matches(r)).count(), 2);
+        // A record whose connections began earlier but whose traffic was seen after `since`
+        // is in: `since` asks what was active.
+        let mut ridden = records[0].clone();
+        ridden.active = Some(t(16));
+        let f = Filter::parse("since=15").unwrap();
+        assert!(f.matches(&ridden) && !f.matches(&records[0]));
         assert!(Filter::parse("pod=server").is_err());
         assert!(Filter::parse("until=yesterday").is_err());
         assert!(Filter::parse("live=5").is_err(), "live is the stream's");

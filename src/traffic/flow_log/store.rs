@@ -53,12 +53,23 @@ pub struct FlowRecord {
     pub live: u64,
     /// Finished records: their place in the sequence (1, 2, …); 0 for the current interval's.
     pub seq: u64,
+    /// When the interval last saw this key's traffic: a logged connection's first packet, or a
+    /// conntrack poll that found new packets of its connections (`None`: neither, a record of
+    /// open connections alone). Unlike `end` it moves with traffic of connections that began
+    /// earlier, so a reader can tell that a connection it did not see start (a UDP 5-tuple
+    /// used again while conntrack still holds it is no new connection) carried packets.
+    pub active: Option<SystemTime>,
 }
 
 impl FlowRecord {
     /// Whether the record's interval is over (it will not change any more).
     pub fn closed(&self) -> bool {
         self.seq != 0
+    }
+
+    /// The latest time the record speaks for: its last connection or its last traffic.
+    pub fn latest(&self) -> SystemTime {
+        self.active.map_or(self.end, |a| a.max(self.end))
     }
 }
 
@@ -68,6 +79,7 @@ struct Open {
     connections: u64,
     counts: Counts,
     live: u64,
+    active: Option<SystemTime>,
 }
 
 impl Open {
@@ -80,6 +92,7 @@ impl Open {
             counts: self.counts,
             live: self.live,
             seq,
+            active: self.active,
         }
     }
 }
@@ -106,6 +119,7 @@ impl FlowStore {
             connections: 0,
             counts: Counts::default(),
             live: 0,
+            active: None,
         }))
     }
 
@@ -121,6 +135,7 @@ impl FlowStore {
             open.first = open.first.min(at);
             open.last = open.last.max(at);
             open.connections += 1;
+            open.active = Some(open.active.map_or(at, |a| a.max(at)));
         }
     }
 
@@ -131,6 +146,9 @@ impl FlowStore {
         }
         if let Some(open) = self.open(key, at) {
             open.counts.add(counts);
+            if counts.packets_in + counts.packets_out > 0 {
+                open.active = Some(open.active.map_or(at, |a| a.max(at)));
+            }
         }
     }
 
@@ -252,5 +270,35 @@ mod tests {
         store.observe(key(), t(17));
         let r = &store.current()[0];
         assert_eq!((r.start, r.end, r.connections), (t(17), t(17), 1));
+    }
+
+    #[test]
+    fn traffic_of_an_earlier_connection_moves_last_active_not_end() {
+        let t = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let mut store = FlowStore::default();
+        store.observe(key(), t(10));
+        assert_eq!(store.current()[0].active, Some(t(10)));
+        // A UDP exchange on the 5-tuple conntrack still holds: no logged packet, a poll's
+        // packets. The record's connection times stay; its activity and `latest` move.
+        let packets = Counts {
+            packets_in: 1,
+            packets_out: 1,
+            ..Counts::default()
+        };
+        store.count(key(), &packets, t(20));
+        let r = &store.current()[0];
+        assert_eq!((r.end, r.active, r.latest()), (t(10), Some(t(20)), t(20)));
+        // A connection that ended without packets is no traffic.
+        let ended = Counts {
+            completed: 1,
+            ..Counts::default()
+        };
+        store.count(key(), &ended, t(40));
+        assert_eq!(store.current()[0].active, Some(t(20)));
+        // Open connections alone make a record with no activity.
+        store.flush();
+        let live = HashMap::from([(key(), 1)]);
+        let r = &store.flush_with(&live, t(50))[0];
+        assert_eq!((r.active, r.latest(), r.live), (None, t(50), 1));
     }
 }
