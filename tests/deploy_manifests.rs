@@ -444,6 +444,15 @@ fn daemonset_runs_on_every_node_in_the_host_network_with_two_capabilities() {
     let (lock, _) = mounts["/run/xtables.lock"];
     assert_eq!(volumes[lock], ("/run/xtables.lock", Some("FileOrCreate")));
     assert!(!mounts.contains_key("/lib/modules"), "{mounts:?}");
+    // The node's netfilter sysctls, read-write, where the agent looks for them when its own
+    // /proc/sys is read-only (flow logs turn conntrack accounting on there).
+    let sysctl = netpol_agent::traffic::flow_log::conntrack::ACCT_SYSCTLS[1];
+    let dir = sysctl.rsplit_once('/').map(|(d, _)| d).unwrap();
+    let (name, read_only) = mounts
+        .get(dir)
+        .unwrap_or_else(|| panic!("no mount at {dir}: {mounts:?}"));
+    assert!(!read_only, "{dir} must be writable");
+    assert_eq!(volumes[name], ("/proc/sys/net/netfilter", Some("Directory")));
 }
 
 /// The Helm chart is the release: its version and appVersion (the image tag it renders) are

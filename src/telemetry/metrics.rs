@@ -82,6 +82,7 @@ pub struct Metrics {
     pub flow_log_overruns: IntCounter,
     pub flow_log_file_errors: IntCounter,
     pub flow_log_conntrack_errors: IntCounter,
+    pub flow_log_conntrack_accounting: IntGauge,
     /// Labels: kind, name (of the staged object), change (`newly_denied`, `newly_allowed`).
     pub staged_flows: IntCounterVec,
     /// Labels: kind, namespace, policy, rule, action, direction (series of policies gone are
@@ -172,6 +173,7 @@ pub const TRAFFIC_NAMES: &[&str] = &[
     "netpol_flow_log_overruns_total",
     "netpol_flow_log_file_errors_total",
     "netpol_flow_log_conntrack_errors_total",
+    "netpol_flow_log_conntrack_accounting",
     "netpol_denied_packets_total",
     "netpol_denied_unknown_interface_packets_total",
     "netpol_policy_packets_total",
@@ -494,6 +496,11 @@ impl Metrics {
                 &r,
                 "netpol_flow_log_conntrack_errors_total",
                 "flow logs: conntrack reads for packet and byte counts that failed",
+            ),
+            flow_log_conntrack_accounting: gauge(
+                &r,
+                "netpol_flow_log_conntrack_accounting",
+                "flow logs: 1 when conntrack accounting (net.netfilter.nf_conntrack_acct) is on for packet and byte counts, 0 when the agent could not turn it on",
             ),
             staged_flows: counter_vec(
                 &r,

@@ -19,7 +19,8 @@
 //! table, or TCP in `TIME_WAIT`/`CLOSE`, which are then no longer followed). Connections still
 //! followed at a flush are the record's live ones. Counts are as of the last poll before a
 //! connection ended; they need `nf_conntrack_acct`, which the agent turns on at start when
-//! flow logs are on (counted from then on: the kernel decides per connection when it begins).
+//! flow logs are on (counted from then on: the kernel decides per connection when it begins;
+//! `netpol_flow_log_conntrack_accounting` says whether it is on).
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -40,8 +41,16 @@ use super::{FlowKey, FlowLogShared};
 pub const MAX_TRACKED: usize = 100_000;
 /// How often conntrack is read while connections are followed.
 pub const POLL: Duration = Duration::from_secs(2);
-/// Where accounting is switched on (per network namespace).
-pub const ACCT_SYSCTL: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
+/// Where accounting is switched on (per network namespace: the writer's), in the order
+/// tried. A container's `/proc/sys` is read-only (container runtimes mount it so unless the
+/// container is privileged, which the DaemonSet is not), so the DaemonSet mounts the node's
+/// `/proc/sys/net/netfilter` read-write at the second path (deploy/base/daemonset.yaml). That
+/// grants nothing the agent lacks: writing these sysctls needs `CAP_NET_ADMIN` in the node's
+/// network namespace, which it has for iptables anyway.
+pub const ACCT_SYSCTLS: [&str; 2] = [
+    "/proc/sys/net/netfilter/nf_conntrack_acct",
+    "/host/proc/sys/net/netfilter/nf_conntrack_acct",
+];
 
 /// A connection as both the logged packet and conntrack name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -250,18 +259,31 @@ pub fn poll(socket: &mut ConntrackSocket, shared: &FlowLogShared) -> std::io::Re
 }
 
 /// Turns conntrack accounting on in this network namespace (counts begin with connections
-/// that start afterwards); a failure is logged and counts stay 0.
-pub fn enable_accounting() {
-    match std::fs::read_to_string(ACCT_SYSCTL) {
-        Ok(v) if v.trim() == "1" => {}
-        _ => {
-            if let Err(e) = std::fs::write(ACCT_SYSCTL, "1") {
-                tracing::warn!(error = %e, "flow logs: cannot turn on conntrack accounting ({ACCT_SYSCTL}); records will count 0 packets and bytes");
-            } else {
-                tracing::info!("flow logs: conntrack accounting turned on ({ACCT_SYSCTL}), for packet and byte counts");
-            }
+/// that start afterwards) through the first of `paths` that takes it; returns whether it is
+/// on. A failure is logged with every path's error, and counts stay 0.
+pub fn enable_accounting(paths: &[&str]) -> bool {
+    let mut errors = Vec::new();
+    for path in paths {
+        match std::fs::read_to_string(path) {
+            Ok(v) if v.trim() == "1" => return true,
+            Ok(_) => match std::fs::write(path, "1") {
+                Ok(()) => {
+                    tracing::info!("flow logs: conntrack accounting turned on ({path}), for packet and byte counts");
+                    return true;
+                }
+                Err(e) => errors.push(format!("{path}: {e}")),
+            },
+            Err(e) => errors.push(format!("{path}: {e}")),
         }
     }
+    tracing::warn!(
+        errors = %errors.join("; "),
+        "flow logs: cannot turn on conntrack accounting; records will count 0 packets and bytes, \
+         and a UDP exchange on a 5-tuple conntrack still holds leaves no trace. Mount the node's \
+         /proc/sys/net/netfilter read-write at /host/proc/sys/net/netfilter (the shipped \
+         DaemonSet does) or set net.netfilter.nf_conntrack_acct=1 on the node"
+    );
+    false
 }
 
 /// Starts the poll thread (in the calling thread's network namespace); it ends with `stop`.
@@ -298,6 +320,24 @@ mod tests {
     use crate::model::ObjectKey;
     use crate::rules::flow_log::FlowAction;
     use crate::traffic::flow_log::{End, PolicyHit};
+
+    #[test]
+    fn accounting_is_turned_on_through_the_first_path_that_takes_it() {
+        let dir = std::env::temp_dir().join(format!("npa-acct-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let host = dir.join("nf_conntrack_acct");
+        let host = host.to_str().unwrap();
+        // A container's read-only /proc/sys stands as a path that cannot be written.
+        let read_only = "/nonexistent/proc/sys/net/netfilter/nf_conntrack_acct";
+        std::fs::write(host, "0\n").unwrap();
+        assert!(enable_accounting(&[read_only, host]));
+        assert_eq!(std::fs::read_to_string(host).unwrap(), "1");
+        // Already on: nothing written.
+        assert!(enable_accounting(&[host, read_only]));
+        // No path takes it: off, said.
+        assert!(!enable_accounting(&[read_only]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn key(reporter: Direction) -> FlowKey {
         FlowKey {

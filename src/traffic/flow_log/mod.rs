@@ -362,7 +362,10 @@ impl FlowLog {
             },
             sink,
         )?;
-        conntrack::enable_accounting();
+        let accounting = conntrack::enable_accounting(&conntrack::ACCT_SYSCTLS);
+        crate::telemetry::metrics::global()
+            .flow_log_conntrack_accounting
+            .set(i64::from(accounting));
         if let Err(e) = conntrack::spawn(shared.clone(), stop) {
             tracing::error!(error = %e, "flow logs: cannot open conntrack; records will have no packet or byte counts and no connection ends");
         }
