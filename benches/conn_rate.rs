@@ -42,11 +42,14 @@
 //! [--peer-members 0] [--configs none,agent,policies,policies-walk,flowlogs,stopped,prev-agent,prev-flowlogs]
 //! [--previous PATH]` (root).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -347,8 +350,9 @@ fn write_cluster(dir: &Path, policies: usize, peer_members: usize) {
     std::fs::write(dir.join("map-b.yaml"), "\"srv/server-b\": calisrvb\n").unwrap();
 }
 
+/// The agent process (killed and reaped on drop) and the namespace it runs in.
 struct Agent {
-    child: Child,
+    process: common::Agent,
     ns: String,
 }
 
@@ -396,7 +400,7 @@ impl Agent {
             .spawn()
             .expect("start the agent");
         Agent {
-            child,
+            process: common::Agent::adopt(child, None),
             ns: ns.0.clone(),
         }
     }
@@ -404,7 +408,7 @@ impl Agent {
     fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.process.child.try_wait() {
                 panic!("the agent in {} exited: {status}", self.ns);
             }
             if http_get(&self.ns, HEALTH_PORT, "/readiness").is_some_and(|(s, _)| s == 200) {
@@ -423,17 +427,6 @@ impl Agent {
         http_get(&self.ns, METRICS_PORT, "/metrics")
             .map(|(_, b)| b)
             .unwrap_or_default()
-    }
-
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -672,11 +665,11 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
     }
     let before: Vec<(u64, String)> = agents
         .iter()
-        .map(|a| (ticks(a.child.id()), a.metrics()))
+        .map(|a| (ticks(a.process.pid()), a.metrics()))
         .collect();
     if config == Config::Stopped {
         for a in &agents {
-            a.signal(nix::sys::signal::Signal::SIGSTOP);
+            a.process.signal(nix::sys::signal::Signal::SIGSTOP);
         }
     }
     let mut cell = Cell::default();
@@ -687,7 +680,7 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
     }
     if config == Config::Stopped {
         for a in &agents {
-            a.signal(nix::sys::signal::Signal::SIGCONT);
+            a.process.signal(nix::sys::signal::Signal::SIGCONT);
         }
         // Let the readers drain what the socket kept and see the overrun.
         std::thread::sleep(Duration::from_secs(3));
@@ -695,7 +688,7 @@ fn measure(bin: &Path, work: &Path, config: Config, round: usize, opts: &Opts) -
     let hz = ticks_per_second();
     for (a, (t0, m0)) in agents.iter().zip(&before) {
         let m1 = a.metrics();
-        cell.cpu += ticks(a.child.id()).saturating_sub(*t0) as f64 / hz;
+        cell.cpu += ticks(a.process.pid()).saturating_sub(*t0) as f64 / hz;
         let d = |name| metric(&m1, name) - metric(m0, name);
         cell.logged += d("netpol_flow_log_messages_total");
         cell.lost += d("netpol_flow_log_lost_total");

@@ -31,14 +31,17 @@
 //! with the checks the same way each time). Each run
 //! prints the rules, and the sets and members of ours the kernel holds (`ipset list -t`).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::Agent;
 use synthetic::{namespace, pod, policy, wide_policy, Rng, Scale, APPS};
 
 const NETNS_PREFIX: &str = "npa-bench-";
@@ -77,17 +80,6 @@ fn run(cmd: &str, args: &[&str]) {
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "{cmd} {args:?} failed");
-}
-
-struct Agent {
-    child: Child,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `(agent + waited-for children) CPU ticks, resident KiB` of a running process.
@@ -365,22 +357,17 @@ fn measure(
 ) {
     let ns = Netns::new(&format!("idle-{backend}-{local}"));
     let log = dir.join(format!("agent-{}.log", std::process::id()));
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns.0])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.0])
         .arg(agent_bin)
         .args(["run", "--node", synthetic::NODE])
         .arg("--datastore")
         .arg(format!("dir:{}", dir.join("cluster").display()))
         .env("FELIX_IPTABLESBACKEND", backend)
         .env("FELIX_LOGSEVERITYSCREEN", "Info")
-        .envs(opts.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start the agent");
-    let agent = Agent { child };
-    let pid = agent.child.id();
+        .envs(opts.env.iter().map(|(k, v)| (k, v)));
+    let agent = Agent::spawn(cmd, &log);
+    let pid = agent.pid();
     let start = Instant::now();
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()

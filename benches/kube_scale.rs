@@ -229,9 +229,10 @@ impl Cluster {
 
 // ---- the agent ----
 
+/// The agent process (killed and reaped on drop), when it started, and whether it runs
+/// below a wrapper.
 struct Agent {
-    child: Child,
-    log: PathBuf,
+    process: common::Agent,
     started: Instant,
     wrapped: bool,
 }
@@ -241,14 +242,13 @@ impl Drop for Agent {
         if self.wrapped {
             // Killing the wrapper alone would leave the agent below it running.
             let agent = self.pid();
-            if agent != self.child.id() {
+            if agent != self.process.pid() {
                 let _ = Command::new("kill")
                     .args(["-9", &agent.to_string()])
                     .status();
             }
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Then `process` kills and reaps the wrapper (or the agent itself).
     }
 }
 
@@ -265,7 +265,6 @@ enum Source<'a> {
 
 impl Agent {
     fn start(ns: &NetNs, work: &Path, source: Source) -> Agent {
-        let log = work.join("agent.log");
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &ns.name]);
         // A wrapper such as a heap profiler (`heaptrack -o FILE`): the agent is then its child.
@@ -282,10 +281,7 @@ impl Agent {
         cmd.args(["run", "--node", NODE])
             .env("FELIX_IPTABLESBACKEND", "legacy")
             .env("FELIX_HEALTHENABLED", "false")
-            .env("FELIX_LOGSEVERITYSCREEN", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+            .env("FELIX_LOGSEVERITYSCREEN", "info");
         match source {
             Source::Kube(api) => {
                 cmd.env("KUBECONFIG", kube_api::kubeconfig(work, &api.url));
@@ -295,10 +291,8 @@ impl Agent {
             }
         }
         let started = Instant::now();
-        let child = cmd.spawn().expect("starting the agent");
         Agent {
-            child,
-            log,
+            process: common::Agent::spawn(cmd, &work.join("agent.log")),
             started,
             wrapped: wrapped.is_some(),
         }
@@ -308,7 +302,7 @@ impl Agent {
     /// below the wrapper (not any process of that binary: other runs may use it too).
     fn pid(&self) -> u32 {
         if !self.wrapped {
-            return self.child.id();
+            return self.process.pid();
         }
         let bin = agent_bin();
         let parent_of = |pid: u32| -> Option<u32> {
@@ -324,7 +318,7 @@ impl Agent {
         let below_wrapper = |mut pid: u32| {
             for _ in 0..8 {
                 match parent_of(pid) {
-                    Some(parent) if parent == self.child.id() => return true,
+                    Some(parent) if parent == self.process.pid() => return true,
                     Some(parent) if parent > 1 => pid = parent,
                     _ => return false,
                 }
@@ -341,7 +335,7 @@ impl Agent {
                 return pid;
             }
         }
-        self.child.id()
+        self.process.pid()
     }
 
     /// With a wrapper: ends the agent abruptly (so a heap profiler records what was live),
@@ -351,30 +345,26 @@ impl Agent {
             let _ = Command::new("kill")
                 .args(["-9", &self.pid().to_string()])
                 .status();
-            let _ = self.child.wait();
+            let _ = self.process.child.wait();
         }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits for a log line containing `what`; the time from the agent's "running" line
     /// (after its preflight checks) to that line, by their timestamps.
     fn wait_log(&mut self, what: &str, limit: Duration) -> Duration {
         loop {
-            let text = self.log_text();
+            let text = self.process.log();
             if let Some(at) = line_time(&text, what) {
                 let start = line_time(&text, "netpol-agent running").unwrap_or(at);
                 return Duration::from_secs_f64((at - start).max(0.0));
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the agent exited ({status}): {}", tail(&self.log_text()));
+            if let Ok(Some(status)) = self.process.child.try_wait() {
+                panic!("the agent exited ({status}): {}", tail(&self.process.log()));
             }
             assert!(
                 self.started.elapsed() < limit,
                 "no {what:?} within {limit:?}: {}",
-                tail(&self.log_text())
+                tail(&self.process.log())
             );
             std::thread::sleep(Duration::from_millis(20));
         }

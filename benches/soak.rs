@@ -38,16 +38,19 @@
 //! kernel checks found our rules or sets changed by someone (and those that could not tell), and the apply time (p50/p99, read off
 //! the histogram's buckets, so an upper bound).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::Agent;
 use netpol_agent::dataplane::owned::OwnedState;
 use netpol_agent::model::IpFamily;
 use synthetic::{namespace, pod, policy, Rng, Scale, APPS};
@@ -137,15 +140,6 @@ fn feed_here(program: &str, args: &[&str], input: &str) -> bool {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -406,22 +400,16 @@ fn soak(agent_bin: &Path, backend: &str, opts: &Options) -> bool {
     }
 
     let log = dir.0.join("agent.log");
-    let agent = Agent(
-        ns.cmd(&agent_bin.display().to_string())
-            .args(["run", "--node", synthetic::NODE, "--datastore"])
-            .arg(format!("dir:{}", manifests.display()))
-            .env("FELIX_IPTABLESBACKEND", backend)
-            .env("FELIX_IPV6SUPPORT", "false")
-            .env("FELIX_LOGSEVERITYSCREEN", "Info")
-            .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
-            .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
-            .env("FELIX_PROMETHEUSMETRICSPORT", METRICS_PORT.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the agent"),
-    );
+    let mut cmd = ns.cmd(&agent_bin.display().to_string());
+    cmd.args(["run", "--node", synthetic::NODE, "--datastore"])
+        .arg(format!("dir:{}", manifests.display()))
+        .env("FELIX_IPTABLESBACKEND", backend)
+        .env("FELIX_IPV6SUPPORT", "false")
+        .env("FELIX_LOGSEVERITYSCREEN", "Info")
+        .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
+        .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
+        .env("FELIX_PROMETHEUSMETRICSPORT", METRICS_PORT.to_string());
+    let agent = Agent::spawn(cmd, &log);
     let start = Instant::now();
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
@@ -461,7 +449,7 @@ fn soak(agent_bin: &Path, backend: &str, opts: &Options) -> bool {
                 .stderr(Stdio::null())
                 .spawn()
                 .ok()
-                .map(Agent)
+                .map(|child| Agent::adopt(child, None))
         }
         _ => None,
     };

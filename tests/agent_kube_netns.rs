@@ -9,11 +9,11 @@ mod common;
 mod kube_api;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::converge::{observed, wait_converged};
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
 use kube_api::{FakeApi, Gone, Res, Streaming};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
@@ -21,15 +21,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 /// The API server's listening socket must live in the agent's namespace.
 fn api_in(ns: &NetNs) -> FakeApi {
     common::in_netns(&ns.name, FakeApi::start)
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Every document of the demo, one object each (the API has no `kind: List`).
@@ -88,19 +79,13 @@ fn converges_follows_and_relists(streaming: Streaming) {
     std::fs::write(manifests.path.join("all.yaml"), &objects).unwrap();
 
     let log = work.path.join("agent.log");
-    let agent = Agent(
-        Command::new("ip")
-            .args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
-            .env("KUBECONFIG", kube_api::kubeconfig(&work.path, &api.url))
-            .env_remove("FELIX_DATASTORETYPE")
-            .env("FELIX_IPTABLESBACKEND", "legacy")
-            .env("FELIX_HEALTHENABLED", "false")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+        .env("KUBECONFIG", kube_api::kubeconfig(&work.path, &api.url))
+        .env_remove("FELIX_DATASTORETYPE")
+        .env("FELIX_IPTABLESBACKEND", "legacy")
+        .env("FELIX_HEALTHENABLED", "false");
+    let agent = Agent::spawn(cmd, &log);
     wait_converged(&ns, &manifests.path, "legacy", &log);
 
     // A change through the API: the web policy goes away.

@@ -6,13 +6,14 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::converge::{expected, observed, wait_converged};
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
+use nix::sys::signal::Signal;
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 
@@ -27,43 +28,17 @@ fn populate(dir: &Path) {
     }
 }
 
-struct Agent {
-    child: Child,
-}
-
-impl Agent {
-    fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
-        let log_file = std::fs::File::create(log).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
-            .arg("--datastore")
-            .arg(format!("dir:{}", dir.display()))
-            .args(["--iptables-backend", backend])
-            .args(["--iptables-refresh-interval", "1"])
-            .args(["--ipsets-refresh-interval", "1"])
-            .args(["--iptables-post-write-check-interval-secs", "0.2"])
-            .args(["--log-severity-screen", "DEBUG"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .expect("start agent");
-        Agent { child }
-    }
-
-    fn signal(&mut self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start_agent(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+        .arg("--datastore")
+        .arg(format!("dir:{}", dir.display()))
+        .args(["--iptables-backend", backend])
+        .args(["--iptables-refresh-interval", "1"])
+        .args(["--ipsets-refresh-interval", "1"])
+        .args(["--iptables-post-write-check-interval-secs", "0.2"])
+        .args(["--log-severity-screen", "DEBUG"]);
+    Agent::spawn(cmd, log)
 }
 
 /// A namespace, a manifest directory holding the demo, and an agent that has converged.
@@ -82,7 +57,7 @@ impl Fixture {
         let logs = TempDir::new("logs");
         let log = logs.path.join("agent.log");
         populate(&dir.path);
-        let agent = Agent::start(&ns, &dir.path, backend, &log);
+        let agent = start_agent(&ns, &dir.path, backend, &log);
         wait_converged(&ns, &dir.path, backend, &log);
         Fixture {
             agent,
@@ -207,12 +182,13 @@ fn kill_9_mid_churn_then_restart_converges_without_leftovers() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    fx.agent.signal("-9");
+    fx.agent.signal(Signal::SIGKILL);
+    let _ = fx.agent.child.wait();
     // While it is down, half the churn goes away.
     for i in 0..20 {
         std::fs::remove_file(dir.path.join(format!("churn-{i}.yaml"))).unwrap();
     }
-    fx.agent = Agent::start(ns, &dir.path, backend, &log);
+    fx.agent = start_agent(ns, &dir.path, backend, &log);
     wait_converged(ns, &dir.path, backend, &log);
 }
 
@@ -265,9 +241,10 @@ fn sigterm_keeps_rules_and_cleanup_restores_the_tables_exactly() {
     let logs = TempDir::new("logs");
     let log = logs.path.join("agent.log");
     populate(&dir.path);
-    let mut agent = Agent::start(&ns, &dir.path, backend, &log);
+    let mut agent = start_agent(&ns, &dir.path, backend, &log);
     wait_converged(&ns, &dir.path, backend, &log);
-    agent.signal("-TERM");
+    agent.signal(Signal::SIGTERM);
+    let _ = agent.child.wait();
     // The rules stay after SIGTERM.
     assert_eq!(observed(&ns, backend, false), expected(&dir.path, false));
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
 use netpol_agent::iface_naming::{BridgeResolver, InterfaceResolver};
 use netpol_agent::model::{ObjectKey, PodInfo};
 
@@ -287,35 +287,18 @@ spec:
   policyTypes: [Egress]
 ";
 
-struct Agent(Child);
-
-impl Agent {
-    fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
-        let mut cmd = common::agent_in(&ns.name);
-        let child = cmd
-            .args(["run", "--node", "node-1"])
-            .arg("--datastore")
-            .arg(format!("dir:{}", dir.display()))
-            .args(["--iptables-backend", backend])
-            .env("FELIX_BRIDGEINTERFACE", "cni0")
-            .env("FELIX_INTERFACENAMESCHEME", "bridge")
-            .env("FELIX_INTERFACEPREFIX", "veth")
-            .env("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "0.2")
-            .env("FELIX_LOGSEVERITYSCREEN", "Debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("start agent");
-        Agent(child)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn start_agent(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run", "--node", "node-1"])
+        .arg("--datastore")
+        .arg(format!("dir:{}", dir.display()))
+        .args(["--iptables-backend", backend])
+        .env("FELIX_BRIDGEINTERFACE", "cni0")
+        .env("FELIX_INTERFACENAMESCHEME", "bridge")
+        .env("FELIX_INTERFACEPREFIX", "veth")
+        .env("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "0.2")
+        .env("FELIX_LOGSEVERITYSCREEN", "Debug");
+    Agent::spawn(cmd, log)
 }
 
 fn save(ns: &NetNs, backend: &str, counters: bool) -> String {
@@ -325,18 +308,6 @@ fn save(ns: &NetNs, backend: &str, counters: bool) -> String {
         args.push("-c");
     }
     ns.exec_ok(&args)
-}
-
-fn wait_for(what: &str, log: &Path, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + common::scaled(Duration::from_secs(20));
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; agent log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Packets counted by the rule of `chain` containing `needle`, from `iptables-save -c`.
@@ -590,9 +561,10 @@ fn every_path_is_enforced(backend: &str) {
     );
     std::fs::write(data.join("policies.yaml"), POLICIES).unwrap();
     let log = dir.path.join("agent.log");
-    let _agent = Agent::start(node, &data, backend, &log);
+    let agent = start_agent(node, &data, backend, &log);
+    let limit = common::scaled(Duration::from_secs(20));
     let pods = [&client, &server, &locked];
-    wait_for("the policies on every pod's bridge port", &log, || {
+    agent.wait_for(limit, "the policies on every pod's bridge port", || {
         let s = save(node, backend, false);
         pods.iter().all(|p| {
             s.contains(&format!("-d {}/32 ", p.ip))
@@ -666,20 +638,20 @@ fn every_path_is_enforced(backend: &str) {
     let learned = learned.unwrap_or_else(|| {
         panic!(
             "the new pod's port was not learned; agent log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
+            agent.log()
         )
     });
     eprintln!("new pod's port programmed after {learned:?}");
     // Its veth goes: the port, its chains and its address entry go too.
     node.exec_ok(&["ip", "link", "del", &late.veth]);
-    wait_for("the deleted port's chains to go", &log, || {
+    agent.wait_for(limit, "the deleted port's chains to go", || {
         let s = save(node, backend, false);
         !s.contains(&late.veth) && !s.contains("-d 10.244.0.5/32")
     });
 
     // Policies removed: everything connects again.
     std::fs::remove_file(data.join("policies.yaml")).unwrap();
-    wait_for("the policies to be removed", &log, || {
+    agent.wait_for(limit, "the policies to be removed", || {
         !save(node, backend, false).contains("Start of policies")
     });
     let wrong = check(&probes, true);
@@ -756,8 +728,9 @@ fn bridge_mode_enforces_bridged_ipv6() {
     );
     std::fs::write(data.join("policies.yaml"), POLICIES).unwrap();
     let log = dir.path.join("agent.log");
-    let _agent = Agent::start(node, &data, "legacy", &log);
-    wait_for("the IPv6 rules on every pod's port", &log, || {
+    let agent = start_agent(node, &data, "legacy", &log);
+    let limit = common::scaled(Duration::from_secs(20));
+    agent.wait_for(limit, "the IPv6 rules on every pod's port", || {
         let s = node.exec_ok(&["ip6tables-legacy-save", "-t", "filter"]);
         [&client, &server, &locked].iter().all(|p| {
             s.contains(&format!("-d {}/128 ", p.ip))

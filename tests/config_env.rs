@@ -6,10 +6,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 
@@ -739,52 +739,11 @@ fn help_documents_every_variable_and_default() {
 
 // ---------------------------------------------------------------- run, in a network namespace
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    /// `run` inside `ns` configured only through the environment.
-    fn start(ns: &NetNs, log: &Path, vars: &[(&str, &str)]) -> Agent {
-        let mut cmd = common::agent_in(&ns.name);
-        cmd.args(["run"]);
-        let child = cmd
-            .envs(vars.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("start agent");
-        Agent {
-            child,
-            log: log.to_path_buf(),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits until `check` holds, or fails with the agent's log.
-fn wait_for(agent: &Agent, what: &str, limit: Duration, check: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(
-            start.elapsed() < limit,
-            "{what}: not after {limit:?}; agent log:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// `run` inside `ns` configured only through the environment.
+fn start_agent(ns: &NetNs, log: &Path, vars: &[(&str, &str)]) -> Agent {
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run"]).envs(vars.iter().copied());
+    Agent::spawn(cmd, log)
 }
 
 fn our_chains(save: &str) -> Vec<String> {
@@ -826,7 +785,7 @@ fn run_honours_datastore_node_name_backend_and_ipv6_variables() {
 
     // NODENAME wins over FELIX_FELIXHOSTNAME; nft only; no IPv6.
     let ns = NetNs::new("cfg-run");
-    let agent = Agent::start(
+    let agent = start_agent(
         &ns,
         &logs.path.join("a.log"),
         &[
@@ -838,12 +797,9 @@ fn run_honours_datastore_node_name_backend_and_ipv6_variables() {
             ("FELIX_LOGFORMAT", "json"),
         ],
     );
-    wait_for(
-        &agent,
-        "node-2's chains in nft",
-        Duration::from_secs(15),
-        || our_chains(&ns.exec_ok(&["iptables-nft-save", "-t", "filter"])) == want_node2,
-    );
+    agent.wait_for(Duration::from_secs(15), "node-2's chains in nft", || {
+        our_chains(&ns.exec_ok(&["iptables-nft-save", "-t", "filter"])) == want_node2
+    });
     assert!(our_chains(&ns.exec_ok(&["ip6tables-nft-save", "-t", "filter"])).is_empty());
     assert!(our_chains(&ns.exec_ok(&["iptables-legacy-save", "-t", "filter"])).is_empty());
     assert!(
@@ -862,7 +818,7 @@ fn run_honours_datastore_node_name_backend_and_ipv6_variables() {
 
     // Without NODENAME, FELIX_FELIXHOSTNAME names the node.
     let ns = NetNs::new("cfg-run2");
-    let agent = Agent::start(
+    let agent = start_agent(
         &ns,
         &logs.path.join("b.log"),
         &[
@@ -872,12 +828,9 @@ fn run_honours_datastore_node_name_backend_and_ipv6_variables() {
             ("FELIX_IPV6SUPPORT", "0"),
         ],
     );
-    wait_for(
-        &agent,
-        "node-2's chains in legacy",
-        Duration::from_secs(15),
-        || our_chains(&ns.exec_ok(&["iptables-legacy-save", "-t", "filter"])) == want_node2,
-    );
+    agent.wait_for(Duration::from_secs(15), "node-2's chains in legacy", || {
+        our_chains(&ns.exec_ok(&["iptables-legacy-save", "-t", "filter"])) == want_node2
+    });
 }
 
 /// Tampers with a chain and a set member once the agent has settled, and reports whether
@@ -903,14 +856,14 @@ fn repaired_on(backend: &str, vars: &[(&str, &str)], within: Duration) -> (bool,
         ("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "0.2"),
     ];
     all.extend_from_slice(vars);
-    let agent = Agent::start(&ns, &logs.path.join("agent.log"), &all);
+    let agent = start_agent(&ns, &logs.path.join("agent.log"), &all);
     let want = compiled_chains(&dir.path, "node-1");
     let forward_rules = || {
         ns.exec_ok(&[&iptables, "-S", "cali-FORWARD"])
             .lines()
             .count()
     };
-    wait_for(&agent, "converged", Duration::from_secs(15), || {
+    agent.wait_for(Duration::from_secs(15), "converged", || {
         our_chains(&ns.exec_ok(&[&save, "-t", "filter"])) == want
     });
     // Past the post-write check, so only the refresh timers can repair.

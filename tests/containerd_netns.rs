@@ -67,7 +67,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -493,17 +493,13 @@ state = "{d}/state"
     }
 
     fn wait_for<T>(&mut self, what: &str, mut f: impl FnMut(&mut Self) -> Option<T>) -> T {
-        let deadline = Instant::now() + common::scaled(Duration::from_secs(15));
-        loop {
-            if let Some(v) = f(self) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; containerd's log:\n{}",
+        let limit = common::scaled(Duration::from_secs(15));
+        match common::poll(limit, || f(self)) {
+            Some(v) => v,
+            None => panic!(
+                "{what}: not after {limit:?}; containerd's log:\n{}",
                 self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            ),
         }
     }
 
@@ -916,50 +912,26 @@ spec:
     ports: [{port: 8080}]
 ";
 
-struct Agent {
-    child: Child,
+fn start_agent(
+    node: &NetNs,
+    data: &Path,
     log: PathBuf,
-}
-
-impl Agent {
-    fn start(
-        node: &NetNs,
-        data: &Path,
-        log: PathBuf,
-        backend: &str,
-        env: &[(&str, &str)],
-    ) -> Agent {
-        let mut cmd = common::agent_in(&node.name);
-        cmd.args(["run", "--node", NODE, "--iptables-backend", backend])
-            .arg("--datastore")
-            .arg(format!("dir:{}", data.display()))
-            .env("FELIX_INTERFACEGRACEPERIOD", grace_secs().to_string())
-            .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
-            .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
-            .env("FELIX_PROMETHEUSMETRICSPORT", METRICS.to_string())
-            .env("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "0.2");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the agent");
-        Agent { child, log }
+    backend: &str,
+    env: &[(&str, &str)],
+) -> Agent {
+    let mut cmd = common::agent_in(&node.name);
+    cmd.args(["run", "--node", NODE, "--iptables-backend", backend])
+        .arg("--datastore")
+        .arg(format!("dir:{}", data.display()))
+        .env("FELIX_INTERFACEGRACEPERIOD", grace_secs().to_string())
+        .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
+        .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
+        .env("FELIX_PROMETHEUSMETRICSPORT", METRICS.to_string())
+        .env("FELIX_IPTABLESPOSTWRITECHECKINTERVALSECS", "0.2");
+    for (k, v) in env {
+        cmd.env(k, v);
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Agent::spawn(cmd, &log)
 }
 
 /// The node's filter table. A save that meets a rule whose set the agent destroys meanwhile
@@ -974,24 +946,6 @@ fn save(node: &NetNs, backend: &str) -> String {
         std::thread::sleep(Duration::from_millis(50));
     }
     node.exec_ok(&[&tool, "-t", "filter"])
-}
-
-fn wait_until(
-    what: &str,
-    agent: &Agent,
-    limit: Duration,
-    mut done: impl FnMut() -> bool,
-) -> Duration {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < common::scaled(limit),
-            "timed out waiting for {what}; agent log:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    start.elapsed()
 }
 
 /// The rules send `iface`'s traffic through chains of its own, and (`policed`) its ingress
@@ -1092,10 +1046,9 @@ fn recreate_and_add(
     servers.listen(&c2);
     write_pods(data, &[a, b, &c2]);
     let recreated = Instant::now();
-    let followed = wait_until(
+    let followed = agent.wait_for(
+        common::scaled(Duration::from_secs(30)),
         "c's new sandbox to be programmed and the old one's chains removed",
-        agent,
-        Duration::from_secs(30),
         || {
             let s = save(&ctd.node, backend);
             programmed(&s, &c2_iface, true) && !s.contains(&format!("cali-tw-{old_c_iface}"))
@@ -1110,10 +1063,9 @@ fn recreate_and_add(
     );
     // Until its new veth is programmed, c's traffic meets "Unknown interface": how long a
     // cannot reach it.
-    let reachable = wait_until(
+    let reachable = agent.wait_for(
+        common::scaled(Duration::from_secs(30)),
         "a to reach c's new sandbox",
-        agent,
-        Duration::from_secs(30),
         || connect_from(a, &c2).is_ok(),
     );
     let reachable = recreated.elapsed().max(reachable);
@@ -1145,9 +1097,11 @@ fn recreate_and_add(
     let d_iface = expected_interface(ctd, wiring, &d);
     servers.listen(&d);
     write_pods(data, &[a, b, &c2, &d]);
-    let learned = wait_until("d to be programmed", agent, Duration::from_secs(20), || {
-        programmed(&save(&ctd.node, backend), &d_iface, false)
-    });
+    let learned = agent.wait_for(
+        common::scaled(Duration::from_secs(20)),
+        "d to be programmed",
+        || programmed(&save(&ctd.node, backend), &d_iface, false),
+    );
     let deadline = Instant::now() + common::scaled(Duration::from_secs(10));
     let late = [(&d, &c2, false), (a, &d, true), (&d, a, true)];
     let (wrong, summary) = loop {
@@ -1274,17 +1228,16 @@ fn scenario(wiring: Wiring, auto: bool) {
         ],
     };
     let agent_started = Instant::now();
-    let agent = Agent::start(
+    let agent = start_agent(
         &ctd.node,
         &data,
         data_dir.path.join("agent.log"),
         backend,
         &env,
     );
-    let converged = wait_until(
+    let converged = agent.wait_for(
+        common::scaled(Duration::from_secs(20)),
         "every pod's chains and c's policies",
-        &agent,
-        Duration::from_secs(20),
         || {
             let s = save(&ctd.node, backend);
             programmed(&s, &ifaces[0], false)
@@ -1312,9 +1265,11 @@ fn scenario(wiring: Wiring, auto: bool) {
     if agent_started.elapsed() < grace {
         std::thread::sleep(grace - agent_started.elapsed());
     }
-    wait_until("the metrics", &agent, Duration::from_secs(10), || {
-        gauge(&ctd.node).is_some()
-    });
+    agent.wait_for(
+        common::scaled(Duration::from_secs(10)),
+        "the metrics",
+        || gauge(&ctd.node).is_some(),
+    );
     assert_eq!(gauge(&ctd.node), Some(0), "agent log:\n{}", agent.log());
     assert!(
         !agent.log().contains("without a host interface"),
@@ -1354,10 +1309,9 @@ fn scenario(wiring: Wiring, auto: bool) {
     // After the recreation, again no pod without an interface. While c's sandbox was being
     // replaced its pod had none; when that outlasted the grace period (under emulation it
     // took 20-65 s) the agent rightly said so, for c and only c.
-    wait_until(
+    agent.wait_for(
+        common::scaled(Duration::from_secs(40)),
         "no local pod without an interface",
-        &agent,
-        Duration::from_secs(40),
         || gauge(&ctd.node) == Some(0),
     );
     let log = agent.log();
@@ -1369,10 +1323,9 @@ fn scenario(wiring: Wiring, auto: bool) {
 
     // The policies go: everything connects again.
     std::fs::remove_file(data.join("policies.yaml")).unwrap();
-    wait_until(
+    agent.wait_for(
+        common::scaled(Duration::from_secs(20)),
         "the policies to be removed",
-        &agent,
-        Duration::from_secs(20),
         || !save(&ctd.node, backend).contains("-j cali-pi-"),
     );
     let mut after = probes(&a, &b, &c_now, false);

@@ -181,20 +181,12 @@ fn initial_listing_names_veth_plus_ten_id_characters() {
     assert_eq!(running.resolve(&successor), unknown(&successor));
     // The resolver subscribed to the event stream (the fake, like containerd, answers the
     // subscription only with the first event: nothing waited for it).
-    wait_until("the resolver subscribes to events", || {
+    common::wait_for(WAIT, "the resolver subscribes to events", || {
         runtime.subscribers() == 1
     });
     running.drain();
     runtime.add_sandbox("default", "web-2", "uid-web2", WEB_B, true, 200);
     running.notified_then(&stranger, veth(WEB_B));
-}
-
-fn wait_until(what: &str, check: impl Fn() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

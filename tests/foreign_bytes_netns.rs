@@ -7,37 +7,23 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use common::converge::wait_converged;
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start_agent(ns: &NetNs, dir: &Path, backend: &str, log: &Path) -> Agent {
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, BIN, "run", "--node", "node-1"])
         .arg("--datastore")
         .arg(format!("dir:{}", dir.display()))
         .args(["--iptables-backend", backend])
         .args(["--iptables-post-write-check-interval-secs", "0.2"])
         .args(["--log-severity-screen", "DEBUG"])
-        .env_remove("NODENAME")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("start agent");
-    Agent(child)
+        .env_remove("NODENAME");
+    Agent::spawn(cmd, log)
 }
 
 fn demo() -> PathBuf {

@@ -48,11 +48,10 @@ mod kube_api;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::converge::{expected, Tables};
-use common::{NetNs, TempDir};
+use common::{Agent, NetNs, TempDir};
 use kube_api::{FakeApi, Gone, Res, Streaming, ALL};
 use netpol_agent::backoff::Policy;
 use netpol_agent::model::IpFamily;
@@ -83,15 +82,6 @@ const FAULTS: [Fault; 5] = [
     Fault::Refused,
     Fault::Garbled,
 ];
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
@@ -452,18 +442,12 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
     cluster(&api);
 
     let log = work.path.join("agent.log");
-    let mut agent = Agent(
-        common::agent_in(&ns.name)
-            .args(["run", "--node", "node-1"])
-            .env("KUBECONFIG", kube_api::kubeconfig(&work.path, &api.url))
-            .env("FELIX_IPTABLESBACKEND", "legacy")
-            .env("FELIX_HEALTHENABLED", "false")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run", "--node", "node-1"])
+        .env("KUBECONFIG", kube_api::kubeconfig(&work.path, &api.url))
+        .env("FELIX_IPTABLESBACKEND", "legacy")
+        .env("FELIX_HEALTHENABLED", "false");
+    let mut agent = Agent::spawn(cmd, &log);
     let mut state = want(&api, &manifests.path);
     let start = Instant::now();
     while observed(&ns) != state {
@@ -557,7 +541,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
             check(&observed(&ns), &allowed, &mut violations, "storm");
             samples += 1;
             assert!(
-                agent.0.try_wait().unwrap().is_none(),
+                agent.running(),
                 "the agent exited during a {fault:?} storm\n{}",
                 tail(&log)
             );
@@ -576,7 +560,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
             }
             check(&have, &allowed, &mut violations, "recovery");
             assert!(
-                agent.0.try_wait().unwrap().is_none(),
+                agent.running(),
                 "the agent exited after a {fault:?} storm\n{}",
                 tail(&log)
             );
@@ -758,7 +742,7 @@ fn rules_stay_and_recovery_follows_under_api_server_faults() {
         violations.join("\n")
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(agent.0.try_wait().unwrap().is_none(), "the agent exited");
+    assert!(agent.running(), "the agent exited");
 }
 
 /// The wait a log line announces (`retrying in 1.29574241s:`, `relisting in 927.15ms:`).

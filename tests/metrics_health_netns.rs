@@ -13,10 +13,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{http_get, NetNs, TempDir};
+use common::{http_get, Agent, NetNs, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 const METRICS_PORT: u16 = 9091;
@@ -26,30 +26,11 @@ fn demo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/demo")
 }
 
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_agent(ns: &NetNs, dir: &Path, log: &Path) -> Agent {
     let mut cmd = common::agent_in(&ns.name);
     cmd.args(["run", "--node", "node-1"])
         .arg("--datastore")
-        .arg(format!("dir:{}", dir.display()));
-    let child = cmd
+        .arg(format!("dir:{}", dir.display()))
         .envs([
             ("FELIX_IPTABLESBACKEND", "legacy"),
             ("FELIX_LOGSEVERITYSCREEN", "Debug"),
@@ -59,16 +40,8 @@ fn start_agent(ns: &NetNs, dir: &Path, log: &Path) -> Agent {
             ("FELIX_HEALTHENABLED", "yes"),
             ("FELIX_HEALTHHOST", "127.0.0.1"),
             ("FELIX_HEALTHPORT", &HEALTH_PORT.to_string()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("start agent");
-    Agent {
-        child,
-        log: log.to_path_buf(),
-    }
+        ]);
+    Agent::spawn(cmd, log)
 }
 
 /// Series → value from the text exposition format.
@@ -85,22 +58,6 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
 fn metric(m: &BTreeMap<String, f64>, series: &str) -> f64 {
     *m.get(series)
         .unwrap_or_else(|| panic!("{series} missing from {m:#?}"))
-}
-
-/// Polls until `check` holds or fails with the agent's log.
-fn wait_until<T>(agent: &Agent, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < common::scaled(Duration::from_secs(20)),
-            "{what}: timed out; agent log:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 const BAD_POLICY: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: bad, namespace: shop}\nspec:\n  podSelector: {}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.0.0.0/33}}]\n";
@@ -142,15 +99,16 @@ fn health_and_metrics_of_a_running_agent() {
     ns.exec_ok(&add);
 
     let agent = start_agent(&ns, &dir.path, &logs.path.join("agent.log"));
+    let wait = common::scaled(Duration::from_secs(20));
     let health = |path: &str| http_get(&ns.name, HEALTH_PORT, path).ok();
 
     // Live, in sync, but not ready while the first apply cannot complete.
-    let (code, why) = wait_until(&agent, "readiness: first apply pending", || {
+    let (code, why) = agent.wait_until(wait, "readiness: first apply pending", || {
         health("/readiness").filter(|(_, body)| body.contains("first full apply"))
     });
     assert_eq!(code, 503, "{why}");
     assert_eq!(health("/liveness").map(|r| r.0), Some(200));
-    let before = wait_until(&agent, "a failed apply", || {
+    let before = agent.wait_until(wait, "a failed apply", || {
         let m = parse_metrics(&http_get(&ns.name, METRICS_PORT, "/metrics").ok()?.1);
         (m.get("netpol_dataplane_apply_failures_total").copied()? >= 1.0).then_some(m)
     });
@@ -167,7 +125,7 @@ fn health_and_metrics_of_a_running_agent() {
     let mut del = vec!["iptables-legacy", "-D", "INPUT"];
     del.extend_from_slice(&foreign);
     ns.exec_ok(&del);
-    let (code, why) = wait_until(&agent, "readiness after the first apply", || {
+    let (code, why) = agent.wait_until(wait, "readiness after the first apply", || {
         health("/readiness").filter(|(code, _)| *code == 200)
     });
     assert!(why.contains("ready"), "{why}");
@@ -277,7 +235,7 @@ fn health_and_metrics_of_a_running_agent() {
     // A pod that appears later: one more local endpoint, one more observation, and this
     // one without a held-up apply.
     std::fs::write(dir.path.join("late.yaml"), NEW_POD).unwrap();
-    let after = wait_until(&agent, "the late pod's rules", || {
+    let after = agent.wait_until(wait, "the late pod's rules", || {
         let m = parse_metrics(&http_get(&ns.name, METRICS_PORT, "/metrics").ok()?.1);
         (m.get("netpol_programming_latency_seconds_count").copied()? > count).then_some(m)
     });

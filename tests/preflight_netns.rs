@@ -11,10 +11,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{in_netns, NetNs, TempDir};
+use common::{in_netns, Agent, NetNs, TempDir};
 use netpol_agent::host::preflight::{self, BrNetfilter, Finding, PreflightConfig};
 
 const HEALTH_PORT: u16 = 9099;
@@ -118,74 +117,21 @@ fn detectors_find_ipvlan_and_macvlan_links() {
 
 // ---------------------------------------------------------------- the binary
 
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Agent {
-    fn start(ns: &NetNs, dir: &TempDir, vars: &[(&str, &str)]) -> Agent {
-        let log = dir.path.join("agent.log");
-        let datastore = dir.path.join("manifests");
-        std::fs::create_dir_all(&datastore).unwrap();
-        let mut cmd = common::agent_in(&ns.name);
-        cmd.args(["run", "--node", "node-1"])
-            .arg("--datastore")
-            .arg(format!("dir:{}", datastore.display()));
-        let child = cmd
-            .envs([
-                ("FELIX_IPTABLESBACKEND", "legacy"),
-                ("FELIX_IPV6SUPPORT", "false"),
-                ("FELIX_HEALTHHOST", "127.0.0.1"),
-                ("FELIX_HEALTHPORT", &HEALTH_PORT.to_string()),
-            ])
-            .envs(vars.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start agent");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                start.elapsed() < within,
-                "the agent did not exit; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn still_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn terminate(&mut self) -> ExitStatus {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        self.wait_exit(Duration::from_secs(10))
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start_agent(ns: &NetNs, dir: &TempDir, vars: &[(&str, &str)]) -> Agent {
+    let datastore = dir.path.join("manifests");
+    std::fs::create_dir_all(&datastore).unwrap();
+    let mut cmd = common::agent_in(&ns.name);
+    cmd.args(["run", "--node", "node-1"])
+        .arg("--datastore")
+        .arg(format!("dir:{}", datastore.display()))
+        .envs([
+            ("FELIX_IPTABLESBACKEND", "legacy"),
+            ("FELIX_IPV6SUPPORT", "false"),
+            ("FELIX_HEALTHHOST", "127.0.0.1"),
+            ("FELIX_HEALTHPORT", &HEALTH_PORT.to_string()),
+        ])
+        .envs(vars.iter().copied());
+    Agent::spawn(cmd, &dir.path.join("agent.log"))
 }
 
 /// `GET path` on the health port inside `ns`: (status, body).
@@ -218,7 +164,7 @@ fn wait_status(ns: &NetNs, agent: &Agent, path: &str, status: u16, within: Durat
 fn run_without_health_exits_3_naming_what_it_found() {
     let (ns, ipvlan) = vlan_node();
     let dir = TempDir::new("pf-exit");
-    let mut agent = Agent::start(&ns, &dir, &[("FELIX_HEALTHENABLED", "false")]);
+    let mut agent = start_agent(&ns, &dir, &[("FELIX_HEALTHENABLED", "false")]);
     let status = agent.wait_exit(Duration::from_secs(20));
     let log = agent.log();
     assert_eq!(status.code(), Some(3), "{log}");
@@ -240,7 +186,7 @@ fn run_with_health_stays_up_not_ready_and_starts_once_the_node_is_fixed() {
     let vars = [("FELIX_HEALTHENABLED", "true")];
 
     // Refused: 503 with the reason, live, exit 3 on SIGTERM.
-    let mut agent = Agent::start(&ns, &dir, &vars);
+    let mut agent = start_agent(&ns, &dir, &vars);
     let body = wait_status(&ns, &agent, "/readiness", 503, Duration::from_secs(20));
     assert!(body.contains("refused to run"), "{body}");
     assert!(body.contains("br0"), "{body}");
@@ -251,7 +197,7 @@ fn run_with_health_stays_up_not_ready_and_starts_once_the_node_is_fixed() {
     drop(agent);
 
     // Refused again; the pod interface leaves the bridge and the agent starts by itself.
-    let mut agent = Agent::start(&ns, &dir, &vars);
+    let mut agent = start_agent(&ns, &dir, &vars);
     wait_status(&ns, &agent, "/readiness", 503, Duration::from_secs(20));
     ns.sh_ok("ip link set cali82111e10a96 nomaster");
     wait_status(&ns, &agent, "/readiness", 200, Duration::from_secs(40));
@@ -267,7 +213,7 @@ fn run_with_health_stays_up_not_ready_and_starts_once_the_node_is_fixed() {
 fn override_runs_anyway_with_a_warning() {
     let (ns, _) = vlan_node();
     let dir = TempDir::new("pf-override");
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &ns,
         &dir,
         &[
@@ -338,7 +284,7 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     let before = save(&ns);
 
     // Without a health server (a command line): refused at once, status 3.
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &ns,
         &dir,
         &[
@@ -352,7 +298,7 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
 
     // As deployed (health server on): idle, not a crash loop (issue 37). Felix holds the
     // health port, so kubelet's probes would reach felix's.
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &ns,
         &dir,
         &[
@@ -362,7 +308,7 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     );
     std::thread::sleep(Duration::from_secs(3));
     let log = agent.log();
-    assert!(agent.still_running(), "exited beside felix: {log}");
+    assert!(agent.running(), "exited beside felix: {log}");
     assert!(
         log.contains("felix (calico-node) runs on this node"),
         "{log}"
@@ -398,7 +344,7 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(body.contains("felix"), "{body}");
-    assert!(agent.still_running(), "{}", agent.log());
+    assert!(agent.running(), "{}", agent.log());
     assert_eq!(save(&ns), before);
     assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 
@@ -421,7 +367,7 @@ fn felix_on_the_node_is_refused_naming_what_says_so() {
     assert_eq!(save(&ns), before);
 
     // The operator who knows it is leftover state overrides; the agent then runs.
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &ns,
         &dir,
         &[

@@ -11,22 +11,12 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::converge::wait_converged;
-use common::{http_get, NetNs, TempDir};
+use common::{http_get, Agent, NetNs, TempDir};
 
 const METRICS_PORT: u16 = 9091;
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path, pid_ns: bool) -> Agent {
     let mut cmd = if pid_ns {
@@ -60,11 +50,8 @@ fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path, pid_ns: bool) -> Age
             ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
             ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
             ("FELIX_PROMETHEUSMETRICSPORT", &METRICS_PORT.to_string()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap());
-    Agent(cmd.spawn().expect("start agent"))
+        ]);
+    Agent::spawn(cmd, log)
 }
 
 /// The sum of every series of each metric family, and each labelled series on its own

@@ -279,16 +279,6 @@ fn unknown_interface_drops(node: &NetNs, backend: &str) -> u64 {
         .sum()
 }
 
-fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let limit = common::scaled(limit);
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < limit, "{what} (waited {limit:?})");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
-}
-
 fn legacy_tables(node: &NetNs) -> String {
     node.sh_ok("cat /proc/net/ip_tables_names /proc/net/ip6_tables_names 2>/dev/null; true")
 }
@@ -406,8 +396,8 @@ fn uninstall_after_the_agent(backend: &'static str) {
         uninstall.log()
     );
     drop(guard);
-    let took = wait_until(
-        Duration::from_secs(20),
+    let took = common::wait_for(
+        common::scaled(Duration::from_secs(20)),
         "the uninstall script is done",
         || uninstall.is_done(),
     );

@@ -3,7 +3,12 @@
 
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod converge;
+
+// Not every test uses every helper.
+#[allow(unused_imports)]
+pub use agent::{poll, wait_for, wait_until, Agent};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{Read, Write};

@@ -8,7 +8,6 @@
 #![allow(dead_code)]
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -126,16 +125,6 @@ pub fn raw_send(ns: &NetNs, dst: IpAddr, protocol: i32, payload: &[u8]) {
     })
 }
 
-/// Polls `f` until it returns `Some` or `timeout` passes.
-pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+/// Polls `f` until it returns `Some` or the timeout passes.
+#[allow(unused_imports)]
+pub use crate::common::poll as wait_for;
