@@ -102,6 +102,17 @@ say "flow logs on: FELIX_FLOWLOGSENABLED=true on the agents"
 "${KUBECTL[@]}" -n kube-system set env ds/netpol-agent FELIX_FLOWLOGSENABLED=true >/dev/null
 "${KUBECTL[@]}" -n kube-system rollout status ds/netpol-agent --timeout 300s >/dev/null \
   || die "the agents did not roll out with flow logs on"
+# With flow logs on each agent turns conntrack accounting on in its node's network namespace,
+# through the node's netfilter sysctls the DaemonSet mounts (a container's /proc/sys is
+# read-only); without it every record counts 0 packets. The agents share the node's namespace
+# (hostNetwork), so their own /proc shows the node's value.
+acct_off=()
+for p in $("${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent -o name); do
+  v=$("${KUBECTL[@]}" -n kube-system exec "$p" -- cat /proc/sys/net/netfilter/nf_conntrack_acct 2>&1) || true
+  [ "$v" = 1 ] || acct_off+=("$p: $v")
+done
+[ ${#acct_off[@]} = 0 ] && result passed "conntrack accounting on at every agent's node (flow-log packet and byte counts)" \
+  || result failed "conntrack accounting off: ${acct_off[*]}"
 say "smoke: ${#smoke_scenarios[@]} scenarios on $cell"
 json=$OUT/connectivity-smoke.json
 set +e
@@ -124,7 +135,7 @@ for sc in doc["scenarios"]:
     ok = sc["result"] == "passed" and steps and all(
         st["passed"] and st["probes"] > 0 and (st.get("explain") or {}).get("probes") == st["probes"]
         and not st["explain"]["disagreements"]
-        and (st.get("flow_logs") or {}).get("matched", 0) >= st["probes"]
+        and (st.get("flow_logs") or {}).get("matched", 0) + st["flow_logs"].get("rode", 0) >= st["probes"]
         and not st["flow_logs"]["problems"] for st in steps)
     timed = [st["enforcement_ms"] for st in steps if st["enforcement_ms"] is not None]
     print(("passed" if ok else "failed") + f"  {sc['name']}: {len(steps)} steps, "

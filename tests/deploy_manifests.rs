@@ -452,7 +452,10 @@ fn daemonset_runs_on_every_node_in_the_host_network_with_two_capabilities() {
         .get(dir)
         .unwrap_or_else(|| panic!("no mount at {dir}: {mounts:?}"));
     assert!(!read_only, "{dir} must be writable");
-    assert_eq!(volumes[name], ("/proc/sys/net/netfilter", Some("Directory")));
+    assert_eq!(
+        volumes[name],
+        ("/proc/sys/net/netfilter", Some("Directory"))
+    );
 }
 
 /// The Helm chart is the release: its version and appVersion (the image tag it renders) are

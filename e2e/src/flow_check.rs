@@ -683,7 +683,12 @@ pub(crate) fn judge(
 /// Whether a probe that left no record of its own rode an earlier connection of its key: a
 /// record of that key saw packets in the window and carries this step's verdict or an
 /// earlier step's (the kernel did not judge the ridden connection again).
-fn rode(e: &Expected, traffic: &[(RecordKey, &Value)], since: SystemTime, earlier: &Earlier) -> bool {
+fn rode(
+    e: &Expected,
+    traffic: &[(RecordKey, &Value)],
+    since: SystemTime,
+    earlier: &Earlier,
+) -> bool {
     traffic.iter().any(|(key, r)| {
         *key == e.key
             && active_in_window(r, since)

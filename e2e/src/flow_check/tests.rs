@@ -332,7 +332,12 @@ fn a_udp_probe_may_ride_an_earlier_connection_only_with_its_traffic() {
         (ridden(0, Some(AFTER), 1), "another rule"),
     ] {
         let c = judge(&e, &[r], rounds(), &none);
-        assert_eq!((c.problems.len(), c.rode), (1, 0), "{why}: {:?}", c.problems);
+        assert_eq!(
+            (c.problems.len(), c.rode),
+            (1, 0),
+            "{why}: {:?}",
+            c.problems
+        );
     }
     // ... unless an earlier step expected that verdict of the key (the kernel did not
     // judge the ridden connection again).
@@ -346,7 +351,10 @@ fn a_udp_probe_may_ride_an_earlier_connection_only_with_its_traffic() {
     let mut tcp_ridden = timed(allow_rule_record(1), 1, BEFORE, BEFORE);
     tcp_ridden.1["last_active_time"] = json!(AFTER);
     tcp_ridden.1["packets_out"] = json!(1);
-    assert_eq!(judge(&tcp, &[tcp_ridden], rounds(), &none).problems.len(), 1);
+    assert_eq!(
+        judge(&tcp, &[tcp_ridden], rounds(), &none).problems.len(),
+        1
+    );
     let mut sim = udp(expected(allow_rule(1)));
     sim.may_ride = false;
     let c = judge(&[sim], &[ridden(1, Some(AFTER), 1)], rounds(), &none);

@@ -33,8 +33,7 @@ use super::report::Probe;
 use super::ScenarioRun;
 use crate::family::family_name;
 use crate::flow_check::{
-    in_window, judge, record_key, want_of_json, Checked, Earlier, Ends, RecordKey, Rounds,
-    SETTLE,
+    in_window, judge, record_key, want_of_json, Checked, Earlier, Ends, RecordKey, Rounds, SETTLE,
 };
 use crate::scenario::Target;
 
