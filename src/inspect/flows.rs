@@ -55,7 +55,8 @@ pub struct FlowsArgs {
     /// Only flows a policy (NAMESPACE/NAME) decided.
     #[arg(long)]
     pub policy: Option<String>,
-    /// Only records that ended at or after this time (Unix seconds or RFC 3339).
+    /// Only records that ended, or last saw traffic, at or after this time (Unix seconds or
+    /// RFC 3339).
     #[arg(long)]
     pub since: Option<String>,
     /// Only records that started at or before this time (Unix seconds or RFC 3339).
