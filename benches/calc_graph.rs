@@ -22,7 +22,7 @@ mod synthetic;
 use std::time::{Duration, Instant};
 
 use netpol_agent::calc_graph::update::RestoreScripts;
-use netpol_agent::ipsets;
+use netpol_agent::rules::sets;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::RuleConfig;
 
@@ -66,7 +66,7 @@ fn full_compile(scale: Scale) -> Duration {
     let RestoreScripts {
         ipsets: ipset_script,
         iptables: iptables_script,
-    } = fam.restore_scripts(&cfg, IpFamily::V4, ipsets::DEFAULT_MAX_SET_SIZE);
+    } = fam.restore_scripts(&cfg, IpFamily::V4, sets::DEFAULT_MAX_SET_SIZE);
     let elapsed = start.elapsed();
     let peak = rss_kib("VmHWM:");
     let members: usize = fam.sets.values().map(|s| s.members.len()).sum();

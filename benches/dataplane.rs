@@ -23,7 +23,7 @@
 //!   iptables-save + iptables-restore, as the agent does them; `Dataplane::new`, which reads
 //!   the existing sets, happens before and is not counted), and the lines written. The floor
 //!   is a bare `ipset restore` + `iptables-legacy-restore --noflush` of exactly the full
-//!   desired state (the `ipsets::restore_script` and `rules::render::restore_script` of
+//!   desired state (the `rules::sets::restore_script` and `rules::render::restore_script` of
 //!   `graph.snapshot()`) into a second fresh namespace, timed, with its line count.
 //! - one pod label change (200 repetitions: 3/4 remote pods moved to another app, 1/4 local
 //!   pods moved to an app that changes which policies of their namespace select them) and one
@@ -88,7 +88,7 @@ use netpol_agent::calc_graph::update::Update;
 use netpol_agent::dataplane::iptables::Backend;
 use netpol_agent::dataplane::{Dataplane, DataplaneConfig};
 use netpol_agent::host::exec::Exec;
-use netpol_agent::ipsets::{SetSpec, DEFAULT_MAX_SET_SIZE};
+use netpol_agent::rules::sets::{SetSpec, DEFAULT_MAX_SET_SIZE};
 use netpol_agent::model::cluster_policy::{NamespacedPod, Subject};
 use netpol_agent::model::{ClusterNetworkPolicy, IpFamily};
 use netpol_agent::rules::{Chain, RuleConfig};

@@ -26,7 +26,7 @@ use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::dataplane::audit::{audit, AuditInput};
 use netpol_agent::datastore::manifests::load_paths;
 use netpol_agent::iface_naming::CalicoResolver;
-use netpol_agent::ipsets;
+use netpol_agent::rules::sets;
 use netpol_agent::model::{IpFamily, Protocol};
 use netpol_agent::rules::chains::kernel_chain_rules;
 use netpol_agent::rules::RuleConfig;
@@ -285,7 +285,7 @@ fn audit_figures(dir: &Path) {
     let RestoreScripts {
         ipsets: want_ipsets,
         iptables: want_iptables,
-    } = fam.restore_scripts(&cfg, IpFamily::V4, ipsets::DEFAULT_MAX_SET_SIZE);
+    } = fam.restore_scripts(&cfg, IpFamily::V4, sets::DEFAULT_MAX_SET_SIZE);
     let render = start.elapsed();
     let start = Instant::now();
     let provenance = calc.provenance(IpFamily::V4);

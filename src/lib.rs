@@ -5,7 +5,7 @@
 //!
 //! `datastore` (Kubernetes API or manifests → `model` events) → `agent` (the calculation
 //! loop: events, and the interface names `iface_naming` resolves at the edge, into the graph)
-//! → `calc_graph` (pure: model in, `Update` out; renders with `rules` and `ipsets`, both pure)
+//! → `calc_graph` (pure: model in, `Update` out; renders chains and sets with `rules`, pure)
 //! → `dataplane` (I/O: the iptables and ipset kernel writers and the loop that applies,
 //! refreshes and retries).
 //!
@@ -29,7 +29,6 @@ pub mod datastore;
 pub mod host;
 pub mod iface_naming;
 pub mod inspect;
-pub mod ipsets;
 pub mod kernel_text;
 pub mod model;
 pub mod rules;

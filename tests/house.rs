@@ -1,10 +1,10 @@
 //! Keeps the house honest: reads `src/` and fails when a top-level module imports one it must
-//! not. The data walks one way (datastore → agent → calc graph → rules/ipsets → dataplane), and
+//! not. The data walks one way (datastore → agent → calc graph → rules → dataplane), and
 //! the imports must show it:
 //! - no import circle between top-level modules;
 //! - `model` imports none of ours;
-//! - the pure rooms (`rules`, `ipsets`, `calc_graph`, `model`, `backoff`, `verdict`,
-//!   `kernel_text`) import
+//! - the pure rooms (`rules`, `calc_graph`, `model`, `backoff`, `verdict`, `kernel_text`)
+//!   import
 //!   only pure rooms, never an I/O one (`agent`, `datastore`, `iface_naming`, `dataplane`, `host`,
 //!   `telemetry`, `config`);
 //! - `datastore` does not import `calc_graph` (sources know nothing of their consumer);
@@ -17,11 +17,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const PURE: [&str; 7] = [
+const PURE: [&str; 6] = [
     "model",
     "kernel_text",
     "rules",
-    "ipsets",
     "calc_graph",
     "backoff",
     "verdict",
@@ -31,11 +30,10 @@ const PURE: [&str; 7] = [
 fn allowed_for_pure(room: &str) -> &'static [&'static str] {
     match room {
         "model" | "backoff" | "kernel_text" => &[],
-        "ipsets" => &["model"],
-        "rules" => &["model", "ipsets"],
-        "calc_graph" => &["model", "rules", "ipsets"],
+        "rules" => &["model"],
+        "calc_graph" => &["model", "rules"],
         // The evaluator renders policy chains (for their hashes) but never the graph.
-        "verdict" => &["model", "rules", "ipsets", "kernel_text"],
+        "verdict" => &["model", "rules", "kernel_text"],
         _ => &[],
     }
 }
@@ -240,8 +238,8 @@ fn pure_rooms_import_only_pure_rooms_below_them() {
         .collect();
     assert!(
         bad.is_empty(),
-        "pure rooms must not import these (model imports nothing of ours; ipsets only model; \
-         rules only model and ipsets; calc_graph and verdict only model, rules and ipsets):\n{}",
+        "pure rooms must not import these (model imports nothing of ours; rules only model; \
+         calc_graph only model and rules; verdict only model, rules and kernel_text):\n{}",
         bad.join("\n")
     );
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{run_ok, NetNs};
 use netpol_agent::dataplane::ipsets::IpsetManager;
 use netpol_agent::host::exec::Exec;
-use netpol_agent::ipsets::{restore_script, Member, SetSpec, SetType};
+use netpol_agent::rules::sets::{restore_script, Member, SetSpec, SetType};
 use netpol_agent::model::{IpFamily, Protocol};
 
 const MAX: u32 = 65536;

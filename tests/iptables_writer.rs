@@ -75,7 +75,7 @@ impl Demo {
             mode,
         };
         let fam = demo.graph.snapshot().families[&family].clone();
-        let sets = netpol_agent::ipsets::restore_script(&fam.sets, 1 << 20);
+        let sets = netpol_agent::rules::sets::restore_script(&fam.sets, 1 << 20);
         let file = std::env::temp_dir().join(format!("{}-sets", ns.name));
         std::fs::write(&file, sets).unwrap();
         ns.sh_ok(&format!("ipset restore < '{}'", file.display()));

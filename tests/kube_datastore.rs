@@ -28,7 +28,7 @@ use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::datastore::kube::{spawn_with, InitialList, KubeConnect, KubeOptions};
 use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
-use netpol_agent::ipsets::Member;
+use netpol_agent::rules::sets::Member;
 use netpol_agent::model::validate;
 use netpol_agent::model::IpFamily;
 use netpol_agent::model::ObjectKind;

@@ -219,7 +219,7 @@ fn outside(have: &Both, allowed: &[&Both]) -> Vec<String> {
             .chain(allowed.iter().flat_map(|a| a[f].sets.keys()))
             .collect();
         for key in keys {
-            if netpol_agent::ipsets::is_temp_set(key) {
+            if netpol_agent::rules::sets::is_temp_set(key) {
                 continue;
             }
             let states: Vec<Option<&BTreeSet<String>>> =

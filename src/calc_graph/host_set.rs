@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::ipsets::{Member, SetSpec, SetType};
+use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
 use crate::rules::ipvs::this_host_set;
 

@@ -57,7 +57,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tracing::{debug, error};
 
-use crate::ipsets::{set_name, Member, SetDef, SetSpec};
+use crate::rules::sets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains, TierChains};
 use crate::rules::cluster::cluster_policy_chains;
 use crate::rules::dispatch::dispatch_chains_with_addrs;

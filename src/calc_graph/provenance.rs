@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ipsets::set_name;
+use crate::rules::sets::set_name;
 use crate::model::{IpFamily, ObjectKey};
 use crate::rules::chains::{
     kernel_chain_rules, profile_chains_traced, static_chains_traced, tiered_endpoint_chains_traced,

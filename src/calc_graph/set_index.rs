@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use kube::core::Expression;
 
 use super::compact_pod::{release_labels, CompactPod, Interner, Labels, PodIds};
-use crate::ipsets::{Member, SetDef};
+use crate::rules::sets::{Member, SetDef};
 use crate::model::{LabelLookup, LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, PodInfo};
 
 type PodId = usize;

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::ipsets::{set_name, Member, SetSpec, SetType};
+use crate::rules::sets::{set_name, Member, SetSpec, SetType};
 use crate::model::{IpFamily, Protocol};
 use crate::rules::union::{UnionPart, UnionPlan};
 

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::ipsets::{Member, SetSpec, SetType};
+use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
 use crate::rules::chains::kernel_chain_rules;
 use crate::rules::render::restore_script;
@@ -41,7 +41,7 @@ impl FamilyState {
         max_set_size: u32,
     ) -> RestoreScripts {
         RestoreScripts {
-            ipsets: crate::ipsets::restore_script(&self.sets, max_set_size),
+            ipsets: crate::rules::sets::restore_script(&self.sets, max_set_size),
             iptables: restore_script(
                 &self.chains,
                 &kernel_chain_rules(cfg, family),

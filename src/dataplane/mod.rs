@@ -5,7 +5,7 @@
 //! everything.
 //!
 //! - `iptables`: the table writer (plan, parse, backend), generic over the names it owns.
-//! - `ipsets`: the IP set writer (the kernel side of `crate::ipsets`).
+//! - `ipsets`: the IP set writer (the kernel side of `crate::rules::sets`).
 //! - `driver`: the dataplane thread: absorbing updates, applying, the refresh and post-write
 //!   timers, retries with back-off.
 //! - `owned`: reading back what we own from `iptables-save`/`ipset save` text.
@@ -29,7 +29,7 @@ use crate::dataplane::ipsets::IpsetManager;
 use crate::dataplane::iptables::{Backend, DesiredTable, Ownership, TableWriter};
 use crate::dataplane::watch::Interest;
 use crate::host::exec::Exec;
-use crate::ipsets::SetSpec;
+use crate::rules::sets::SetSpec;
 use crate::model::IpFamily;
 use crate::rules::chains::kernel_chain_rules;
 use crate::rules::RuleConfig;
@@ -292,7 +292,7 @@ pub fn cleanup(
             .remove_all()
             .with_context(|| format!("removing our iptables rules ({family:?})"))?;
     }
-    let mut ipsets = IpsetManager::new(exec.clone(), crate::ipsets::DEFAULT_MAX_SET_SIZE);
+    let mut ipsets = IpsetManager::new(exec.clone(), crate::rules::sets::DEFAULT_MAX_SET_SIZE);
     ipsets.resync()?;
     ipsets.destroy_all_owned()
 }

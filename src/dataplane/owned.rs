@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::iptables::Ownership;
-use crate::ipsets::set_family;
+use crate::rules::sets::set_family;
 use crate::kernel_text::ipset::{self, SetLine};
 use crate::kernel_text::iptables::{self, SaveLine};
 use crate::model::IpFamily;

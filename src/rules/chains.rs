@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::ipsets::set_name;
+use crate::rules::sets::set_name;
 use crate::model::{IpFamily, ObjectKey};
 
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};

@@ -29,7 +29,7 @@
 
 use ipnet::IpNet;
 
-use crate::ipsets::SetDef;
+use crate::rules::sets::SetDef;
 use crate::model::{
     ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule, IpFamily, NamespaceScope,
     PodSelection, Protocol, RuleAction,

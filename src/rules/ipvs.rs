@@ -150,7 +150,7 @@ impl IpvsConfig {
 
 /// The name of the this-host set of `family`.
 pub fn this_host_set(family: IpFamily) -> String {
-    crate::ipsets::set_name(family, THIS_HOST_SET_ID)
+    crate::rules::sets::set_name(family, THIS_HOST_SET_ID)
 }
 
 /// `cali-sm-<iface>`: sets the interface's endpoint mark.

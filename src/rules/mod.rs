@@ -25,6 +25,7 @@ pub mod ipvs;
 pub mod policy;
 pub mod provenance;
 pub mod render;
+pub mod sets;
 pub mod token;
 pub mod union;
 

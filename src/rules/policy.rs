@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
-use crate::ipsets::SetDef;
+use crate::rules::sets::SetDef;
 use crate::model::{IpFamily, NamespaceScope, Peer, PolicyInfo, PolicyRule, PortMatch, Protocol};
 
 use super::flow_log::{self, FlowAction, FlowPrefix};

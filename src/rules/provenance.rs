@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kube::core::Expression;
 
-use crate::ipsets::SetDef;
+use crate::rules::sets::SetDef;
 use crate::model::{
     IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch,
     PortSpec, Protocol, RuleAction, Tier,

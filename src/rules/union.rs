@@ -32,7 +32,7 @@ use std::collections::BTreeSet;
 use super::policy::{PlannedPeer, PlannedPorts, PolicyPlan};
 use super::provenance::describe_set;
 use super::{Direction, RuleConfig};
-use crate::ipsets::{unique_id, SetDef};
+use crate::rules::sets::{unique_id, SetDef};
 use crate::model::Protocol;
 
 /// Pods selected by at least this many NetworkPolicies in one direction get the union set.
@@ -161,7 +161,7 @@ pub fn describe(parts: &[UnionPart]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipsets::set_name;
+    use crate::rules::sets::set_name;
     use crate::model::{IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyRule};
     use crate::model::{PolicyInfo, PortMatch, PortSpec};
     use crate::rules::flow_log::FlowLogConfig;

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 
 use serde_json::{json, Value};
 
-use crate::ipsets::set_name;
+use crate::rules::sets::set_name;
 use crate::model::{
     ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule, IpFamily, RuleAction, Tier,
 };

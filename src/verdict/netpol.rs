@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
-use crate::ipsets::set_name;
+use crate::rules::sets::set_name;
 use crate::model::{
     IpFamily, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch, PortSpec,
 };

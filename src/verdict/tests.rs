@@ -16,7 +16,7 @@ use crate::calc_graph::update::RestoreScripts;
 use crate::calc_graph::GraphConfig;
 use crate::datastore::manifests::parse_manifests;
 use crate::iface_naming::{CalicoResolver, InterfaceResolver};
-use crate::ipsets;
+use crate::rules::sets;
 
 const FIXTURE: &str = r#"
 apiVersion: v1
@@ -462,7 +462,7 @@ fn compile(
             let RestoreScripts {
                 ipsets: sets,
                 iptables: text,
-            } = fam.restore_scripts(cfg, family, ipsets::DEFAULT_MAX_SET_SIZE);
+            } = fam.restore_scripts(cfg, family, sets::DEFAULT_MAX_SET_SIZE);
             let prov = calc.provenance(family);
             // Provenance describes exactly the chains the graph renders.
             assert_eq!(prov.chains.len(), fam.chains.len());

@@ -1,4 +1,4 @@
-//! The kernel side of IP sets (`crate::ipsets` renders what they should hold): which of our sets (`cali40`/`cali60` main sets, `cali4t`/`cali6t`
+//! The kernel side of IP sets (`crate::rules::sets` renders what they should hold): which of our sets (`cali40`/`cali60` main sets, `cali4t`/`cali6t`
 //! temporary sets) exist and what they hold, and bringing them to the desired state. Sets of
 //! anyone else (`KUBE-…`, other `cali-…` names) are read past and never modified.
 //!
@@ -14,7 +14,7 @@
 //!   time (which every node running kube-proxy or Calico already has);
 //! - one batched `ipset restore` per family is what felix does: one process for any number of
 //!   changes, while libipset's API is one call per command and would not batch better;
-//! - the text is what `ipsets::restore_script` and `netpol-agent compile` already render;
+//! - the text is what `rules::sets::restore_script` and `netpol-agent compile` already render;
 //! - `-exist` makes `create`, `add`, `del` and `destroy` idempotent, so a retry after a partial
 //!   failure (restore stops at the first failing line) is safe.
 //!
@@ -38,7 +38,7 @@ use tracing::{debug, warn};
 
 use crate::backoff::{Backoff, Policy};
 use crate::host::exec::Exec;
-use crate::ipsets::SetSpec;
+use crate::rules::sets::SetSpec;
 use crate::model::IpFamily;
 use plan::{KernelSets, Op};
 use restore::{locate, RestoreFailure, IN_USE};

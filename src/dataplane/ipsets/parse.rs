@@ -1,4 +1,4 @@
-//! Reading `ipset save` output (lines read by [`crate::kernel_text::ipset`]): our sets (`crate::ipsets::is_owned_set`) with their type,
+//! Reading `ipset save` output (lines read by [`crate::kernel_text::ipset`]): our sets (`crate::rules::sets::is_owned_set`) with their type,
 //! family, size and members; everything else is read past. Any bytes are accepted.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -6,7 +6,7 @@ use std::io::{self, BufRead};
 use std::net::IpAddr;
 
 use super::plan::KernelSet;
-use crate::ipsets::{is_owned_set, Member, SetType};
+use crate::rules::sets::{is_owned_set, Member, SetType};
 use crate::kernel_text::ipset::{self, Options, SetLine};
 use crate::model::{IpFamily, Protocol};
 

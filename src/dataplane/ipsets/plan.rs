@@ -8,7 +8,7 @@ use std::fmt;
 
 use tracing::warn;
 
-use crate::ipsets::{
+use crate::rules::sets::{
     create_line, is_owned_set, is_temp_set, set_family, Member, SetSpec, SetType, MAX_SET_NAME_LEN,
 };
 use crate::model::IpFamily;

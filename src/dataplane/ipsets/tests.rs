@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::parse::parse_save;
 use super::plan::{order_ops, KernelSets, Op, OpKind};
 use super::restore::{locate, parse_restore_error, IN_USE};
-use crate::ipsets::{Member, SetSpec, SetType};
+use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::{IpFamily, Protocol};
 
 const SAVE: &str = "\

@@ -34,7 +34,7 @@
 //!
 //! Messages are encoded and walked by hand with netlink-packet-core's attribute buffers (see
 //! `nfnl`): no maintained crate has ipset's netlink messages (the `ipset` crate binds the C
-//! libipset, which the writer already chose not to depend on, see `ipsets::kernel`), and we
+//! libipset, which the writer already chose not to depend on, see `dataplane::ipsets`), and we
 //! need a few attributes of one request and one reply type. Requests say protocol 6
 //! (`IPSET_PROTOCOL_MIN`), which every kernel since 3.0 accepts for listing.
 

@@ -39,7 +39,7 @@ pub mod xtables;
 use std::collections::BTreeSet;
 
 use super::iptables::{Ownership, TABLE};
-use crate::ipsets::{OWNED_SET_PREFIXES, TEMP_SET_PREFIXES};
+use crate::rules::sets::{OWNED_SET_PREFIXES, TEMP_SET_PREFIXES};
 use crate::model::IpFamily;
 
 /// What a check learned since the last look.
@@ -100,7 +100,7 @@ pub struct Interest {
 
 impl Interest {
     /// What the agent's dataplane owns: the writer's table, the kernel chains it hooks into,
-    /// the chains `ownership` names ours, and our IP sets (`crate::ipsets`), in `families`.
+    /// the chains `ownership` names ours, and our IP sets (`crate::rules::sets`), in `families`.
     pub fn new(ownership: &Ownership, kernel_chains: &[&str], families: &[IpFamily]) -> Interest {
         Interest {
             table: TABLE.to_string(),
