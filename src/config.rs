@@ -26,17 +26,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::builder::PossibleValue;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, ValueEnum};
 
-use crate::dataplane::iptables::BackendMode;
-use crate::iface_naming::{
-    build_resolver, parse_cri_endpoint, parse_prefix_list, CriConfig, InterfaceResolver,
-    ResolverConfig, DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
-};
 use crate::model::IpFamily;
 use crate::rules::deny_log::{DenyLogConfig, Rate, RateUnit, DEFAULT_SNAP_LEN};
 use crate::rules::flow_log::FlowLogConfig;
+use crate::rules::iface::parse_prefix_list;
 use crate::rules::ipvs::IpvsConfig;
 use crate::rules::{
     AllowAction, ChainInsertMode, DenyAction, EndpointToHostAction, MarkBits, RuleConfig,
@@ -71,42 +68,32 @@ pub enum NamingScheme {
     Auto,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ToHostAction {
-    #[value(name = "ACCEPT")]
-    Accept,
-    #[value(name = "DROP")]
-    Drop,
-    #[value(name = "RETURN")]
-    Return,
+/// The rule settings' own enumerations take their felix spellings here, so a flag holds the
+/// type the renderer reads (no mirror type to keep in step); `rules` stays free of clap.
+macro_rules! felix_value_enum {
+    ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl ValueEnum for $ty {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$(<$ty>::$variant),+]
+            }
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(PossibleValue::new(match self {
+                    $(<$ty>::$variant => $name),+
+                }))
+            }
+        }
+    };
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum FilterAllowAction {
-    #[value(name = "ACCEPT")]
-    Accept,
-    #[value(name = "RETURN")]
-    Return,
-}
+felix_value_enum!(EndpointToHostAction { Accept => "ACCEPT", Drop => "DROP", Return => "RETURN" });
+felix_value_enum!(AllowAction { Accept => "ACCEPT", Return => "RETURN" });
+felix_value_enum!(DenyAction { Drop => "DROP", Reject => "REJECT" });
+felix_value_enum!(ChainInsertMode { Insert => "insert", Append => "append" });
 
+/// felix's `IptablesBackend`: a fixed backend, or detection at start-up
+/// (`dataplane::iptables::detect_backend`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum FilterDenyAction {
-    #[value(name = "DROP")]
-    Drop,
-    #[value(name = "REJECT")]
-    Reject,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum InsertMode {
-    #[value(name = "insert")]
-    Insert,
-    #[value(name = "append")]
-    Append,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendArg {
+pub enum BackendMode {
     Legacy,
     Nft,
     Auto,
@@ -186,7 +173,7 @@ pub struct DataplaneOptions {
         ignore_case = true,
         default_value = "auto"
     )]
-    pub iptables_backend: BackendArg,
+    pub iptables_backend: BackendMode,
     /// Program IPv6 (ip6tables, inet6 sets) as well as IPv4.
     #[arg(long, env = "FELIX_IPV6SUPPORT", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub ipv6_support: bool,
@@ -202,11 +189,7 @@ impl DataplaneOptions {
     }
 
     pub fn backend_mode(&self) -> BackendMode {
-        match self.iptables_backend {
-            BackendArg::Legacy => BackendMode::Legacy,
-            BackendArg::Nft => BackendMode::Nft,
-            BackendArg::Auto => BackendMode::Auto,
-        }
+        self.iptables_backend
     }
 }
 
@@ -388,15 +371,6 @@ impl AgentOptions {
     pub fn timer(d: Duration) -> Option<Duration> {
         (!d.is_zero()).then_some(d)
     }
-
-    /// Where the sandbox scheme finds the container runtime (run only).
-    pub fn cri_config(&self) -> CriConfig {
-        CriConfig {
-            endpoint: self.cri_endpoint.clone(),
-            refresh_interval: Self::timer(self.cri_refresh_interval),
-            initial_sync_timeout: DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
-        }
-    }
 }
 
 /// How pods map to interfaces and how rules are rendered (run and compile).
@@ -437,7 +411,7 @@ pub struct RuleOptions {
         ignore_case = true,
         default_value = "ACCEPT"
     )]
-    pub default_endpoint_to_host_action: ToHostAction,
+    pub default_endpoint_to_host_action: EndpointToHostAction,
     /// Target for traffic policy allowed.
     #[arg(
         long,
@@ -446,7 +420,7 @@ pub struct RuleOptions {
         ignore_case = true,
         default_value = "ACCEPT"
     )]
-    pub iptables_filter_allow_action: FilterAllowAction,
+    pub iptables_filter_allow_action: AllowAction,
     /// Target for traffic policy denied.
     #[arg(
         long,
@@ -455,7 +429,7 @@ pub struct RuleOptions {
         ignore_case = true,
         default_value = "DROP"
     )]
-    pub iptables_filter_deny_action: FilterDenyAction,
+    pub iptables_filter_deny_action: DenyAction,
     /// Whether our jumps go at the top of the kernel chains or after other programs' rules.
     #[arg(
         long,
@@ -464,7 +438,7 @@ pub struct RuleOptions {
         ignore_case = true,
         default_value = "insert"
     )]
-    pub chain_insert_mode: InsertMode,
+    pub chain_insert_mode: ChainInsertMode,
     /// maxelem of every IP set.
     #[arg(long, env = "FELIX_MAXIPSETSIZE", default_value = "1048576", value_parser = parse_max_ipset_size)]
     pub max_ipset_size: u32,
@@ -544,23 +518,10 @@ impl RuleOptions {
         Ok(RuleConfig {
             interface_prefixes: prefixes,
             marks,
-            endpoint_to_host_action: match self.default_endpoint_to_host_action {
-                ToHostAction::Accept => EndpointToHostAction::Accept,
-                ToHostAction::Drop => EndpointToHostAction::Drop,
-                ToHostAction::Return => EndpointToHostAction::Return,
-            },
-            allow_action: match self.iptables_filter_allow_action {
-                FilterAllowAction::Accept => AllowAction::Accept,
-                FilterAllowAction::Return => AllowAction::Return,
-            },
-            deny_action: match self.iptables_filter_deny_action {
-                FilterDenyAction::Drop => DenyAction::Drop,
-                FilterDenyAction::Reject => DenyAction::Reject,
-            },
-            insert_mode: match self.chain_insert_mode {
-                InsertMode::Insert => ChainInsertMode::Insert,
-                InsertMode::Append => ChainInsertMode::Append,
-            },
+            endpoint_to_host_action: self.default_endpoint_to_host_action,
+            allow_action: self.iptables_filter_allow_action,
+            deny_action: self.iptables_filter_deny_action,
+            insert_mode: self.chain_insert_mode,
             bridge: self.bridge(),
             deny_log: self.deny_log()?,
             flow_log: self.flow_log()?,
@@ -655,25 +616,6 @@ impl RuleOptions {
     }
 
     /// Refuses schemes that need a running node (compile works offline).
-    /// Concrete options for a node wired as `wiring` (what `auto` resolves to).
-    pub fn with_wiring(&self, wiring: &crate::host::wiring::Wiring) -> RuleOptions {
-        use crate::host::wiring::Wiring;
-        let mut out = self.clone();
-        match wiring {
-            Wiring::Routed { prefixes } => {
-                out.interface_name_scheme = NamingScheme::Routes;
-                out.interface_prefix = prefixes.join(",");
-                out.bridge_interface = String::new();
-            }
-            Wiring::Bridged { bridge, prefixes } => {
-                out.interface_name_scheme = NamingScheme::Bridge;
-                out.interface_prefix = prefixes.join(",");
-                out.bridge_interface = bridge.clone();
-            }
-        }
-        out
-    }
-
     pub fn check_offline(&self) -> Result<(), ConfigError> {
         if self.interface_name_scheme == NamingScheme::Auto {
             return Err(ConfigError(
@@ -699,83 +641,6 @@ impl RuleOptions {
     pub fn bridge(&self) -> Option<String> {
         let name = self.bridge_interface.trim();
         (!name.is_empty()).then(|| name.to_string())
-    }
-
-    /// The resolver `compile` uses: the sandbox scheme reads each pod's
-    /// `netpol-agent.io/sandbox-id` annotation (offline, no runtime to ask).
-    pub fn resolver(&self) -> anyhow::Result<Box<dyn InterfaceResolver>> {
-        self.build(self.resolver_config(None)?)
-    }
-
-    /// The resolver `run` uses: the sandbox scheme learns sandbox IDs from the container
-    /// runtime at `cri` (started by `InterfaceResolver::start`); the other schemes are the
-    /// same as `compile`'s.
-    pub fn runtime_resolver(&self, cri: &CriConfig) -> anyhow::Result<Box<dyn InterfaceResolver>> {
-        self.build(self.resolver_config(Some(cri))?)
-    }
-
-    fn resolver_config(&self, cri: Option<&CriConfig>) -> anyhow::Result<ResolverConfig> {
-        let first_prefix = || -> anyhow::Result<String> {
-            Ok(parse_prefix_list(&self.interface_prefix)?
-                .into_iter()
-                .next()
-                .unwrap_or_default())
-        };
-        Ok(match self.interface_name_scheme {
-            NamingScheme::Calico => ResolverConfig::Calico {
-                prefixes: self.interface_prefix.clone(),
-            },
-            NamingScheme::Sandbox => match cri {
-                Some(cri) => ResolverConfig::CriSandbox {
-                    prefix: first_prefix()?,
-                    cri: cri.clone(),
-                },
-                None => ResolverConfig::Sandbox {
-                    prefix: first_prefix()?,
-                },
-            },
-            NamingScheme::Routes => ResolverConfig::Routes {
-                prefixes: self.interface_prefix.clone(),
-            },
-            NamingScheme::Static => match &self.interface_map_file {
-                Some(path) => ResolverConfig::Static {
-                    map_file: path.clone(),
-                },
-                None => {
-                    return Err(ConfigError(
-                        "FELIX_INTERFACENAMESCHEME=static (--interface-name-scheme static) needs FELIX_INTERFACEMAPFILE (--interface-map-file)".into(),
-                    )
-                    .into())
-                }
-            },
-            NamingScheme::Auto => {
-                return Err(ConfigError(
-                    "FELIX_INTERFACENAMESCHEME=auto is resolved from the node when `run` starts; nothing else can use it".into(),
-                )
-                .into())
-            }
-            NamingScheme::Bridge => match self.bridge() {
-                Some(bridge) => ResolverConfig::Bridge {
-                    bridge,
-                    prefixes: self.interface_prefix.clone(),
-                },
-                None => {
-                    return Err(ConfigError(
-                        "FELIX_INTERFACENAMESCHEME=bridge (--interface-name-scheme bridge) needs FELIX_BRIDGEINTERFACE (--bridge-interface), e.g. cni0".into(),
-                    )
-                    .into())
-                }
-            },
-        })
-    }
-
-    fn build(&self, cfg: ResolverConfig) -> anyhow::Result<Box<dyn InterfaceResolver>> {
-        build_resolver(&cfg).map_err(|e| {
-            ConfigError(format!(
-                "interface naming (FELIX_INTERFACENAMESCHEME --interface-name-scheme, FELIX_INTERFACEPREFIX --interface-prefix, FELIX_INTERFACEMAPFILE --interface-map-file, FELIX_BRIDGEINTERFACE --bridge-interface): {e:#}"
-            ))
-            .into()
-        })
     }
 }
 

@@ -23,7 +23,7 @@ use cri_server::CriServer;
 use netpol_agent::agent::Calculation;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::config::{AgentOptions, RuleOptions};
-use netpol_agent::iface_naming::{InterfaceResolver, NamingError};
+use netpol_agent::iface_naming::{self, InterfaceResolver, NamingError};
 use netpol_agent::model::{IpFamily, ObjectKey, PodInfo};
 use netpol_agent::rules::RuleConfig;
 
@@ -111,10 +111,9 @@ fn start_resolver(socket: &Path, refresh: &str) -> Running {
         refresh,
     ])
     .expect("options parse");
-    let resolver = opts
-        .rules
-        .runtime_resolver(&opts.agent.cri_config())
-        .expect("resolver builds");
+    let resolver =
+        iface_naming::runtime_resolver(&opts.rules, &iface_naming::cri_config(&opts.agent))
+            .expect("resolver builds");
     assert_eq!(resolver.scheme(), "sandbox");
     let (tx, changes) = channel();
     let stop = Arc::new(AtomicBool::new(false));

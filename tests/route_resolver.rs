@@ -39,7 +39,7 @@ fn routes_resolver(prefixes: &str) -> Box<dyn InterfaceResolver> {
         prefixes,
     ])
     .expect("flags");
-    let resolver = opts.rules.resolver().expect("routes resolver");
+    let resolver = netpol_agent::iface_naming::resolver(&opts.rules).expect("routes resolver");
     assert_eq!(resolver.scheme(), "routes");
     resolver
 }

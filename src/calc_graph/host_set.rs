@@ -7,9 +7,9 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
 use crate::rules::ipvs::this_host_set;
+use crate::rules::sets::{Member, SetSpec, SetType};
 
 use super::update::{FamilyState, SetHeader, Update};
 

@@ -57,11 +57,11 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use tracing::{debug, error};
 
-use crate::rules::sets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains, TierChains};
 use crate::rules::cluster::cluster_policy_chains;
 use crate::rules::dispatch::dispatch_chains_with_addrs;
 use crate::rules::policy::{plan_policy, policy_chains, PolicyPlan};
+use crate::rules::sets::{set_name, Member, SetDef, SetSpec};
 use crate::rules::union::{union_plan, UnionPlan};
 use crate::rules::{Chain, Direction, RuleConfig};
 

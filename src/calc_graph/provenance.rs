@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::rules::sets::set_name;
 use crate::model::{IpFamily, ObjectKey};
 use crate::rules::chains::{
     kernel_chain_rules, profile_chains_traced, static_chains_traced, tiered_endpoint_chains_traced,
@@ -15,6 +14,7 @@ use crate::rules::dispatch::dispatch_chains_traced;
 use crate::rules::guard::guard_chain_traced;
 use crate::rules::policy::policy_chains_traced;
 use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
+use crate::rules::sets::set_name;
 
 use super::CalcGraph;
 

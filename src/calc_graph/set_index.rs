@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use kube::core::Expression;
 
 use super::compact_pod::{release_labels, CompactPod, Interner, Labels, PodIds};
-use crate::rules::sets::{Member, SetDef};
 use crate::model::{LabelLookup, LabelSel, NamespaceInfo, NamespaceScope, ObjectKey, PodInfo};
+use crate::rules::sets::{Member, SetDef};
 
 type PodId = usize;
 type SetId = usize;

@@ -11,8 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::rules::sets::{set_name, Member, SetSpec, SetType};
 use crate::model::{IpFamily, Protocol};
+use crate::rules::sets::{set_name, Member, SetSpec, SetType};
 use crate::rules::union::{UnionPart, UnionPlan};
 
 use super::set_index::{PendingSet, SetIndex};

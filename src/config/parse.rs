@@ -161,7 +161,7 @@ pub fn parse_port_ranges(text: &str) -> Result<PortRanges, String> {
 pub fn parse_bridge_interface(text: &str) -> Result<String, String> {
     let name = text.trim();
     if !name.is_empty() {
-        crate::iface_naming::validate_interface_name(name).map_err(|e| {
+        crate::rules::iface::check_interface_name(name).map_err(|e| {
             format!("{e}; accepted values: the name of a Linux bridge, e.g. cni0, or empty for routed mode")
         })?;
     }
@@ -332,4 +332,24 @@ pub fn parse_datastore(text: &str) -> Result<Datastore, String> {
         ));
     }
     Err(format!("accepted values: {DATASTORE_FORMS}"))
+}
+
+/// containerd's CRI socket, the default `FELIX_CRIENDPOINT`.
+pub const DEFAULT_CRI_ENDPOINT: &str = "/run/containerd/containerd.sock";
+
+/// `FELIX_CRIENDPOINT`: an absolute socket path, or the same as `unix://PATH` (crictl's and
+/// the kubelet's `--container-runtime-endpoint` form).
+pub fn parse_cri_endpoint(text: &str) -> Result<PathBuf, String> {
+    const FORMS: &str = "accepted values: the absolute path of the runtime's CRI unix socket, \
+                         optionally as unix://PATH, e.g. /run/containerd/containerd.sock \
+                         (containerd) or /var/run/crio/crio.sock (CRI-O)";
+    let t = text.trim();
+    let path = t.strip_prefix("unix://").unwrap_or(t);
+    if path.contains("://") || t.starts_with("tcp:") || t.starts_with("npipe:") {
+        return Err(format!("only unix sockets are supported; {FORMS}"));
+    }
+    if !path.starts_with('/') {
+        return Err(format!("not an absolute path; {FORMS}"));
+    }
+    Ok(PathBuf::from(path))
 }

@@ -3,7 +3,9 @@
 use sha1::{Digest, Sha1};
 
 use super::MAX_IFACE_NAME_LEN;
-use super::{parse_prefix_list, validate_pod_interface_name, InterfaceResolver, NamingError};
+use super::{
+    parse_prefix_list, validate_pod_interface_name, InterfaceResolver, NamingError, PrefixListError,
+};
 use crate::model::{ObjectKey, PodInfo};
 
 /// The prefix felix uses when `FELIX_INTERFACEPREFIX` is unset.
@@ -23,13 +25,12 @@ pub struct CalicoResolver {
 impl CalicoResolver {
     pub fn new(prefix_list: &str) -> Result<Self, NamingError> {
         let prefixes = parse_prefix_list(prefix_list)?;
-        let naming_prefix =
-            prefixes
-                .first()
-                .cloned()
-                .ok_or_else(|| NamingError::EmptyPrefixList {
-                    list: prefix_list.to_string(),
-                })?;
+        let naming_prefix = prefixes
+            .first()
+            .cloned()
+            .ok_or_else(|| PrefixListError::Empty {
+                list: prefix_list.to_string(),
+            })?;
         // Kept constructible because felix accepts such prefixes too, but each resolve will
         // refuse the name; say so once up front instead of only per pod.
         if naming_prefix.len() + HASH_HEX_CHARS > MAX_IFACE_NAME_LEN {
@@ -84,6 +85,7 @@ impl InterfaceResolver for CalicoResolver {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::pod;
+    use super::super::BadName;
     use super::*;
 
     #[test]
@@ -125,10 +127,12 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err,
-            NamingError::NameTooLong {
+            NamingError::BadName {
                 pod: Some(ObjectKey::new("namespace", "podname")),
-                name: "veth-82111e10a96".to_string(),
-                len: 16,
+                bad: BadName::TooLong {
+                    name: "veth-82111e10a96".to_string(),
+                    len: 16,
+                },
             }
         );
         let message = err.to_string();
@@ -140,7 +144,7 @@ mod tests {
     fn empty_prefix_list_is_rejected() {
         assert!(matches!(
             CalicoResolver::new(" ,, "),
-            Err(NamingError::EmptyPrefixList { .. })
+            Err(NamingError::PrefixList(PrefixListError::Empty { .. }))
         ));
     }
 }

@@ -3,12 +3,13 @@
 //! Owns the naming schemes (Calico/felix hash, sandbox container ID — from the pod's
 //! annotation offline, from the container runtime's CRI API at run time — static map, host
 //! routes learned over netlink, bridge ports), the validation every produced name goes
-//! through, and building a resolver from configuration.
+//! through, and building a resolver from configuration (`configure.rs`).
 //! Names that do not fit the kernel's limits are refused, never truncated: a truncated name
 //! would silently point policy at the wrong interface, or at none.
 
 mod bridge;
 mod calico;
+mod configure;
 mod cri;
 mod routes;
 mod sandbox;
@@ -26,10 +27,11 @@ use crate::model::{ObjectKey, PodInfo};
 
 pub use bridge::BridgeResolver;
 pub use calico::{CalicoResolver, DEFAULT_CALICO_PREFIX};
+pub use configure::{cri_config, resolver, runtime_resolver, with_wiring};
 pub use cri::{
-    parse_cri_endpoint, select_sandbox, CriConfig, CriSandboxResolver, SandboxRecord,
-    CRIO_CRI_ENDPOINT, DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT,
-    DEFAULT_CRI_REFRESH_INTERVAL, POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL,
+    select_sandbox, CriConfig, CriSandboxResolver, SandboxRecord, CRIO_CRI_ENDPOINT,
+    DEFAULT_CRI_ENDPOINT, DEFAULT_CRI_INITIAL_SYNC_TIMEOUT, DEFAULT_CRI_REFRESH_INTERVAL,
+    POD_NAMESPACE_LABEL, POD_NAME_LABEL, POD_UID_LABEL,
 };
 pub use routes::{
     read_state, resolve_from_map, table_name, Followup, PodRoute, RouteMap, RouteState,
@@ -38,72 +40,21 @@ pub use routes::{
 pub use sandbox::{SandboxResolver, MAX_SANDBOX_PREFIX_LEN, MIN_SANDBOX_ID_CHARS};
 pub use static_map::StaticResolver;
 
-/// Longest interface name the kernel accepts: `IFNAMSIZ` (16) minus the terminating NUL.
-pub const MAX_IFACE_NAME_LEN: usize = 15;
-
-/// Longest prefix in an interface prefix list: at least one character must follow it, or the
-/// prefix could not tell a workload interface from anything else.
-pub const MAX_PREFIX_LEN: usize = MAX_IFACE_NAME_LEN - 1;
-
-/// Why a string cannot be (part of) an interface name, beyond its length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NameProblem {
-    Empty,
-    /// `.` and `..` would clash with directory entries under `/sys/class/net`.
-    DotName,
-    Slash,
-    /// The kernel reserves `:` for interface aliases (`eth0:1`).
-    Colon,
-    Whitespace,
-    /// C code would read the name as ending at the NUL.
-    Nul,
-}
-
-impl fmt::Display for NameProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            NameProblem::Empty => "it is empty",
-            NameProblem::DotName => "\".\" and \"..\" are reserved",
-            NameProblem::Slash => "it contains '/'",
-            NameProblem::Colon => "it contains ':', which the kernel reserves for aliases",
-            NameProblem::Whitespace => "it contains whitespace",
-            NameProblem::Nul => "it contains a NUL byte",
-        })
-    }
-}
+pub use crate::rules::iface::{
+    BadName, NameProblem, PrefixListError, MAX_IFACE_NAME_LEN, MAX_PREFIX_LEN,
+};
 
 /// Why no interface name could be produced. `pod` is `None` only when a bare name was
 /// validated with no pod behind it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]
 pub enum NamingError {
-    #[error(
-        "{}interface name {name:?} is {len} bytes long; the kernel allows at most \
-         {MAX_IFACE_NAME_LEN}",
-        for_pod(.pod)
-    )]
-    NameTooLong {
+    #[error("{}{bad}", for_pod(.pod))]
+    BadName {
         pod: Option<ObjectKey>,
-        name: String,
-        len: usize,
+        bad: BadName,
     },
-    #[error("{}interface name {name:?} is invalid: {problem}", for_pod(.pod))]
-    InvalidName {
-        pod: Option<ObjectKey>,
-        name: String,
-        problem: NameProblem,
-    },
-    #[error("interface prefix list {list:?} contains no prefix")]
-    EmptyPrefixList { list: String },
-    #[error(
-        "interface prefix {prefix:?} is {len} bytes long; at most {MAX_PREFIX_LEN} leave room \
-         for a name after it"
-    )]
-    PrefixTooLong { prefix: String, len: usize },
-    #[error("interface prefix {prefix:?} is invalid: {problem}")]
-    InvalidPrefix {
-        prefix: String,
-        problem: NameProblem,
-    },
+    #[error(transparent)]
+    PrefixList(#[from] PrefixListError),
     #[error(
         "sandbox interface prefix {prefix:?} is {len} bytes long; at most \
          {MAX_SANDBOX_PREFIX_LEN} are allowed so that at least {MIN_SANDBOX_ID_CHARS} characters \
@@ -286,70 +237,16 @@ fn validate_pod_interface_name(pod: &ObjectKey, name: &str) -> Result<(), Naming
 }
 
 fn check_name(pod: Option<&ObjectKey>, name: &str) -> Result<(), NamingError> {
-    let invalid = |problem| NamingError::InvalidName {
+    crate::rules::iface::check_interface_name(name).map_err(|bad| NamingError::BadName {
         pod: pod.cloned(),
-        name: name.to_string(),
-        problem,
-    };
-    if name.is_empty() {
-        return Err(invalid(NameProblem::Empty));
-    }
-    if name.len() > MAX_IFACE_NAME_LEN {
-        return Err(NamingError::NameTooLong {
-            pod: pod.cloned(),
-            name: name.to_string(),
-            len: name.len(),
-        });
-    }
-    if name == "." || name == ".." {
-        return Err(invalid(NameProblem::DotName));
-    }
-    match forbidden_char_problem(name) {
-        Some(problem) => Err(invalid(problem)),
-        None => Ok(()),
-    }
-}
-
-/// The first character that may not appear anywhere in an interface name.
-fn forbidden_char_problem(s: &str) -> Option<NameProblem> {
-    s.chars().find_map(|c| match c {
-        '/' => Some(NameProblem::Slash),
-        ':' => Some(NameProblem::Colon),
-        '\0' => Some(NameProblem::Nul),
-        c if c.is_whitespace() => Some(NameProblem::Whitespace),
-        _ => None,
+        bad,
     })
 }
 
-/// Parses felix's `InterfacePrefix` style list (`"cali,tap"`): entries are trimmed, empty
-/// entries dropped, and at least one prefix must remain.
+/// Parses felix's `InterfacePrefix` style list (`"cali,tap"`), see
+/// [`crate::rules::iface::parse_prefix_list`].
 pub fn parse_prefix_list(list: &str) -> Result<Vec<String>, NamingError> {
-    let prefixes: Vec<String> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|prefix| !prefix.is_empty())
-        .map(str::to_string)
-        .collect();
-    if prefixes.is_empty() {
-        return Err(NamingError::EmptyPrefixList {
-            list: list.to_string(),
-        });
-    }
-    for prefix in &prefixes {
-        if prefix.len() > MAX_PREFIX_LEN {
-            return Err(NamingError::PrefixTooLong {
-                prefix: prefix.clone(),
-                len: prefix.len(),
-            });
-        }
-        if let Some(problem) = forbidden_char_problem(prefix) {
-            return Err(NamingError::InvalidPrefix {
-                prefix: prefix.clone(),
-                problem,
-            });
-        }
-    }
-    Ok(prefixes)
+    Ok(crate::rules::iface::parse_prefix_list(list)?)
 }
 
 /// Which naming scheme the agent uses, as configured.
@@ -436,129 +333,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fifteen_byte_name_is_valid() {
-        assert_eq!(validate_interface_name("cali82111e10a96"), Ok(()));
-    }
-
-    #[test]
-    fn sixteen_byte_name_is_too_long_and_not_truncated() {
-        let err = validate_interface_name("veth-82111e10a96").unwrap_err();
-        assert_eq!(
-            err,
-            NamingError::NameTooLong {
-                pod: None,
-                name: "veth-82111e10a96".to_string(),
-                len: 16,
-            }
-        );
-        assert!(err.to_string().contains("\"veth-82111e10a96\" is 16 bytes"));
-    }
-
-    #[test]
-    fn length_is_counted_in_bytes() {
-        // 8 two-byte characters: 8 characters but 16 bytes.
-        let err = validate_interface_name("éééééééé").unwrap_err();
-        assert!(matches!(err, NamingError::NameTooLong { len: 16, .. }));
-    }
-
-    #[test]
-    fn empty_name_is_invalid() {
-        assert!(matches!(
-            validate_interface_name(""),
-            Err(NamingError::InvalidName {
-                problem: NameProblem::Empty,
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn slash_in_name_is_invalid() {
-        assert!(matches!(
-            validate_interface_name("eth/0"),
-            Err(NamingError::InvalidName {
-                problem: NameProblem::Slash,
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn dot_names_whitespace_colon_and_nul_are_invalid() {
-        for (name, expected) in [
-            (".", NameProblem::DotName),
-            ("..", NameProblem::DotName),
-            ("eth 0", NameProblem::Whitespace),
-            ("eth\t0", NameProblem::Whitespace),
-            ("eth0:1", NameProblem::Colon),
-            ("eth\0x", NameProblem::Nul),
-        ] {
-            match validate_interface_name(name) {
-                Err(NamingError::InvalidName { problem, .. }) => {
-                    assert_eq!(problem, expected, "for {name:?}")
-                }
-                other => panic!("{name:?} gave {other:?}"),
-            }
-        }
-        assert_eq!(validate_interface_name("..."), Ok(()));
-    }
-
-    #[test]
-    fn prefix_list_trims_spaces_and_drops_empty_entries() {
-        assert_eq!(
-            parse_prefix_list("  eni , veth,,foo , ").unwrap(),
-            vec!["eni", "veth", "foo"]
-        );
-    }
-
-    #[test]
-    fn prefix_list_without_prefixes_is_rejected() {
-        for list in ["", "   ", ",", " , ,"] {
-            assert_eq!(
-                parse_prefix_list(list),
-                Err(NamingError::EmptyPrefixList {
-                    list: list.to_string()
-                })
-            );
-        }
-    }
-
-    #[test]
-    fn prefix_of_fourteen_bytes_is_the_longest_accepted() {
-        assert!(parse_prefix_list("abcdefghijklmn").is_ok());
-        assert_eq!(
-            parse_prefix_list("cali,abcdefghijklmno"),
-            Err(NamingError::PrefixTooLong {
-                prefix: "abcdefghijklmno".to_string(),
-                len: 15,
-            })
-        );
-    }
-
-    #[test]
-    fn prefix_with_slash_or_inner_whitespace_is_rejected() {
-        assert!(matches!(
-            parse_prefix_list("cali,ta/p"),
-            Err(NamingError::InvalidPrefix {
-                problem: NameProblem::Slash,
-                ..
-            })
-        ));
-        assert!(matches!(
-            parse_prefix_list("ca li"),
-            Err(NamingError::InvalidPrefix {
-                problem: NameProblem::Whitespace,
-                ..
-            })
-        ));
-    }
-
-    #[test]
     fn pod_errors_name_the_pod() {
-        let err = NamingError::NameTooLong {
+        let err = NamingError::BadName {
             pod: Some(ObjectKey::new("default", "web-1")),
-            name: "x".repeat(16),
-            len: 16,
+            bad: BadName::TooLong {
+                name: "x".repeat(16),
+                len: 16,
+            },
         };
         assert!(err.to_string().starts_with("pod default/web-1: "));
     }
@@ -612,59 +393,43 @@ mod tests {
         let err = build_resolver(&ResolverConfig::Static { map_file: missing }).unwrap_err();
         assert!(format!("{err:#}").contains("/nonexistent/netpol-agent/iface-map.yaml"));
     }
-}
 
-/// Arbitrary input must give an error, never a panic, and every accepted name must fit.
-#[cfg(test)]
-mod no_panic_tests {
-    use proptest::prelude::*;
+    /// Arbitrary input must give an error, never a panic, and every produced name must fit.
+    mod no_panic {
+        use proptest::prelude::*;
 
-    use super::test_support::pod;
-    use super::*;
+        use super::super::test_support::pod;
+        use super::super::*;
 
-    proptest! {
-        #[test]
-        fn accepted_names_fit_the_kernel_limit(name in "\\PC{0,20}") {
-            if validate_interface_name(&name).is_ok() {
-                prop_assert!(!name.is_empty() && name.len() <= MAX_IFACE_NAME_LEN);
-            }
-        }
-
-        #[test]
-        fn prefix_lists_never_panic(list in "[a-z ,/:\\-é]{0,40}") {
-            if let Ok(prefixes) = parse_prefix_list(&list) {
-                prop_assert!(!prefixes.is_empty());
-                prop_assert!(prefixes.iter().all(|p| !p.is_empty() && p.len() <= MAX_PREFIX_LEN));
-            }
-        }
-
-        #[test]
-        fn resolved_names_are_valid(
-            prefix in prop_oneof!["[a-z\\-]{0,6}", "\\PC{0,8}"],
-            namespace in "\\PC{0,12}",
-            name in "\\PC{0,12}",
-            sandbox_id in proptest::option::of(
-                prop_oneof!["[0-9a-f]{0,20}", "[0-9a-fA-Z:/]{0,20}"]
-            ),
-        ) {
-            let pod = pod(&namespace, &name, sandbox_id.as_deref());
-            let resolvers: Vec<Box<dyn InterfaceResolver>> = [
-                CalicoResolver::new(&prefix).map(|r| Box::new(r) as Box<dyn InterfaceResolver>),
-                SandboxResolver::new(&prefix).map(|r| Box::new(r) as Box<dyn InterfaceResolver>),
-            ]
-            .into_iter()
-            .flatten()
-            .collect();
-            for resolver in resolvers {
-                if let Ok(iface) = resolver.resolve(&pod) {
-                    prop_assert_eq!(validate_interface_name(&iface), Ok(()));
+        proptest! {
+            #[test]
+            fn resolved_names_are_valid(
+                prefix in prop_oneof!["[a-z\\-]{0,6}", "\\PC{0,8}"],
+                namespace in "\\PC{0,12}",
+                name in "\\PC{0,12}",
+                sandbox_id in proptest::option::of(
+                    prop_oneof!["[0-9a-f]{0,20}", "[0-9a-fA-Z:/]{0,20}"]
+                ),
+            ) {
+                let pod = pod(&namespace, &name, sandbox_id.as_deref());
+                let resolvers: Vec<Box<dyn InterfaceResolver>> = [
+                    CalicoResolver::new(&prefix).map(|r| Box::new(r) as Box<dyn InterfaceResolver>),
+                    SandboxResolver::new(&prefix).map(|r| Box::new(r) as Box<dyn InterfaceResolver>),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                for resolver in resolvers {
+                    if let Ok(iface) = resolver.resolve(&pod) {
+                        prop_assert_eq!(validate_interface_name(&iface), Ok(()));
+                    }
                 }
             }
-        }
 
-        #[test]
-        fn static_map_yaml_never_panics(text in "[\\PC\n]{0,60}") {
-            let _ = StaticResolver::from_yaml(&text);
+            #[test]
+            fn static_map_yaml_never_panics(text in "[\\PC\n]{0,60}") {
+                let _ = StaticResolver::from_yaml(&text);
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Prefix + the start of the pod's sandbox (pause) container ID, a scheme some CNIs use.
 
 use super::{
-    forbidden_char_problem, validate_pod_interface_name, InterfaceResolver, NamingError,
+    validate_pod_interface_name, InterfaceResolver, NamingError, PrefixListError,
     MAX_IFACE_NAME_LEN,
 };
 use crate::model::{ObjectKey, PodInfo};
@@ -30,11 +30,12 @@ impl SandboxResolver {
                 len: prefix.len(),
             });
         }
-        if let Some(problem) = forbidden_char_problem(prefix) {
-            return Err(NamingError::InvalidPrefix {
+        if let Some(problem) = crate::rules::iface::forbidden_char_problem(prefix) {
+            return Err(PrefixListError::Invalid {
                 prefix: prefix.to_string(),
                 problem,
-            });
+            }
+            .into());
         }
         Ok(SandboxResolver {
             prefix: prefix.to_string(),
@@ -152,7 +153,7 @@ mod tests {
         );
         assert!(matches!(
             SandboxResolver::new("v/e"),
-            Err(NamingError::InvalidPrefix { .. })
+            Err(NamingError::PrefixList(PrefixListError::Invalid { .. }))
         ));
     }
 

@@ -129,7 +129,7 @@ impl InterfaceResolver for StaticResolver {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::pod;
-    use super::super::NameProblem;
+    use super::super::{BadName, NameProblem};
     use super::*;
 
     #[test]
@@ -179,10 +179,12 @@ mod tests {
         let err = StaticResolver::from_yaml("default/web-1: eth-web1-toolong1\n").unwrap_err();
         assert_eq!(
             err,
-            NamingError::NameTooLong {
+            NamingError::BadName {
                 pod: Some(ObjectKey::new("default", "web-1")),
-                name: "eth-web1-toolong1".to_string(),
-                len: 17,
+                bad: BadName::TooLong {
+                    name: "eth-web1-toolong1".to_string(),
+                    len: 17,
+                },
             }
         );
         let err = StaticResolver::new(BTreeMap::from([(
@@ -190,7 +192,13 @@ mod tests {
             "x".repeat(16),
         )]))
         .unwrap_err();
-        assert!(matches!(err, NamingError::NameTooLong { len: 16, .. }));
+        assert!(matches!(
+            err,
+            NamingError::BadName {
+                bad: BadName::TooLong { len: 16, .. },
+                ..
+            }
+        ));
         assert!(err.to_string().contains("default/web-1"));
     }
 
@@ -198,15 +206,21 @@ mod tests {
     fn malformed_name_in_map_is_rejected() {
         assert!(matches!(
             StaticResolver::from_yaml("default/web-1: \"eth/1\"\n"),
-            Err(NamingError::InvalidName {
-                problem: NameProblem::Slash,
+            Err(NamingError::BadName {
+                bad: BadName::Invalid {
+                    problem: NameProblem::Slash,
+                    ..
+                },
                 ..
             })
         ));
         assert!(matches!(
             StaticResolver::from_yaml("default/web-1: \"\"\n"),
-            Err(NamingError::InvalidName {
-                problem: NameProblem::Empty,
+            Err(NamingError::BadName {
+                bad: BadName::Invalid {
+                    problem: NameProblem::Empty,
+                    ..
+                },
                 ..
             })
         ));

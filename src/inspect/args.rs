@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 use super::Source;
-use crate::config::{parse_datastore, DataplaneOptions, Datastore, RuleOptions};
-use crate::iface_naming::{parse_cri_endpoint, DEFAULT_CRI_ENDPOINT};
+use crate::config::{
+    parse_cri_endpoint, parse_datastore, DataplaneOptions, Datastore, RuleOptions,
+    DEFAULT_CRI_ENDPOINT,
+};
 use crate::model::Protocol;
 
 /// Where the objects come from (read once).

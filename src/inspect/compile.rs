@@ -55,7 +55,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<ExitCode> {
     };
     args.rules.check_offline()?;
     let rule_cfg = args.rules.rule_config()?;
-    let resolver = args.rules.resolver()?;
+    let resolver = crate::iface_naming::resolver(&args.rules)?;
     let (objects, errors) = manifests::load_paths(&args.manifests)?;
     for e in &errors {
         warn!("{e}");

@@ -134,11 +134,11 @@ pub fn resolver(
 ) -> anyhow::Result<Option<Box<dyn InterfaceResolver>>> {
     let Some(cri) = live else {
         return match rules.check_offline() {
-            Ok(()) => rules.resolver().map(Some),
+            Ok(()) => crate::iface_naming::resolver(rules).map(Some),
             Err(_) => Ok(None),
         };
     };
-    let resolver = rules.runtime_resolver(cri)?;
+    let resolver = crate::iface_naming::runtime_resolver(rules, cri)?;
     let stop = Arc::new(AtomicBool::new(false));
     resolver.start(Box::new(|| {}), stop.clone())?;
     let deadline = Instant::now() + RESOLVER_SETTLE;
@@ -162,7 +162,7 @@ pub fn live_rules(rules: &RuleOptions) -> anyhow::Result<RuleOptions> {
         .context("FELIX_INTERFACENAMESCHEME=auto: reading how this node wires its pods")?
         .detect();
     match wiring {
-        Some(w) => Ok(rules.with_wiring(&w)),
+        Some(w) => Ok(crate::iface_naming::with_wiring(rules, &w)),
         None => bail!(
             "FELIX_INTERFACENAMESCHEME=auto: this node has no pod interface yet (neither a veth \
              with a host route nor a bridge port), so how it wires pods is unknown; give the \

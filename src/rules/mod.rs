@@ -21,6 +21,7 @@ pub mod deny_log;
 pub mod dispatch;
 pub mod flow_log;
 pub mod guard;
+pub mod iface;
 pub mod ipvs;
 pub mod policy;
 pub mod provenance;

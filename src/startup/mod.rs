@@ -33,7 +33,7 @@ use crate::datastore::dir::DirSource;
 use crate::host::exec::Exec;
 use crate::host::felix;
 use crate::host::rule_counters::Xtables;
-use crate::iface_naming::InterfaceResolver;
+use crate::iface_naming::{self, InterfaceResolver};
 use crate::model::IpFamily;
 use crate::rules::RuleConfig;
 use crate::telemetry::health::Health;
@@ -101,7 +101,7 @@ impl Settings {
         let wiring_pending = args.rules.interface_name_scheme == NamingScheme::Auto && {
             match gates::read_wiring() {
                 Some(wiring) => {
-                    args.rules = args.rules.with_wiring(&wiring);
+                    args.rules = iface_naming::with_wiring(&args.rules, &wiring);
                     false
                 }
                 None => true,
@@ -124,7 +124,7 @@ impl Settings {
         let resolver: Box<dyn InterfaceResolver> = if wiring_pending {
             Box::new(crate::iface_naming::WiringPending)
         } else {
-            args.rules.runtime_resolver(&args.agent.cri_config())?
+            iface_naming::runtime_resolver(&args.rules, &iface_naming::cri_config(&args.agent))?
         };
         Ok(Settings {
             node,

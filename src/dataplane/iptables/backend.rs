@@ -19,13 +19,8 @@ pub enum Backend {
     Nft,
 }
 
-/// felix's `IptablesBackend`: a fixed backend, or detection at start-up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendMode {
-    Legacy,
-    Nft,
-    Auto,
-}
+/// The configured mode (felix's `IptablesBackend`), read by `detect_backend`.
+pub use crate::config::BackendMode;
 
 impl Backend {
     pub fn as_str(self) -> &'static str {

@@ -90,8 +90,7 @@ use sandboxes::*;
 pub use sandboxes::{select_sandbox, SandboxRecord};
 use watcher::*;
 
-/// containerd's CRI socket, the default `FELIX_CRIENDPOINT`.
-pub const DEFAULT_CRI_ENDPOINT: &str = "/run/containerd/containerd.sock";
+pub use crate::config::DEFAULT_CRI_ENDPOINT;
 /// CRI-O's CRI socket.
 pub const CRIO_CRI_ENDPOINT: &str = "/var/run/crio/crio.sock";
 /// Default seconds between full sandbox listings (`FELIX_CRIREFRESHINTERVAL`).
@@ -140,23 +139,6 @@ impl Default for CriConfig {
     fn default() -> Self {
         CriConfig::new(DEFAULT_CRI_ENDPOINT)
     }
-}
-
-/// `FELIX_CRIENDPOINT`: an absolute socket path, or the same as `unix://PATH` (crictl's and
-/// the kubelet's `--container-runtime-endpoint` form).
-pub fn parse_cri_endpoint(text: &str) -> Result<PathBuf, String> {
-    const FORMS: &str = "accepted values: the absolute path of the runtime's CRI unix socket, \
-                         optionally as unix://PATH, e.g. /run/containerd/containerd.sock \
-                         (containerd) or /var/run/crio/crio.sock (CRI-O)";
-    let t = text.trim();
-    let path = t.strip_prefix("unix://").unwrap_or(t);
-    if path.contains("://") || t.starts_with("tcp:") || t.starts_with("npipe:") {
-        return Err(format!("only unix sockets are supported; {FORMS}"));
-    }
-    if !path.starts_with('/') {
-        return Err(format!("not an absolute path; {FORMS}"));
-    }
-    Ok(PathBuf::from(path))
 }
 
 // ---------------------------------------------------------------- the resolver
@@ -670,27 +652,6 @@ mod tests {
             describe(&status.context("CRI v1 RuntimeService.Version")),
             "CRI v1 RuntimeService.Version: Unimplemented: unknown service runtime.v1.RuntimeService"
         );
-    }
-
-    #[test]
-    fn endpoints_are_unix_socket_paths() {
-        assert_eq!(
-            parse_cri_endpoint("/run/containerd/containerd.sock"),
-            Ok(PathBuf::from(DEFAULT_CRI_ENDPOINT))
-        );
-        assert_eq!(
-            parse_cri_endpoint("unix:///var/run/crio/crio.sock"),
-            Ok(PathBuf::from(CRIO_CRI_ENDPOINT))
-        );
-        for bad in [
-            "",
-            "run/containerd.sock",
-            "tcp://127.0.0.1:1234",
-            "npipe:////./pipe/x",
-        ] {
-            let err = parse_cri_endpoint(bad).unwrap_err();
-            assert!(err.contains("accepted values"), "{bad}: {err}");
-        }
     }
 
     #[test]
