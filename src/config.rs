@@ -17,10 +17,10 @@
 
 mod env;
 pub mod felix_params;
-mod parse;
+mod values;
 
 pub use env::*;
-pub use parse::*;
+pub use values::*;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -8,7 +8,11 @@
 //!   only pure rooms, never an I/O one (`agent`, `datastore`, `iface_naming`, `dataplane`, `host`,
 //!   `telemetry`, `config`);
 //! - `datastore` does not import `calc_graph` (sources know nothing of their consumer);
-//! - `iface_naming` does not import `calc_graph` (resolvers answer the agent, not the graph).
+//! - `iface_naming` does not import `calc_graph` (resolvers answer the agent, not the graph);
+//! - `config` imports none of `dataplane`, `iface_naming`, `host` (they read it);
+//! - a file's unit tests sit in one place (`unit_tests_follow_one_layout`), and files of one
+//!   name in two rooms name each other (`files_named_alike_in_two_rooms_name_each_other`), and
+//!   no file holds more than about 800 lines of production code.
 //!
 //! Test code (`#[cfg(test)]` modules, `tests.rs` files) is left out: a unit test may use any
 //! room to build its fixtures. Imports are read as text (`crate::room` paths, including
@@ -80,6 +84,7 @@ fn production_text(file: &Path) -> Option<String> {
 
 fn without_test_items(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
+    let code = code_lines(&lines);
     let mut keep = vec![true; lines.len()];
     let mut i = 0;
     while i < lines.len() {
@@ -88,29 +93,13 @@ fn without_test_items(text: &str) -> String {
             continue;
         }
         // The attribute, further attributes, then the item: to its `;` or its closing brace.
-        let mut depth = 0i32;
-        let mut opened = false;
-        let mut j = i;
-        while j < lines.len() {
-            keep[j] = false;
-            let code = lines[j].split("//").next().unwrap_or("");
-            let attribute = code.trim_start().starts_with("#[");
-            for c in code.chars() {
-                match c {
-                    '{' => {
-                        depth += 1;
-                        opened = true;
-                    }
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-            }
-            j += 1;
-            if !attribute && ((opened && depth <= 0) || (!opened && code.trim_end().ends_with(';')))
-            {
-                break;
-            }
+        let mut item = i + 1;
+        while item < lines.len() && lines[item].trim_start().starts_with("#[") {
+            item += 1;
         }
+        let end = item_end(&code, item);
+        keep[i..=end.max(i)].iter_mut().for_each(|k| *k = false);
+        let j = end + 1;
         i = j;
     }
     lines
@@ -119,6 +108,67 @@ fn without_test_items(text: &str) -> String {
         .map(|(l, k)| if k { *l } else { "" })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The lines of a file as code: `//` comments cut, string literals (also raw and across
+/// lines) and character literals blanked, so that a brace or a `//` inside `"..."`,
+/// `r#"..."#` or `'{'` is not read as code.
+fn code_lines(lines: &[&str]) -> Vec<String> {
+    // Inside a string: the number of `#` that closes it (`None`: a plain string).
+    let mut open: Option<Option<usize>> = None;
+    let mut out = Vec::with_capacity(lines.len());
+    for line in lines {
+        let chars: Vec<char> = line.chars().collect();
+        let mut code = String::new();
+        let mut i = 0;
+        while i < chars.len() {
+            if let Some(hashes) = open {
+                match hashes {
+                    None if chars[i] == '\\' => i += 1,
+                    None if chars[i] == '"' => open = None,
+                    Some(n)
+                        if chars[i] == '"' && (1..=n).all(|k| chars.get(i + k) == Some(&'#')) =>
+                    {
+                        i += n;
+                        open = None;
+                    }
+                    _ => {}
+                }
+                i += 1;
+                continue;
+            }
+            match chars[i] {
+                '/' if chars.get(i + 1) == Some(&'/') => break,
+                '"' => open = Some(None),
+                'r' if matches!(chars.get(i + 1), Some('"') | Some('#'))
+                    && (i == 0 || !chars[i - 1].is_alphanumeric() && chars[i - 1] != '_') =>
+                {
+                    let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
+                    if chars.get(i + 1 + hashes) == Some(&'"') {
+                        open = Some(Some(hashes));
+                        i += 1 + hashes;
+                    } else {
+                        code.push('r');
+                    }
+                }
+                // A character literal ('x' or '\x'); a lifetime ('a) has no closing quote.
+                '\'' if chars.get(i + 2) == Some(&'\'') => i += 2,
+                '\'' if chars.get(i + 1) == Some(&'\\') && chars.get(i + 3) == Some(&'\'') => {
+                    i += 3
+                }
+                c => code.push(c),
+            }
+            i += 1;
+        }
+        out.push(code);
+    }
+    out
+}
+
+/// Opening and closing braces in a line of code (as read by [`code_lines`]).
+fn braces(code: &str) -> (i32, i32) {
+    let count = |b| code.chars().filter(|&c| c == b).count() as i32;
+    (count('{'), count('}'))
 }
 
 #[test]
@@ -261,6 +311,25 @@ fn sources_and_resolvers_know_nothing_of_the_graph() {
     );
 }
 
+/// The configuration describes settings; the rooms that act on them read it, never the
+/// other way round (felix's config package likewise knows none of its consumers).
+#[test]
+fn config_knows_nothing_of_the_rooms_it_configures() {
+    let (_, edges) = house();
+    let bad: Vec<String> = edges
+        .iter()
+        .filter(|(room, i)| {
+            room == "config" && ["dataplane", "iface_naming", "host"].contains(&i.target.as_str())
+        })
+        .map(|(room, i)| describe(room, i))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "config must not import dataplane, iface_naming or host:\n{}",
+        bad.join("\n")
+    );
+}
+
 #[test]
 fn no_import_circles_between_rooms() {
     let (rooms, edges) = house();
@@ -364,5 +433,253 @@ fn layout_names_every_folder_of_src() {
     assert!(
         missing.is_empty(),
         "docs/development/layout.md does not name these folders in their room's row: {missing:?}"
+    );
+}
+
+/// The one place a file's unit tests sit (docs/development/testing.md, "Unit tests"): one
+/// `#[cfg(test)] mod tests` as the file's last item, inline or in its own file (`tests.rs`
+/// beside a `mod.rs`, `<name>/tests.rs` beside `<name>.rs`); fixtures shared by the tests of
+/// several files in a `#[cfg(test)] pub(crate) mod test_support` of their `mod.rs`. Nothing
+/// else is compiled for tests only, so a reader never meets test code between production
+/// items and the production text is the whole file up to its tests.
+fn unit_test_layout_problems(rel: &Path, text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let code = code_lines(&lines);
+    let is_mod_rs = rel.file_name().is_some_and(|n| n == "mod.rs");
+    let mut problems = Vec::new();
+    let mut tests_end = None;
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "#[cfg(test)]" {
+            i += 1;
+            continue;
+        }
+        let at = i + 1;
+        if lines[i].starts_with(char::is_whitespace) {
+            problems.push(format!(
+                "{}:{at}: #[cfg(test)] inside an item",
+                rel.display()
+            ));
+        }
+        let mut j = i + 1;
+        while j < lines.len() && lines[j].trim_start().starts_with("#[") {
+            j += 1;
+        }
+        let item = lines.get(j).map_or("", |l| l.trim());
+        let name = item
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ");
+        let end = item_end(&code, j);
+        if name.starts_with("mod tests") {
+            if tests_end.is_some() {
+                problems.push(format!("{}:{at}: a second tests module", rel.display()));
+            }
+            tests_end = Some(end);
+            if name == "mod tests;" {
+                let beside = if is_mod_rs {
+                    rel.with_file_name("tests.rs")
+                } else {
+                    rel.with_extension("").join("tests.rs")
+                };
+                let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+                if !src.join(&beside).exists() {
+                    problems.push(format!(
+                        "{}:{at}: `mod tests;` but no src/{}",
+                        rel.display(),
+                        beside.display()
+                    ));
+                }
+            }
+        } else if !(is_mod_rs && name.starts_with("mod test_support")) || tests_end.is_some() {
+            problems.push(format!(
+                "{}:{at}: test-only item `{item}` (only `mod tests`, last, and a mod.rs's \
+                 `test_support` before it)",
+                rel.display()
+            ));
+        }
+        i = end + 1;
+    }
+    if let Some(end) = tests_end {
+        if let Some(k) = (end + 1..lines.len()).find(|&k| !lines[k].trim().is_empty()) {
+            problems.push(format!(
+                "{}:{}: production code after the tests module",
+                rel.display(),
+                k + 1
+            ));
+        }
+    }
+    problems
+}
+
+/// The last line of the item starting at `start`: its `;`, or its closing brace.
+fn item_end(code: &[String], start: usize) -> usize {
+    let mut depth = 0i32;
+    let mut opened = false;
+    for (k, code) in code.iter().enumerate().skip(start) {
+        let (open, close) = braces(code);
+        depth += open - close;
+        opened |= open > 0;
+        if (opened && depth <= 0) || (!opened && code.trim_end().ends_with(';')) {
+            return k;
+        }
+    }
+    code.len().saturating_sub(1)
+}
+
+#[test]
+fn unit_tests_follow_one_layout() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut problems = Vec::new();
+    for file in &files {
+        if file.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        problems.extend(unit_test_layout_problems(
+            file.strip_prefix(&src).unwrap(),
+            &text,
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_layout_check_finds_each_kind_of_misplaced_test_code() {
+    let rel = Path::new("model/x.rs");
+    let good = "fn a() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn t() {\n        for s in [\"//x\", \"{\"] {\n            let _ = (s, '{');\n        }\n    }\n}\n";
+    assert!(unit_test_layout_problems(rel, good).is_empty());
+    let cases = [
+        (
+            "impl A {\n    #[cfg(test)]\n    fn only_for_tests() {}\n}\n",
+            "inside an item",
+        ),
+        (
+            "#[cfg(test)]\nfn helper() {}\nfn a() {}\n",
+            "test-only item",
+        ),
+        (
+            "#[cfg(test)]\nmod tests {\n}\nfn a() {}\n",
+            "after the tests module",
+        ),
+        (
+            "#[cfg(test)]\nmod tests {\n}\n#[cfg(test)]\nmod tests {\n}\n",
+            "second tests module",
+        ),
+        ("#[cfg(test)]\nmod tests;\n", "no src/model/x/tests.rs"),
+        (
+            "#[cfg(test)]\npub(crate) mod test_support {\n}\n",
+            "test-only item",
+        ),
+    ];
+    for (text, want) in cases {
+        let found = unit_test_layout_problems(rel, text);
+        assert!(
+            found.iter().any(|p| p.contains(want)),
+            "{want:?} not found for {text:?}: {found:?}"
+        );
+    }
+    let support =
+        "#[cfg(test)]\npub(crate) mod test_support {\n}\n\n#[cfg(test)]\nmod tests {\n}\n";
+    assert!(unit_test_layout_problems(Path::new("model/mod.rs"), support).is_empty());
+}
+
+/// The module path of a file (`src/model/validate/staged.rs` → `model::validate::staged`,
+/// `src/host/conntrack/mod.rs` → `host::conntrack`).
+fn module_path(rel: &Path) -> String {
+    let mut parts: Vec<String> = rel
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// Files of one name in two rooms are one concept at two layers (a staged policy as the
+/// model holds it, as the verdict evaluates it, as the command shows it); each says so by
+/// naming the others in its module doc, so whoever opens one finds the rest. Two files of
+/// one name that are not one concept get names that tell them apart.
+#[test]
+fn files_named_alike_in_two_rooms_name_each_other() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut by_name: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for file in files {
+        let rel = file.strip_prefix(&src).unwrap().to_path_buf();
+        let path = module_path(&rel);
+        let name = path.rsplit("::").next().unwrap().to_string();
+        if path.contains("::") && name != "tests" {
+            by_name.entry(name).or_default().push(rel);
+        }
+    }
+    let mut problems = Vec::new();
+    for files in by_name.values() {
+        let rooms: BTreeSet<String> = files
+            .iter()
+            .map(|f| module_path(f))
+            .map(|p| p.split("::").next().unwrap().to_string())
+            .collect();
+        if rooms.len() < 2 {
+            continue;
+        }
+        for file in files {
+            let text = std::fs::read_to_string(src.join(file)).unwrap();
+            let doc: String = text
+                .lines()
+                .take_while(|l| l.starts_with("//!") || l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+                .replace("//!", "");
+            let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+            for other in files.iter().filter(|o| *o != file) {
+                let theirs = module_path(other);
+                if !doc.contains(&theirs) {
+                    problems.push(format!(
+                        "src/{}: its module doc does not name `{theirs}`",
+                        file.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "files of one name in two rooms must say they are one concept at two layers, each \
+         naming the others:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// A file past about 800 lines of production code holds more than one concern and is split
+/// by concern (its unit tests do not count: they sit after it, see `unit_tests_follow_one_layout`).
+#[test]
+fn no_production_file_passes_800_lines() {
+    const LIMIT: usize = 800;
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut long = Vec::new();
+    for file in &files {
+        let Some(text) = production_text(file) else {
+            continue;
+        };
+        let lines = text.trim_end().lines().count();
+        if lines > LIMIT {
+            long.push(format!(
+                "{} ({lines} lines)",
+                file.strip_prefix(&src).unwrap().display()
+            ));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "production files over {LIMIT} lines, to split by concern: {}",
+        long.join(", ")
     );
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::NetNs;
-use netpol_agent::kernel_text::iptables::normalize_save_line;
+use netpol_agent::kernel_text::iptables_save::normalize_save_line;
 use netpol_agent::model::IpFamily;
 use netpol_agent::rules::deny_log::{
     nflog_target, DenyLogRule, DropKind, LogPrefix, Rate, RateUnit, DEFAULT_BURST,
@@ -132,7 +132,7 @@ fn bodies(family: IpFamily) -> Vec<String> {
         .collect()
 }
 
-/// The chain's rules as the agent reads them back (`kernel_text::iptables::normalize_save_line`: iptables
+/// The chain's rules as the agent reads them back (`kernel_text::iptables_save::normalize_save_line`: iptables
 /// 1.8.7 prints two spaces after `--nflog-prefix`).
 fn saved_rules(ns: &NetNs, save: &str) -> Vec<String> {
     ns.exec_ok(&[save, "-t", "filter"])

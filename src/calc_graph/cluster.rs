@@ -8,6 +8,10 @@
 //! are at most a few hundred). Its chains are shared by every endpoint it selects; each
 //! endpoint's chains list, per direction, the Admin policies that have rules there in
 //! (priority, name) order, its NetworkPolicies, then the Baseline policies likewise.
+//!
+//! ClusterNetworkPolicy at each layer: validated in `model::validate::cluster`, selected and
+//! tiered in the graph by `calc_graph::cluster`, rendered by `rules::cluster`, evaluated by
+//! `verdict::cluster`.
 
 use std::collections::BTreeSet;
 

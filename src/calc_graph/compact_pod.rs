@@ -127,11 +127,6 @@ impl Interner {
             }
         }
     }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.strings.len() + self.label_sets.len() + self.port_lists.len()
-    }
 }
 
 impl LabelSet {
@@ -343,18 +338,23 @@ pub(crate) fn release_labels(labels: Labels, interner: &mut Interner) {
 }
 
 #[cfg(test)]
-#[test]
-fn a_string_used_twice_by_one_pod_is_released_with_it() {
-    let mut interner = Interner::default();
-    let mut info = tests::pod("x", "a", &[("x", "x"), ("node-a", "y")]);
-    info.labels.insert("z".into(), "x".into());
-    CompactPod::new(info, &mut interner).release(&mut interner);
-    assert_eq!(interner.len(), 0);
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Interner {
+        fn len(&self) -> usize {
+            self.strings.len() + self.label_sets.len() + self.port_lists.len()
+        }
+    }
+
+    #[test]
+    fn a_string_used_twice_by_one_pod_is_released_with_it() {
+        let mut interner = Interner::default();
+        let mut info = pod("x", "a", &[("x", "x"), ("node-a", "y")]);
+        info.labels.insert("z".into(), "x".into());
+        CompactPod::new(info, &mut interner).release(&mut interner);
+        assert_eq!(interner.len(), 0);
+    }
 
     pub(super) fn pod(ns: &str, name: &str, labels: &[(&str, &str)]) -> PodInfo {
         PodInfo {

@@ -8,6 +8,9 @@
 //! unnamed: per such pod one pass over its namespace's NetworkPolicies and the
 //! ClusterNetworkPolicies, which costs nothing on a node whose pods are all named (the usual
 //! state) and stays small when a few are being wired.
+//!
+//! The guard at two layers: which pods it holds in `calc_graph::guard`, its chain in
+//! `rules::guard`.
 
 use crate::model::{IpFamily, ObjectKey};
 use crate::rules::guard::{guard_chain, Guarded};

@@ -39,8 +39,6 @@ fn active_set_defs(selects: &BTreeSet<ObjectKey>, defs: Vec<SetDef>) -> Vec<SetD
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests;
 pub mod update;
 
 mod flush;
@@ -358,3 +356,6 @@ fn add_member_changes(
         target.insert(set_name(family, id), members);
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,6 +1,9 @@
 //! The provenance of everything the graph renders for one family: every chain with what each
 //! of its rules implements (`rules::provenance`), rendered again with tracing on. Off the hot
 //! path: `audit` and `explain` ask for it once; the graph's own renders never trace.
+//!
+//! Provenance at two layers: what a rule implements, recorded by the renderers in
+//! `rules::provenance`, gathered for the whole rendered state in `calc_graph::provenance`.
 
 use std::collections::BTreeMap;
 

@@ -14,6 +14,9 @@
 //!   `FORWARD`.
 //!
 //! Pure: reading the kernel is the caller's (`inspect`); nothing here writes anywhere.
+//!
+//! `audit` at two layers: the kernel-side inventory and drift of one family in
+//! `dataplane::audit`, the command (objects in, report out) in `inspect::audit`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::iptables::Ownership;
-use crate::kernel_text::ipset::{self, SetLine};
-use crate::kernel_text::iptables::{self, SaveLine};
+use crate::kernel_text::ipset_save::{self, SetLine};
+use crate::kernel_text::iptables_save::{self, SaveLine};
 use crate::model::IpFamily;
 use crate::rules::sets::set_family;
 
@@ -33,7 +33,7 @@ impl OwnedState {
         // Read as the writer reads saves: iptables 1.8.7's quirks (a trailing space, two
         // spaces after --nflog-prefix) are no difference. Every table is read: our rules
         // live in filter only, and a restore script's inserts count where they stand.
-        for line in iptables::lines(text.as_bytes()) {
+        for line in iptables_save::lines(text.as_bytes()) {
             let (chain, body) = match line.kind() {
                 SaveLine::Chain { name, .. } => {
                     if ownership.owns_chain(name) {
@@ -64,7 +64,7 @@ impl OwnedState {
     /// restore` text.
     pub fn add_ipsets(&mut self, text: &str, family: IpFamily) {
         let ours = |name: &str| set_family(name) == Some(family);
-        for line in ipset::lines(text) {
+        for line in ipset_save::lines(text) {
             match line {
                 SetLine::Create {
                     name,

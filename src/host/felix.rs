@@ -25,7 +25,7 @@
 use std::path::Path;
 
 use crate::host::exec::Exec;
-use crate::kernel_text::iptables::{self, SaveLine};
+use crate::kernel_text::iptables_save::{self, SaveLine};
 
 /// What the detector looks at.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,7 +188,7 @@ pub fn chain_names(save: &str) -> Vec<(String, String)> {
     let mut table = "";
     let mut out = Vec::new();
     for line in save.lines() {
-        match iptables::classify(line) {
+        match iptables_save::classify(line) {
             SaveLine::Table(t) => table = t,
             SaveLine::Chain { name, .. } => out.push((table.to_string(), name.to_string())),
             _ => {}

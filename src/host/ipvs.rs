@@ -3,6 +3,10 @@
 //! `kube-ipvs0` (felix's `InterfaceExclude` default), which feed the this-host set. Plus a
 //! watcher that polls both: a change of the mode makes the agent exit (see
 //! `docs/design/ipvs.md`), a change of the addresses is handed to the calculation loop.
+//!
+//! kube-proxy's IPVS mode at each layer: read off the node in `host::ipvs`, detected and
+//! watched for `run` in `startup::ipvs`, rendered in `rules::ipvs`, evaluated in
+//! `verdict::ipvs`.
 
 use std::collections::BTreeSet;
 use std::io;

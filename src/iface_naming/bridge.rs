@@ -45,6 +45,9 @@
 //! and the bridge plugin with `isGateway` have one). Only ports whose names start with one of
 //! the interface prefixes count. A pod with several addresses resolves when any of them does;
 //! addresses behind different ports are an error.
+//!
+//! Bridge mode at two layers: naming a pod's bridge port in `iface_naming::bridge`, the chains
+//! bridged traffic goes through in `rules::bridge`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
@@ -347,12 +350,6 @@ impl BridgeResolver {
             wake: (tx, Arc::new(rx)),
         })
     }
-
-    /// Replaces the published map (tests without a kernel).
-    #[cfg(test)]
-    fn publish(&self, resolved: BTreeMap<IpAddr, String>) {
-        self.shared.lock().unwrap().resolved = resolved;
-    }
 }
 
 impl InterfaceResolver for BridgeResolver {
@@ -648,6 +645,13 @@ impl Worker {
 mod tests {
     use super::*;
     use crate::iface_naming::test_support::pod;
+
+    impl BridgeResolver {
+        /// Replaces the published map (tests without a kernel).
+        fn publish(&self, resolved: BTreeMap<IpAddr, String>) {
+            self.shared.lock().unwrap().resolved = resolved;
+        }
+    }
 
     const BR: u32 = 10;
     const MAC_A: Mac = [0x0a, 0, 0, 0, 0, 1];

@@ -2,6 +2,9 @@
 //! (rendered by `agent::Calculation`, as `compile` renders it), per family, through
 //! `dataplane::audit`. Live, both backends are read: anything of ours in the backend the
 //! agent does not use is a finding too. Never writes to the kernel.
+//!
+//! `audit` at two layers: the kernel-side inventory and drift of one family in
+//! `dataplane::audit`, the command (objects in, report out) in `inspect::audit`.
 
 use std::process::ExitCode;
 

@@ -34,8 +34,8 @@ use crate::datastore::kube::{self, KubeConnect};
 use crate::datastore::manifests;
 use crate::host::exec::Exec;
 use crate::iface_naming::{CriConfig, InterfaceResolver};
-use crate::kernel_text::ipset::{self, SetLine};
-use crate::kernel_text::iptables::{self, SaveLine};
+use crate::kernel_text::ipset_save::{self, SetLine};
+use crate::kernel_text::iptables_save::{self, SaveLine};
 use crate::model::{DatastoreEvent, IpFamily, K8sObject, ObjectRef};
 
 /// How long reading the Kubernetes API may take before its first complete listing.
@@ -277,7 +277,7 @@ pub fn kube_ipvs_mode(
     };
     let kube_ipvs0 = match (&view, saved) {
         (Some(v), _) => v.present,
-        (None, Some((save, _))) => iptables::lines(save.as_bytes()).any(
+        (None, Some((save, _))) => iptables_save::lines(save.as_bytes()).any(
             |l| matches!(l.kind(), SaveLine::Chain { name, .. } if name == FORWARD_CHECK_CHAIN),
         ),
         (None, None) => false,
@@ -291,7 +291,7 @@ pub fn kube_ipvs_mode(
     }
     let names = [this_host_set(IpFamily::V4), this_host_set(IpFamily::V6)];
     let mut addrs = std::collections::BTreeSet::new();
-    for line in ipset::lines(saved.map_or("", |(_, ipsets)| ipsets)) {
+    for line in ipset_save::lines(saved.map_or("", |(_, ipsets)| ipsets)) {
         if let SetLine::Add {
             name,
             entry: Some(member),

@@ -12,6 +12,11 @@
 //!   Exit status: 0 no flow would change, 1 some would, 2 bad input.
 //! - `promote` prints the enforced objects the staged ones would become (YAML), and the
 //!   deletions as a list of comments with the command to run.
+//!
+//! Staged policies at each layer: the objects in `model::staged`, validated in
+//! `model::validate::staged`, applied only in the evaluator's what-if state in
+//! `verdict::staged`, the pending verdicts of flow records in `traffic::staged`, the `staged`
+//! commands in `inspect::staged`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -20,6 +20,9 @@
 //! unions live (subject, peers, protocols, ports), because what to do with them is part of
 //! the semantics: a peer with only unknown fields fails closed (upstream's rule for a peer
 //! whose field an older CRD pruned), other unions with an unknown member are rejected.
+//!
+//! ClusterNetworkPolicy as an object: its types in `model::cluster_policy`, its watch while the
+//! CRD may be missing in `datastore::kube::cluster_policy`.
 
 use std::collections::BTreeMap;
 

@@ -15,6 +15,11 @@
 //! Plain serde types with a hand-written `kube::Resource` impl, for the reasons given in
 //! `cluster_policy`: every field is optional so that a missing one becomes a validation error
 //! naming it, never a parse failure of the whole document.
+//!
+//! Staged policies at each layer: the objects in `model::staged`, validated in
+//! `model::validate::staged`, applied only in the evaluator's what-if state in
+//! `verdict::staged`, the pending verdicts of flow records in `traffic::staged`, the `staged`
+//! commands in `inspect::staged`.
 
 use std::fmt;
 

@@ -69,6 +69,9 @@
 //!   refuses the node then.
 //! - Layer-2 spoofing (a pod sending with another pod's MAC or answering ARP for another
 //!   pod's address) is not prevented here, as in flannel itself.
+//!
+//! Bridge mode at two layers: naming a pod's bridge port in `iface_naming::bridge`, the chains
+//! bridged traffic goes through in `rules::bridge`.
 
 use std::net::IpAddr;
 

@@ -26,6 +26,10 @@
 //! port sets, `cali40n:`) over the destination pods (egress: the peer's pods, which then
 //! need no peer match of their own; ingress: the subject's pods), one alternative each.
 //! `networks` render one `-d <cidr>` alternative per CIDR of the chain's family.
+//!
+//! ClusterNetworkPolicy at each layer: validated in `model::validate::cluster`, selected and
+//! tiered in the graph by `calc_graph::cluster`, rendered by `rules::cluster`, evaluated by
+//! `verdict::cluster`.
 
 use ipnet::IpNet;
 

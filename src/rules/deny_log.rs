@@ -26,6 +26,9 @@
 //! - The prefix field of the legacy target is 64 bytes with its terminating NUL, so 63
 //!   characters is the most both backends keep: legacy cuts a 64-character prefix to 63 while
 //!   nft keeps 64, and the two would print different rules.
+//!
+//! Deny logs at two layers: the NFLOG rule text in `rules::deny_log`, the reader of what those
+//! rules send in `traffic::deny_log`.
 
 use std::fmt;
 

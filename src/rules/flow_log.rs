@@ -45,6 +45,9 @@
 //! - `npa-fu-<in|eg>-<dispatch chain>`: dropped as an interface of no local pod.
 //!
 //! At most 10 + 6 + 28 = 44 characters, within the 63 both iptables backends keep.
+//!
+//! Flow logs at two layers: the NFLOG rule text in `rules::flow_log`, the reader, store and API
+//! in `traffic::flow_log`.
 
 use std::fmt;
 

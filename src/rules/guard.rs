@@ -19,6 +19,9 @@
 //! mode, `cali-OUTPUT` (traffic IPVS forwards, whose source is not the host's) jump to it
 //! first, and only while it holds a pod, so a node with every pod named renders exactly what
 //! it did before the guard existed.
+//!
+//! The guard at two layers: which pods it holds in `calc_graph::guard`, its chain in
+//! `rules::guard`.
 
 use std::net::IpAddr;
 

@@ -14,6 +14,10 @@
 //!
 //! Only renders anything when `RuleConfig::kube_ipvs` is set: with IPVS off every chain is
 //! byte-identical to what it was before this module existed.
+//!
+//! kube-proxy's IPVS mode at each layer: read off the node in `host::ipvs`, detected and
+//! watched for `run` in `startup::ipvs`, rendered in `rules::ipvs`, evaluated in
+//! `verdict::ipvs`.
 
 use std::collections::BTreeMap;
 
@@ -362,5 +366,4 @@ pub(crate) fn chains(
 }
 
 #[cfg(test)]
-#[path = "ipvs_tests.rs"]
 mod tests;

@@ -15,6 +15,9 @@
 //! The calc graph asks for provenance only off its hot path (`CalcGraph::provenance`, used by
 //! `audit` and `explain`); its own renders pass `traced = false`, which costs one branch per
 //! rule and builds nothing.
+//!
+//! Provenance at two layers: what a rule implements, recorded by the renderers in
+//! `rules::provenance`, gathered for the whole rendered state in `calc_graph::provenance`.
 
 use std::collections::BTreeMap;
 use std::fmt;

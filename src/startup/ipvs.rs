@@ -2,6 +2,10 @@
 //! namespace, felix's detection; the decision itself is `RuleOptions::apply_kube_ipvs`, the
 //! one `explain` and `audit` use too), and watched: this host's addresses go to the
 //! calculation loop, and under `auto` a change of mode restarts the agent in place.
+//!
+//! kube-proxy's IPVS mode at each layer: read off the node in `host::ipvs`, detected and
+//! watched for `run` in `startup::ipvs`, rendered in `rules::ipvs`, evaluated in
+//! `verdict::ipvs`.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;

@@ -23,6 +23,9 @@
 //! the group fails loudly (another process holds it) before the agent programs anything.
 //! Messages read, lost (sequence gaps), overruns, undecodable ones, lines and suppressed packets
 //! are all counted in the metrics.
+//!
+//! Deny logs at two layers: the NFLOG rule text in `rules::deny_log`, the reader of what those
+//! rules send in `traffic::deny_log`.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -603,109 +606,109 @@ mod tests {
         );
         assert_eq!(d.reason, Reason::ChainGone);
     }
-}
 
-#[cfg(test)]
-mod hold_tests {
-    use super::*;
+    /// The hold: what is held back and when it is written.
+    mod hold {
+        use super::*;
 
-    #[test]
-    fn held_lines_wait_for_a_name_or_their_grace_and_keep_their_order() {
-        let t0 = Instant::now();
-        let mut h = HoldBack::new(Duration::from_millis(500));
-        h.hold("a", t0).unwrap();
-        h.hold("b", t0 + Duration::from_millis(100)).unwrap();
-        let mut out = Vec::new();
-        // Nothing moved and no deadline passed: nobody is looked at.
-        h.release(
-            t0 + Duration::from_millis(10),
-            0,
-            |_, _| panic!("looked"),
-            |x| out.push(x),
-        );
-        assert!(out.is_empty());
-        // The address map moved and named "b" only.
-        h.release(
-            t0 + Duration::from_millis(200),
-            1,
-            |x, _| *x == "b",
-            |x| out.push(x),
-        );
-        assert_eq!(out, vec!["b"]);
-        assert_eq!(h.len(), 1);
-        // "a"'s grace ran out: written whatever it is.
-        h.release(
-            t0 + Duration::from_millis(500),
-            1,
-            |_, expired| expired,
-            |x| out.push(x),
-        );
-        assert_eq!(out, vec!["b", "a"]);
-        assert!(h.is_empty());
-    }
-
-    #[test]
-    fn a_full_hold_writes_at_once() {
-        let t0 = Instant::now();
-        let mut h = HoldBack::new(NAME_GRACE);
-        for i in 0..HOLD_CAPACITY {
-            h.hold(i, t0).unwrap();
+        #[test]
+        fn held_lines_wait_for_a_name_or_their_grace_and_keep_their_order() {
+            let t0 = Instant::now();
+            let mut h = HoldBack::new(Duration::from_millis(500));
+            h.hold("a", t0).unwrap();
+            h.hold("b", t0 + Duration::from_millis(100)).unwrap();
+            let mut out = Vec::new();
+            // Nothing moved and no deadline passed: nobody is looked at.
+            h.release(
+                t0 + Duration::from_millis(10),
+                0,
+                |_, _| panic!("looked"),
+                |x| out.push(x),
+            );
+            assert!(out.is_empty());
+            // The address map moved and named "b" only.
+            h.release(
+                t0 + Duration::from_millis(200),
+                1,
+                |x, _| *x == "b",
+                |x| out.push(x),
+            );
+            assert_eq!(out, vec!["b"]);
+            assert_eq!(h.len(), 1);
+            // "a"'s grace ran out: written whatever it is.
+            h.release(
+                t0 + Duration::from_millis(500),
+                1,
+                |_, expired| expired,
+                |x| out.push(x),
+            );
+            assert_eq!(out, vec!["b", "a"]);
+            assert!(h.is_empty());
         }
-        assert_eq!(h.hold(HOLD_CAPACITY, t0), Err(HOLD_CAPACITY));
-    }
 
-    #[test]
-    fn a_new_remote_pod_learned_after_the_drop_is_named_in_the_line() {
-        // The source's node: x/c's egress chain dropped a packet to 10.244.2.11 before the
-        // agent had read y/c; the address arrives while the line is held.
-        use crate::calc_graph::EndpointView;
-        let client = ObjectKey::new("x", "c");
-        let attribution = Attribution::default();
-        attribution.publish_chains(LocalChains::from_views(vec![EndpointView {
-            key: &client,
-            iface: "cali1",
-            ingress: vec![],
-            egress: vec![ObjectKey::new("x", "deny-egress")],
-        }]));
-        let prefix = LogPrefix::parse("npa-pol-eg-cali-fw-cali1").unwrap();
-        let flow = Flow {
-            src: "10.244.1.5".parse().unwrap(),
-            dst: "10.244.2.11".parse().unwrap(),
-            protocol: 6,
-            l4: L4::Ports {
-                src: 40000,
-                dst: 80,
-            },
-        };
-        let at = SystemTime::UNIX_EPOCH;
-        let now = || {
-            let chains = attribution.chains();
-            attribute(&prefix, flow, at, &chains, |ip| attribution.pod_of(ip))
-        };
-        let first = now();
-        assert_eq!(first.dst.to_string(), "10.244.2.11");
-        assert!(!fully_named(&first));
-        let t0 = Instant::now();
-        let mut h = HoldBack::new(NAME_GRACE);
-        h.hold((), t0).unwrap();
-        let mut written = Vec::new();
-        h.release(
-            t0,
-            attribution.address_generation(),
-            |_, e| e || fully_named(&now()),
-            |_| written.push(now()),
-        );
-        assert!(written.is_empty(), "held while unknown");
-        let y = ObjectKey::new("y", "c");
-        attribution.update_addresses([(&y, &[][..], &["10.244.2.11".parse().unwrap()][..])]);
-        h.release(
-            t0 + Duration::from_millis(50),
-            attribution.address_generation(),
-            |_, e| e || fully_named(&now()),
-            |_| written.push(now()),
-        );
-        assert_eq!(written.len(), 1);
-        assert_eq!(written[0].dst.to_string(), "y/c");
-        assert_eq!(written[0].src.to_string(), "x/c");
+        #[test]
+        fn a_full_hold_writes_at_once() {
+            let t0 = Instant::now();
+            let mut h = HoldBack::new(NAME_GRACE);
+            for i in 0..HOLD_CAPACITY {
+                h.hold(i, t0).unwrap();
+            }
+            assert_eq!(h.hold(HOLD_CAPACITY, t0), Err(HOLD_CAPACITY));
+        }
+
+        #[test]
+        fn a_new_remote_pod_learned_after_the_drop_is_named_in_the_line() {
+            // The source's node: x/c's egress chain dropped a packet to 10.244.2.11 before the
+            // agent had read y/c; the address arrives while the line is held.
+            use crate::calc_graph::EndpointView;
+            let client = ObjectKey::new("x", "c");
+            let attribution = Attribution::default();
+            attribution.publish_chains(LocalChains::from_views(vec![EndpointView {
+                key: &client,
+                iface: "cali1",
+                ingress: vec![],
+                egress: vec![ObjectKey::new("x", "deny-egress")],
+            }]));
+            let prefix = LogPrefix::parse("npa-pol-eg-cali-fw-cali1").unwrap();
+            let flow = Flow {
+                src: "10.244.1.5".parse().unwrap(),
+                dst: "10.244.2.11".parse().unwrap(),
+                protocol: 6,
+                l4: L4::Ports {
+                    src: 40000,
+                    dst: 80,
+                },
+            };
+            let at = SystemTime::UNIX_EPOCH;
+            let now = || {
+                let chains = attribution.chains();
+                attribute(&prefix, flow, at, &chains, |ip| attribution.pod_of(ip))
+            };
+            let first = now();
+            assert_eq!(first.dst.to_string(), "10.244.2.11");
+            assert!(!fully_named(&first));
+            let t0 = Instant::now();
+            let mut h = HoldBack::new(NAME_GRACE);
+            h.hold((), t0).unwrap();
+            let mut written = Vec::new();
+            h.release(
+                t0,
+                attribution.address_generation(),
+                |_, e| e || fully_named(&now()),
+                |_| written.push(now()),
+            );
+            assert!(written.is_empty(), "held while unknown");
+            let y = ObjectKey::new("y", "c");
+            attribution.update_addresses([(&y, &[][..], &["10.244.2.11".parse().unwrap()][..])]);
+            h.release(
+                t0 + Duration::from_millis(50),
+                attribution.address_generation(),
+                |_, e| e || fully_named(&now()),
+                |_| written.push(now()),
+            );
+            assert_eq!(written.len(), 1);
+            assert_eq!(written[0].dst.to_string(), "y/c");
+            assert_eq!(written[0].src.to_string(), "x/c");
+        }
     }
 }

@@ -17,6 +17,11 @@
 //! `netpol_rejections_total{kind="StagedNetworkPolicy",reason="invalid"}`; it is left out of
 //! the pending verdicts (its previous valid version, if any, stays) and never reaches the
 //! rules.
+//!
+//! Staged policies at each layer: the objects in `model::staged`, validated in
+//! `model::validate::staged`, applied only in the evaluator's what-if state in
+//! `verdict::staged`, the pending verdicts of flow records in `traffic::staged`, the `staged`
+//! commands in `inspect::staged`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

@@ -14,6 +14,10 @@
 //! nothing in an Accept rule and makes a Deny or Pass rule a deny of everything.
 //!
 //! The rendered chains are consulted only to name the rules implementing a decision.
+//!
+//! ClusterNetworkPolicy at each layer: validated in `model::validate::cluster`, selected and
+//! tiered in the graph by `calc_graph::cluster`, rendered by `rules::cluster`, evaluated by
+//! `verdict::cluster`.
 
 use std::net::IpAddr;
 

@@ -4,6 +4,10 @@
 //! destination to the backend, and it leaves through `OUTPUT` still carrying the mark (where
 //! the source's egress and a local backend's ingress policy are applied). Pure: it only
 //! shapes the packets `kernel::trace_marked` follows; `docs/design/ipvs.md` has the path.
+//!
+//! kube-proxy's IPVS mode at each layer: read off the node in `host::ipvs`, detected and
+//! watched for `run` in `startup::ipvs`, rendered in `rules::ipvs`, evaluated in
+//! `verdict::ipvs`.
 
 use std::net::IpAddr;
 

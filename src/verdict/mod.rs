@@ -56,9 +56,6 @@ mod report;
 mod staged;
 mod text;
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::IpAddr;
@@ -754,3 +751,6 @@ fn list_ips(ips: &[(IpAddr, Side)]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests;

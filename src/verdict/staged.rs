@@ -12,6 +12,11 @@
 //! Cost: a staged state is a rebuild of the evaluator's indices (policies per pod), so building
 //! a [`Staging`] costs (1 + staged objects) rebuilds. Staged objects are few (each is an
 //! operator's change under review), which is what bounds this and the per-object metric.
+//!
+//! Staged policies at each layer: the objects in `model::staged`, validated in
+//! `model::validate::staged`, applied only in the evaluator's what-if state in
+//! `verdict::staged`, the pending verdicts of flow records in `traffic::staged`, the `staged`
+//! commands in `inspect::staged`.
 
 use std::collections::BTreeMap;
 

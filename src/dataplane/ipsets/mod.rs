@@ -27,8 +27,6 @@
 mod parse;
 mod plan;
 mod restore;
-#[cfg(test)]
-mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -408,3 +406,6 @@ fn with_problems(e: anyhow::Error, problems: &BTreeSet<String>) -> anyhow::Error
         None => e,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,4 +1,4 @@
-//! Reading `ipset save` output (lines read by [`crate::kernel_text::ipset`]): our sets (`crate::rules::sets::is_owned_set`) with their type,
+//! Reading `ipset save` output (lines read by [`crate::kernel_text::ipset_save`]): our sets (`crate::rules::sets::is_owned_set`) with their type,
 //! family, size and members; everything else is read past. Any bytes are accepted.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -6,7 +6,7 @@ use std::io::{self, BufRead};
 use std::net::IpAddr;
 
 use super::plan::KernelSet;
-use crate::kernel_text::ipset::{self, Options, SetLine};
+use crate::kernel_text::ipset_save::{self, Options, SetLine};
 use crate::model::{IpFamily, Protocol};
 use crate::rules::sets::{is_owned_set, Member, SetType};
 
@@ -21,7 +21,7 @@ pub(super) fn parse_save<R: BufRead>(mut reader: R) -> io::Result<BTreeMap<Strin
             break;
         }
         let line = String::from_utf8_lossy(&buf);
-        match ipset::classify(&line) {
+        match ipset_save::classify(&line) {
             SetLine::Create {
                 name,
                 set_type,

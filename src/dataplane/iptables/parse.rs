@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::anyhow;
 
 use crate::kernel_text;
-use crate::kernel_text::iptables::SaveLine;
+use crate::kernel_text::iptables_save::SaveLine;
 
 /// What the writer owns in a table: every chain whose name starts with `chain_prefix` (at
 /// most `max_chain_len` characters), and in other chains the rules whose first comment is
@@ -81,7 +81,7 @@ impl TableState {
 }
 
 /// Parses the `*<table>` section of `iptables-save` output (lines read by
-/// [`kernel_text::iptables`]): `:NAME` lines declare chains, `-A NAME ...` lines are rules.
+/// [`kernel_text::iptables_save`]): `:NAME` lines declare chains, `-A NAME ...` lines are rules.
 /// Output without the table (nft before the table exists) is an empty table. felix treats
 /// the nft tools' "table is incompatible" warning as an error, and so do we.
 ///
@@ -93,7 +93,7 @@ impl TableState {
 pub fn parse_save(bytes: &[u8], table: &str, ownership: Ownership) -> anyhow::Result<TableState> {
     let mut state = TableState::empty(ownership);
     let mut inside = false;
-    for line in kernel_text::iptables::lines(bytes) {
+    for line in kernel_text::iptables_save::lines(bytes) {
         match line.kind() {
             SaveLine::Comment(text) => {
                 if text.contains("incompatible") {
@@ -151,7 +151,7 @@ mod tests {
             .map(|r| r.body.as_str())
             .collect();
         assert_eq!(bodies, [body, "-m comment --comment \"cali:abc\"", quoted]);
-        assert_eq!(kernel_text::iptables::normalize_save_line(body), body);
+        assert_eq!(kernel_text::iptables_save::normalize_save_line(body), body);
     }
 
     #[test]

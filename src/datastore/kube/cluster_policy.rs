@@ -22,6 +22,9 @@
 //!
 //! Any other error is handled as for the other kinds (logged, retried with the back-off
 //! policy, a 410 restarts with a relist).
+//!
+//! ClusterNetworkPolicy as an object: its types in `model::cluster_policy`, its watch while the
+//! CRD may be missing in `datastore::kube::cluster_policy`.
 
 use std::time::Duration;
 

@@ -72,12 +72,6 @@ impl<K: Kind> Mirror<K> {
         hasher.finish()
     }
 
-    /// How many objects are recorded as delivered.
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.delivered.len()
-    }
-
     /// Applies one (trimmed) watcher event; returns the datastore events to deliver, and
     /// whether this completed the first listing of the kind.
     pub(super) fn apply(&mut self, event: watcher::Event<K>) -> (Vec<DatastoreEvent>, bool) {
@@ -181,4 +175,231 @@ impl<K: Kind> Mirror<K> {
 
 pub(super) fn upsert<K: Kind>(obj: K) -> DatastoreEvent {
     DatastoreEvent::Upsert(Box::new(obj.into_object()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    impl<K: Kind> Mirror<K> {
+        /// How many objects are recorded as delivered.
+        fn len(&self) -> usize {
+            self.delivered.len()
+        }
+    }
+
+    fn ns(name: &str, team: &str, rv: &str) -> Namespace {
+        let mut ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"team": team}, "resourceVersion": rv,
+                         "managedFields": [{"manager": "kubectl", "operation": "Update"}]}
+        }))
+        .unwrap();
+        ns.trim();
+        ns
+    }
+
+    fn summary(events: &[DatastoreEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                DatastoreEvent::Upsert(o) => format!("upsert {}", o.object_ref().key),
+                DatastoreEvent::Delete(r) => format!("delete {}", r.key),
+                DatastoreEvent::InSync => "in sync".into(),
+                DatastoreEvent::Access { kind, refused } => {
+                    format!("access {} {}", kind.as_str(), refused.is_some())
+                }
+            })
+            .collect()
+    }
+
+    /// Feeds a sequence of watcher events; returns the delivered events and how many of the
+    /// steps completed a first listing.
+    fn run(
+        mirror: &mut Mirror<Namespace>,
+        events: Vec<watcher::Event<Namespace>>,
+    ) -> (Vec<String>, usize) {
+        let mut out = Vec::new();
+        let mut firsts = 0;
+        for e in events {
+            let (events, first) = mirror.apply(e);
+            out.extend(summary(&events));
+            firsts += usize::from(first);
+        }
+        (out, firsts)
+    }
+
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+
+    #[test]
+    fn relists_deliver_only_differences_upserts_first() {
+        let mut m = Mirror::<Namespace>::default();
+        let (out, firsts) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "1")),
+                InitApply(ns("b", "x", "2")),
+                InitDone,
+            ],
+        );
+        assert_eq!(out, ["upsert a", "upsert b"]);
+        assert_eq!(firsts, 1);
+
+        // The same objects (new resourceVersions): nothing, and no second first listing.
+        let (out, firsts) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("b", "x", "7")),
+                InitApply(ns("a", "x", "8")),
+                InitDone,
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(firsts, 0);
+
+        // b changed, a vanished, c is new: the changes as they are listed, the deletion only
+        // at InitDone.
+        let mut m2 = m;
+        let (out, _) = run(
+            &mut m2,
+            vec![
+                Init,
+                InitApply(ns("b", "y", "9")),
+                InitApply(ns("c", "x", "9")),
+            ],
+        );
+        assert_eq!(out, ["upsert b", "upsert c"]);
+        let (out, firsts) = run(&mut m2, vec![InitDone]);
+        assert_eq!(out, ["delete a"]);
+        assert_eq!(firsts, 0);
+        assert_eq!(m2.len(), 2);
+    }
+
+    #[test]
+    fn an_interrupted_relist_starts_over() {
+        let mut m = Mirror::<Namespace>::default();
+        run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "1")),
+                InitApply(ns("b", "x", "1")),
+                InitDone,
+            ],
+        );
+        // A first attempt lists both unchanged and then fails; the second no longer lists b
+        // (deleted meanwhile): b goes at the second attempt's end, not before.
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "2")),
+                InitApply(ns("b", "x", "2")),
+                Init,
+                InitApply(ns("a", "x", "3")),
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let (out, _) = run(&mut m, vec![InitDone]);
+        assert_eq!(out, ["delete b"]);
+
+        // An object first seen by an attempt that failed, and gone by the next attempt: it was
+        // delivered, so it is deleted at the end (nothing stays that the server lacks).
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "x", "4")),
+                InitApply(ns("new", "x", "4")),
+                Init,
+                InitApply(ns("a", "x", "5")),
+                InitDone,
+            ],
+        );
+        assert_eq!(out, ["upsert new", "delete new"]);
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn watch_events_deliver_changes_only() {
+        let mut m = Mirror::<Namespace>::default();
+        run(&mut m, vec![Init, InitDone]);
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Apply(ns("a", "x", "1")),
+                Apply(ns("a", "x", "2")), // only the resourceVersion: no event
+                Apply(ns("a", "y", "3")),
+                Delete(ns("zz", "x", "4")), // never delivered: no event
+                Delete(ns("a", "y", "5")),
+            ],
+        );
+        assert_eq!(out, ["upsert a", "upsert a", "delete a"]);
+        assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn objects_changed_by_watch_events_survive_the_next_relist_unchanged() {
+        let mut m = Mirror::<Namespace>::default();
+        run(&mut m, vec![Init, InitApply(ns("a", "x", "1")), InitDone]);
+        let (out, _) = run(
+            &mut m,
+            vec![Apply(ns("b", "x", "2")), Apply(ns("a", "y", "3"))],
+        );
+        assert_eq!(out, ["upsert b", "upsert a"]);
+        // The relist finds what the watch delivered: nothing to say.
+        let (out, _) = run(
+            &mut m,
+            vec![
+                Init,
+                InitApply(ns("a", "y", "4")),
+                InitApply(ns("b", "x", "4")),
+                InitDone,
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        // An empty listing (a resource gone) deletes everything, in key order.
+        let (out, _) = run(&mut m, vec![Init, InitDone]);
+        assert_eq!(out, ["delete a", "delete b"]);
+    }
+
+    #[test]
+    fn fingerprints_see_every_trimmed_field_and_no_trimmed_away_one() {
+        let m = Mirror::<Pod>::default();
+        let pod = |labels: serde_json::Value, ip: &str, restarts: u32| -> Pod {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "n", "labels": labels, "uid": "u1",
+                             "resourceVersion": restarts.to_string()},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i",
+                         "ports": [{"name": "http", "containerPort": 80}]}]},
+                "status": {"phase": "Running", "podIP": ip,
+                           "containerStatuses": [{"name": "c", "image": "i", "imageID": "",
+                               "ready": true, "restartCount": restarts}]}
+            }))
+            .unwrap();
+            pod.trim();
+            pod
+        };
+        let base = m.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 0));
+        assert_eq!(
+            base,
+            m.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 7))
+        );
+        assert_ne!(
+            base,
+            m.fingerprint(&pod(json!({"app": "b"}), "10.0.0.1", 0))
+        );
+        assert_ne!(
+            base,
+            m.fingerprint(&pod(json!({"app": "a"}), "10.0.0.2", 0))
+        );
+        // Another mirror (another process) has another seed.
+        let other = Mirror::<Pod>::default();
+        assert_ne!(
+            base,
+            other.fingerprint(&pod(json!({"app": "a"}), "10.0.0.1", 0))
+        );
+    }
 }

@@ -36,6 +36,9 @@
 //!
 //! The socket works in the network namespace of the thread that opens it; tests open it in
 //! namespaces they create and never touch the host's table.
+//!
+//! Conntrack at two layers: the ctnetlink client in `host::conntrack`, the flow logs' use of it
+//! in `traffic::flow_log::conntrack`.
 
 use std::collections::HashSet;
 use std::fmt;

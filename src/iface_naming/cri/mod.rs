@@ -238,14 +238,6 @@ impl CriSandboxResolver {
         drop(lookups);
         shared.wake.notify_one();
     }
-
-    #[cfg(test)]
-    fn with_records(prefix: &str, records: Vec<SandboxRecord>) -> CriSandboxResolver {
-        let resolver = CriSandboxResolver::new(prefix, CriConfig::default()).unwrap();
-        resolver.shared.write().replace_all(records);
-        resolver.shared.synced.store(true, Ordering::Release);
-        resolver
-    }
 }
 
 impl InterfaceResolver for CriSandboxResolver {
@@ -327,6 +319,15 @@ impl InterfaceResolver for CriSandboxResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl CriSandboxResolver {
+        fn with_records(prefix: &str, records: Vec<SandboxRecord>) -> CriSandboxResolver {
+            let resolver = CriSandboxResolver::new(prefix, CriConfig::default()).unwrap();
+            resolver.shared.write().replace_all(records);
+            resolver.shared.synced.store(true, Ordering::Release);
+            resolver
+        }
+    }
 
     const A: &str = "aaaaaaaaaa11111111111111111111111111111111111111111111111111111111";
     const B: &str = "bbbbbbbbbb22222222222222222222222222222222222222222222222222222222";

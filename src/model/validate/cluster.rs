@@ -4,6 +4,10 @@
 //! experimental `nodes` and `domainNames` peers are refused with a message saying so; a peer
 //! with only fields this version does not know is kept as [`ClusterPeer::Unknown`] (it fails
 //! closed, see the model).
+//!
+//! ClusterNetworkPolicy at each layer: validated in `model::validate::cluster`, selected and
+//! tiered in the graph by `calc_graph::cluster`, rendered by `rules::cluster`, evaluated by
+//! `verdict::cluster`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -3,6 +3,11 @@
 //! would refuse as an enforced one is refused here, naming the field), plus
 //! `spec.stagedAction`. An error carries the staged kind, so that a log line never blames
 //! an enforced object for a staged one's mistake.
+//!
+//! Staged policies at each layer: the objects in `model::staged`, validated in
+//! `model::validate::staged`, applied only in the evaluator's what-if state in
+//! `verdict::staged`, the pending verdicts of flow records in `traffic::staged`, the `staged`
+//! commands in `inspect::staged`.
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 

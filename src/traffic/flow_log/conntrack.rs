@@ -21,6 +21,9 @@
 //! connection ended; they need `nf_conntrack_acct`, which the agent turns on at start when
 //! flow logs are on (counted from then on: the kernel decides per connection when it begins;
 //! `netpol_flow_log_conntrack_accounting` says whether it is on).
+//!
+//! Conntrack at two layers: the ctnetlink client in `host::conntrack`, the flow logs' use of it
+//! in `traffic::flow_log::conntrack`.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

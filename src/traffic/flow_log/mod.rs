@@ -24,6 +24,9 @@
 //!
 //! Cost: the kernel's hashlimit bounds what reaches us per pod and direction; the store is
 //! bounded (see [`store`]), so are the streams (see [`api`]) and the file (see [`file`]).
+//!
+//! Flow logs at two layers: the NFLOG rule text in `rules::flow_log`, the reader, store and API
+//! in `traffic::flow_log`.
 
 pub mod api;
 pub mod conntrack;

@@ -23,14 +23,14 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
-use crate::kernel_text::ipset::{self, SetLine};
-use crate::kernel_text::iptables::{self, SaveLine};
+use crate::kernel_text::ipset_save::{self, SetLine};
+use crate::kernel_text::iptables_save::{self, SaveLine};
 use crate::model::{IpFamily, Protocol};
 use crate::rules::RULE_HASH_PREFIX;
 
-mod parse;
+mod read;
 
-pub use parse::rule_hash;
+pub use read::rule_hash;
 
 /// At most this many rules are looked at for one packet (a loop of jumps ends there).
 const MAX_STEPS: usize = 200_000;
@@ -685,7 +685,7 @@ impl Trace {
 
 #[cfg(test)]
 mod tests {
-    use super::parse::*;
+    use super::read::*;
     use super::*;
 
     fn packet(src: &str, dst: &str, port: u16, i: Iface, o: Iface) -> Packet {

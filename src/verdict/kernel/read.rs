@@ -330,7 +330,7 @@ impl Ruleset {
         let mut rs = Ruleset::default();
         let mut inside = false;
         let mut any_table = false;
-        for line in iptables::lines(text.as_bytes()) {
+        for line in iptables_save::lines(text.as_bytes()) {
             match line.kind() {
                 SaveLine::Table(name) => {
                     any_table = true;
@@ -378,7 +378,7 @@ impl KernelSets {
     /// Reads `ipset save` (or `ipset restore` input): every set, ours and others'.
     pub fn parse(text: &str) -> KernelSets {
         let mut sets: HashMap<String, KernelSet> = HashMap::new();
-        for line in ipset::lines(text) {
+        for line in ipset_save::lines(text) {
             match line {
                 SetLine::Create {
                     name,
