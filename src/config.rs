@@ -774,4 +774,25 @@ mod tests {
         }
         assert!(LogSeverity::from_str("verbose", true).is_err());
     }
+
+    #[test]
+    fn endpoints_are_unix_socket_paths() {
+        assert_eq!(
+            parse_cri_endpoint("/run/containerd/containerd.sock"),
+            Ok(PathBuf::from(DEFAULT_CRI_ENDPOINT))
+        );
+        assert_eq!(
+            parse_cri_endpoint("unix:///var/run/crio/crio.sock"),
+            Ok(PathBuf::from("/var/run/crio/crio.sock"))
+        );
+        for bad in [
+            "",
+            "run/containerd.sock",
+            "tcp://127.0.0.1:1234",
+            "npipe:////./pipe/x",
+        ] {
+            let err = parse_cri_endpoint(bad).unwrap_err();
+            assert!(err.contains("accepted values"), "{bad}: {err}");
+        }
+    }
 }
