@@ -22,8 +22,8 @@ mod synthetic;
 use std::time::{Duration, Instant};
 
 use netpol_agent::calc_graph::update::RestoreScripts;
-use netpol_agent::rules::sets;
 use netpol_agent::model::IpFamily;
+use netpol_agent::rules::sets;
 use netpol_agent::rules::RuleConfig;
 
 use synthetic::{build, pod, Rng, Scale, APPS};

@@ -42,8 +42,8 @@ use netpol_agent::dataplane::watch::nft::{classify_event, NftGeneration, NftMoni
 use netpol_agent::dataplane::watch::xtables::{digest_entries, LegacyWatch, XtSocket};
 use netpol_agent::dataplane::watch::Finding;
 use netpol_agent::host::exec::Exec;
-use netpol_agent::rules::sets::DEFAULT_MAX_SET_SIZE;
 use netpol_agent::model::IpFamily;
+use netpol_agent::rules::sets::DEFAULT_MAX_SET_SIZE;
 use netpol_agent::rules::RuleConfig;
 
 use synthetic::{build, Rng, Scale};

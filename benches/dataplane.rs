@@ -88,9 +88,9 @@ use netpol_agent::calc_graph::update::Update;
 use netpol_agent::dataplane::iptables::Backend;
 use netpol_agent::dataplane::{Dataplane, DataplaneConfig};
 use netpol_agent::host::exec::Exec;
-use netpol_agent::rules::sets::{SetSpec, DEFAULT_MAX_SET_SIZE};
 use netpol_agent::model::cluster_policy::{NamespacedPod, Subject};
 use netpol_agent::model::{ClusterNetworkPolicy, IpFamily};
+use netpol_agent::rules::sets::{SetSpec, DEFAULT_MAX_SET_SIZE};
 use netpol_agent::rules::{Chain, RuleConfig};
 
 use synthetic::{

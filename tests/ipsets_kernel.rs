@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{run_ok, NetNs};
 use netpol_agent::dataplane::ipsets::IpsetManager;
 use netpol_agent::host::exec::Exec;
-use netpol_agent::rules::sets::{restore_script, Member, SetSpec, SetType};
 use netpol_agent::model::{IpFamily, Protocol};
+use netpol_agent::rules::sets::{restore_script, Member, SetSpec, SetType};
 
 const MAX: u32 = 65536;
 

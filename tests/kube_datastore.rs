@@ -28,12 +28,12 @@ use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::datastore::kube::{spawn_with, InitialList, KubeConnect, KubeOptions};
 use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
-use netpol_agent::rules::sets::Member;
 use netpol_agent::model::validate;
 use netpol_agent::model::IpFamily;
 use netpol_agent::model::ObjectKind;
 use netpol_agent::model::{ClusterNetworkPolicy, K8sObject};
 use netpol_agent::model::{DatastoreEvent, ObjectRef};
+use netpol_agent::rules::sets::Member;
 use netpol_agent::rules::RuleConfig;
 use serde_json::{json, Value};
 

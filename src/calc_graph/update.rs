@@ -6,10 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
 use crate::rules::chains::kernel_chain_rules;
 use crate::rules::render::restore_script;
+use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::rules::{Chain, RuleConfig};
 
 /// What one IP family of a node must hold.

@@ -29,9 +29,9 @@ use crate::dataplane::ipsets::IpsetManager;
 use crate::dataplane::iptables::{Backend, DesiredTable, Ownership, TableWriter};
 use crate::dataplane::watch::Interest;
 use crate::host::exec::Exec;
-use crate::rules::sets::SetSpec;
 use crate::model::IpFamily;
 use crate::rules::chains::kernel_chain_rules;
+use crate::rules::sets::SetSpec;
 use crate::rules::RuleConfig;
 
 pub struct DataplaneConfig {

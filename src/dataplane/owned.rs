@@ -9,10 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::iptables::Ownership;
-use crate::rules::sets::set_family;
 use crate::kernel_text::ipset::{self, SetLine};
 use crate::kernel_text::iptables::{self, SaveLine};
 use crate::model::IpFamily;
+use crate::rules::sets::set_family;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedState {

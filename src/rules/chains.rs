@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::rules::sets::set_name;
 use crate::model::{IpFamily, ObjectKey};
+use crate::rules::sets::set_name;
 
 use super::cluster::{cluster_policy_chain, ADMIN_TIER_NAME, BASELINE_TIER_NAME};
 use super::deny_log::{self, DropKind};

@@ -29,11 +29,11 @@
 
 use ipnet::IpNet;
 
-use crate::rules::sets::SetDef;
 use crate::model::{
     ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule, IpFamily, NamespaceScope,
     PodSelection, Protocol, RuleAction,
 };
+use crate::rules::sets::SetDef;
 
 use super::deny_log::{logged_drop, DropKind};
 use super::flow_log::{FlowAction, FlowPrefix};

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
-use crate::rules::sets::SetDef;
 use crate::model::{IpFamily, NamespaceScope, Peer, PolicyInfo, PolicyRule, PortMatch, Protocol};
+use crate::rules::sets::SetDef;
 
 use super::flow_log::{self, FlowAction, FlowPrefix};
 use super::provenance::{

@@ -23,11 +23,11 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kube::core::Expression;
 
-use crate::rules::sets::SetDef;
 use crate::model::{
     IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch,
     PortSpec, Protocol, RuleAction, Tier,
 };
+use crate::rules::sets::SetDef;
 
 use super::{Chain, Direction, Rule};
 

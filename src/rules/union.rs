@@ -32,8 +32,8 @@ use std::collections::BTreeSet;
 use super::policy::{PlannedPeer, PlannedPorts, PolicyPlan};
 use super::provenance::describe_set;
 use super::{Direction, RuleConfig};
-use crate::rules::sets::{unique_id, SetDef};
 use crate::model::Protocol;
+use crate::rules::sets::{unique_id, SetDef};
 
 /// Pods selected by at least this many NetworkPolicies in one direction get the union set.
 /// At 16 the walk is about 64 rules; below it the set saves little and costs the per-rule
@@ -161,11 +161,11 @@ pub fn describe(parts: &[UnionPart]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::sets::set_name;
     use crate::model::{IpFamily, LabelSel, NamespaceScope, ObjectKey, Peer, PolicyRule};
     use crate::model::{PolicyInfo, PortMatch, PortSpec};
     use crate::rules::flow_log::FlowLogConfig;
     use crate::rules::policy::plan_policy;
+    use crate::rules::sets::set_name;
     use kube::core::Expression;
 
     fn policy(name: &str, rule: PolicyRule) -> PolicyInfo {

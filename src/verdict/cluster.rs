@@ -19,7 +19,6 @@ use std::net::IpAddr;
 
 use serde_json::{json, Value};
 
-use crate::rules::sets::set_name;
 use crate::model::{
     ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule, IpFamily, RuleAction, Tier,
 };
@@ -30,6 +29,7 @@ use crate::rules::cluster::{
 use crate::rules::provenance::{
     describe_selector, ChainRole, ClusterPortsRole, ClusterStep, RuleRole, TracedChain,
 };
+use crate::rules::sets::set_name;
 use crate::rules::Direction;
 
 use super::{dir_index, Action, KernelRef, ResolvedFlow, State};

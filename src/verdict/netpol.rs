@@ -11,7 +11,6 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
-use crate::rules::sets::set_name;
 use crate::model::{
     IpFamily, NamespaceScope, ObjectKey, Peer, PolicyInfo, PolicyRule, PortMatch, PortSpec,
 };
@@ -22,6 +21,7 @@ use crate::rules::provenance::{
     describe_peer, describe_port, describe_port_entries, ChainRole, PolicyRuleRole, PolicyStep,
     PortsRole, RuleRole, TracedChain,
 };
+use crate::rules::sets::set_name;
 use crate::rules::union::UnionPlan;
 use crate::rules::{policy_chain, Direction};
 

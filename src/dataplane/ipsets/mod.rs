@@ -38,8 +38,8 @@ use tracing::{debug, warn};
 
 use crate::backoff::{Backoff, Policy};
 use crate::host::exec::Exec;
-use crate::rules::sets::SetSpec;
 use crate::model::IpFamily;
+use crate::rules::sets::SetSpec;
 use plan::{KernelSets, Op};
 use restore::{locate, RestoreFailure, IN_USE};
 

@@ -6,9 +6,9 @@ use std::io::{self, BufRead};
 use std::net::IpAddr;
 
 use super::plan::KernelSet;
-use crate::rules::sets::{is_owned_set, Member, SetType};
 use crate::kernel_text::ipset::{self, Options, SetLine};
 use crate::model::{IpFamily, Protocol};
+use crate::rules::sets::{is_owned_set, Member, SetType};
 
 /// Reads `ipset save` output, keeping our sets. Lines it does not understand are skipped; a
 /// set holding anything we would not write is marked irregular.

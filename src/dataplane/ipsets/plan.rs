@@ -8,10 +8,10 @@ use std::fmt;
 
 use tracing::warn;
 
+use crate::model::IpFamily;
 use crate::rules::sets::{
     create_line, is_owned_set, is_temp_set, set_family, Member, SetSpec, SetType, MAX_SET_NAME_LEN,
 };
-use crate::model::IpFamily;
 
 /// One of our sets as the kernel holds it (parsed from `ipset save`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::parse::parse_save;
 use super::plan::{order_ops, KernelSets, Op, OpKind};
 use super::restore::{locate, parse_restore_error, IN_USE};
-use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::{IpFamily, Protocol};
+use crate::rules::sets::{Member, SetSpec, SetType};
 
 const SAVE: &str = "\
 create KUBE-X hash:ip family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1

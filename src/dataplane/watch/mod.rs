@@ -39,8 +39,8 @@ pub mod xtables;
 use std::collections::BTreeSet;
 
 use super::iptables::{Ownership, TABLE};
-use crate::rules::sets::{OWNED_SET_PREFIXES, TEMP_SET_PREFIXES};
 use crate::model::IpFamily;
+use crate::rules::sets::{OWNED_SET_PREFIXES, TEMP_SET_PREFIXES};
 
 /// What a check learned since the last look.
 #[derive(Clone, Debug, PartialEq, Eq)]
