@@ -3,13 +3,17 @@
 //! as "not this host" so Service traffic is tagged). The addresses come from outside (the
 //! agent reads them at the edge and hands them in with `CalcGraph::set_host_addresses`); the
 //! set exists only while IPVS support is on, and is emitted as deltas like every other set.
+//!
+//! Owns: the addresses wanted and the set as last emitted. Invariants: the set is created
+//! once, before its first members, and after a flush holds exactly the wanted addresses of
+//! its family. It feeds only the `Update`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::rules::sets::{Member, SetSpec, SetType};
 use crate::model::IpFamily;
 use crate::rules::ipvs::this_host_set;
+use crate::rules::sets::{Member, SetSpec, SetType};
 
 use super::update::{FamilyState, SetHeader, Update};
 
