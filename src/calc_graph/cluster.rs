@@ -1,5 +1,6 @@
-//! ClusterNetworkPolicies in the graph: which local endpoints each one's subject selects, the
-//! sets an active one references, and the order of the tiers in the workload chains.
+//! The ClusterNetworkPolicy half of the selection calculator (`selection`): which local
+//! endpoints each one's subject selects, the sets an active one references, and the order of
+//! the tiers in the workload chains.
 //!
 //! A ClusterNetworkPolicy is active, like a NetworkPolicy, while its subject selects a local
 //! endpoint; only then does it have chains and set references. A subject selects by pod
@@ -15,13 +16,13 @@
 
 use std::collections::BTreeSet;
 
+use crate::model::{ClusterPolicyInfo, ObjectKey, Tier};
 use crate::rules::cluster::{plan_cluster_policy, ClusterPolicyPlan};
 use crate::rules::Direction;
 
-use crate::model::validate;
-use crate::model::{ClusterNetworkPolicy, ClusterPolicyInfo, ObjectKey, ObjectKind, Tier};
-
-use super::{active_set_defs, CalcGraph, Owner, RejectKind};
+use super::selection::{active_set_defs, Selection};
+use super::set_index::SetIndex;
+use super::{Effects, Owner};
 
 pub(super) struct ClusterEntry {
     pub(super) info: ClusterPolicyInfo,
@@ -30,39 +31,26 @@ pub(super) struct ClusterEntry {
     pub(super) selects: BTreeSet<ObjectKey>,
 }
 
-impl CalcGraph {
-    /// Validates and applies a ClusterNetworkPolicy. An invalid one is logged and recorded;
-    /// its previous valid version (if any) stays in force.
-    pub fn upsert_cluster_policy(&mut self, cnp: &ClusterNetworkPolicy) {
-        let name = cnp.metadata.name.clone().unwrap_or_default();
-        match validate::cluster_network_policy(cnp) {
-            Ok(info) => {
-                self.accept(ObjectKind::ClusterNetworkPolicy, &name);
-                self.upsert_cluster_policy_info(info);
-            }
-            Err(e) => self.reject(
-                ObjectKind::ClusterNetworkPolicy,
-                name,
-                RejectKind::Invalid,
-                e.to_string(),
-            ),
-        }
-    }
-
-    pub fn upsert_cluster_policy_info(&mut self, info: ClusterPolicyInfo) {
+impl Selection {
+    pub(super) fn upsert_cluster_policy(
+        &mut self,
+        info: ClusterPolicyInfo,
+        sets: &SetIndex,
+    ) -> Effects {
+        let mut fx = Effects::default();
         let name = info.name.clone();
         if self
             .cluster_policies
             .get(&name)
             .is_some_and(|p| p.info == info)
         {
-            return;
+            return fx;
         }
         let plan = plan_cluster_policy(&info);
         let selects: BTreeSet<ObjectKey> = self
             .endpoints
             .keys()
-            .filter(|ep| self.subject_selects(&info, ep))
+            .filter(|ep| subject_selects(&info, ep, sets))
             .cloned()
             .collect();
         let old = self.cluster_policies.remove(&name);
@@ -75,16 +63,16 @@ impl CalcGraph {
                 )
             })
             .unwrap_or_default();
-        self.move_set_references(active_set_defs(&selects, plan.set_defs()), old_defs);
+        fx.move_set_references(active_set_defs(&selects, plan.set_defs()), old_defs);
         // Re-rendered even when still selected: its tier, priority or directions may differ.
-        self.reselect_endpoints(&old_selects, &selects, |e, selected| {
+        self.reselect_endpoints(&old_selects, &selects, &mut fx, |e, selected| {
             if selected {
                 e.cluster_policies.insert(name.clone());
             } else {
                 e.cluster_policies.remove(&name);
             }
         });
-        self.dirty.mark(Owner::ClusterPolicy(name.clone()));
+        fx.owners.push(Owner::ClusterPolicy(name.clone()));
         self.cluster_policies.insert(
             name,
             ClusterEntry {
@@ -93,73 +81,71 @@ impl CalcGraph {
                 selects,
             },
         );
+        fx
     }
 
-    pub fn remove_cluster_policy(&mut self, name: &str) {
-        self.rejected
-            .remove(&(ObjectKind::ClusterNetworkPolicy, name.to_string()));
+    pub(super) fn remove_cluster_policy(&mut self, name: &str) -> Effects {
+        let mut fx = Effects::default();
         let Some(entry) = self.cluster_policies.remove(name) else {
-            return;
+            return fx;
         };
         for ep in &entry.selects {
             if let Some(e) = self.endpoints.get_mut(ep) {
                 e.cluster_policies.remove(name);
             }
-            self.dirty.mark(Owner::Endpoint(ep.clone()));
+            fx.owners.push(Owner::Endpoint(ep.clone()));
         }
         if !entry.selects.is_empty() {
-            for def in entry.plan.set_defs() {
-                self.sets.release(&def);
-            }
+            fx.set_refs
+                .extend(entry.plan.set_defs().into_iter().map(|d| (false, d)));
         }
-        self.dirty.mark(Owner::ClusterPolicy(name.to_string()));
-    }
-
-    pub(super) fn subject_selects(&self, info: &ClusterPolicyInfo, ep: &ObjectKey) -> bool {
-        let Some(pod) = self.sets.pod(ep) else {
-            return false;
-        };
-        info.subject.pods.matches(&pod.labels)
-            && info
-                .subject
-                .namespaces
-                .matches(&self.sets.namespace_labels(&ep.namespace))
+        fx.owners.push(Owner::ClusterPolicy(name.to_string()));
+        fx
     }
 
     /// Re-evaluates which ClusterNetworkPolicies select a local endpoint (it is new, or its
     /// labels or its namespace's labels changed).
-    pub(super) fn reselect_cluster_policies(&mut self, key: &ObjectKey) {
+    pub(super) fn reselect_cluster_policies(
+        &mut self,
+        key: &ObjectKey,
+        sets: &SetIndex,
+        fx: &mut Effects,
+    ) {
         if self.cluster_policies.is_empty() || !self.endpoints.contains_key(key) {
             return;
         }
         let verdicts: Vec<(String, bool)> = self
             .cluster_policies
             .values()
-            .map(|p| (p.info.name.clone(), self.subject_selects(&p.info, key)))
+            .map(|p| (p.info.name.clone(), subject_selects(&p.info, key, sets)))
             .collect();
         for (name, selects) in verdicts {
-            self.set_cluster_selection(&name, key, selects);
+            self.set_cluster_selection(&name, key, selects, fx);
         }
     }
 
     /// A namespace's labels changed: its local endpoints may have entered or left subjects.
-    pub(super) fn reselect_cluster_namespace(&mut self, namespace: &str) {
+    pub(super) fn namespace_relabeled(&mut self, namespace: &str, sets: &SetIndex) -> Effects {
+        let mut fx = Effects::default();
         if self.cluster_policies.is_empty() {
-            return;
+            return fx;
         }
-        let eps: Vec<ObjectKey> = self
-            .endpoints_by_ns
-            .get(namespace)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
+        let eps: Vec<ObjectKey> = self.endpoints_in(namespace).cloned().collect();
         for ep in eps {
-            self.reselect_cluster_policies(&ep);
+            self.reselect_cluster_policies(&ep, sets, &mut fx);
         }
+        fx
     }
 
     /// Records whether policy `name` selects endpoint `ep`, activating or retiring the
     /// policy when that changes whether it selects anything.
-    pub(super) fn set_cluster_selection(&mut self, name: &str, ep: &ObjectKey, selects: bool) {
+    pub(super) fn set_cluster_selection(
+        &mut self,
+        name: &str,
+        ep: &ObjectKey,
+        selects: bool,
+        fx: &mut Effects,
+    ) {
         let Some(entry) = self.cluster_policies.get_mut(name) else {
             return;
         };
@@ -180,22 +166,35 @@ impl CalcGraph {
                 e.cluster_policies.remove(name);
             }
         }
-        self.dirty.mark(Owner::Endpoint(ep.clone()));
+        fx.owners.push(Owner::Endpoint(ep.clone()));
         if was_active != is_active {
-            for def in &entry.plan.set_defs() {
-                if is_active {
-                    self.sets.acquire(def);
-                } else {
-                    self.sets.release(def);
-                }
+            fx.set_refs
+                .extend(entry.plan.set_defs().into_iter().map(|d| (is_active, d)));
+            fx.owners.push(Owner::ClusterPolicy(name.to_string()));
+        }
+    }
+
+    /// Adds the directions the ClusterNetworkPolicies would isolate a local pod in (see
+    /// `would_isolate`).
+    pub(super) fn would_cluster_isolate(
+        &self,
+        key: &ObjectKey,
+        sets: &SetIndex,
+        ingress: &mut bool,
+        egress: &mut bool,
+    ) {
+        for p in self.cluster_policies.values() {
+            if (*ingress && *egress) || !subject_selects(&p.info, key, sets) {
+                continue;
             }
-            self.dirty.mark(Owner::ClusterPolicy(name.to_string()));
+            *ingress |= p.plan.direction(Direction::Ingress).is_some();
+            *egress |= p.plan.direction(Direction::Egress).is_some();
         }
     }
 
     /// The chains of `tier`'s policies selecting the endpoint that have rules in
     /// `direction`, in evaluation order.
-    pub(super) fn cluster_chains(
+    fn cluster_chains(
         &self,
         names: &BTreeSet<String>,
         tier: Tier,
@@ -225,19 +224,21 @@ impl CalcGraph {
         ]
     }
 
-    /// The active ClusterNetworkPolicies (selecting a local endpoint: they have chains), as
-    /// (tier, name).
-    pub fn active_cluster_policies(&self) -> impl Iterator<Item = (Tier, &str)> {
+    /// The active ClusterNetworkPolicies (selecting a local endpoint: they have chains).
+    pub(super) fn active_cluster_policies(&self) -> impl Iterator<Item = &ClusterEntry> {
         self.cluster_policies
             .values()
             .filter(|p| !p.selects.is_empty())
-            .map(|p| (p.info.tier, p.info.name.as_str()))
     }
+}
 
-    pub fn active_cluster_policy_count(&self) -> usize {
-        self.cluster_policies
-            .values()
-            .filter(|p| !p.selects.is_empty())
-            .count()
-    }
+fn subject_selects(info: &ClusterPolicyInfo, ep: &ObjectKey, sets: &SetIndex) -> bool {
+    let Some(pod) = sets.pod(ep) else {
+        return false;
+    };
+    info.subject.pods.matches(&pod.labels)
+        && info
+            .subject
+            .namespaces
+            .matches(&sets.namespace_labels(&ep.namespace))
 }

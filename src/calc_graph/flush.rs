@@ -1,135 +1,87 @@
-//! The graph's output: `flush` renders what the updates marked dirty (sets with their member
-//! changes, policy and endpoint chains, the per-endpoint unions) into one `Update` delta.
+//! The flush, wired: the guard and the endpoints' unions are brought up to date, the set
+//! index's pending changes feed the unions and then the output, and every dirty owner is
+//! rendered from the calculators' state and diffed by the output (`emitted`) into one
+//! `Update` delta.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use crate::model::{IpFamily, ObjectKey};
+use crate::rules::chains::{profile_chains, static_chains, tiered_endpoint_chains, TierChains};
+use crate::rules::cluster::cluster_policy_chains;
+use crate::rules::dispatch::dispatch_chains_with_addrs;
+use crate::rules::policy::{policy_chains, PolicyPlan};
+use crate::rules::sets::set_name;
+use crate::rules::union::{union_plan, UnionPlan};
+use crate::rules::{Chain, Direction};
+
+use super::set_index::PendingSet;
+use super::update::Update;
+use super::{CalcGraph, Owner};
 
 impl CalcGraph {
     /// Renders everything dirty and returns the changes since the last flush.
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
-        self.refresh_guard();
+        let guarded = self
+            .guard
+            .refresh(self.interfaces.unnamed(), &self.selection, &self.sets);
+        self.route(guarded);
         self.update_endpoint_unions();
         self.unions.peers_changed(&self.sets.pending);
-        self.flush_sets(&mut update);
+        let mut pending: Vec<(String, PendingSet)> = self.sets.pending.drain().collect();
+        pending.sort_by(|a, b| a.0.cmp(&b.0));
+        self.emitted
+            .emit_sets(pending, &self.sets, &self.cfg.families, &mut update);
         self.unions
             .flush(&self.sets, &self.cfg.families, &mut update);
         let ipvs = self.cfg.rules.kube_ipvs.is_some();
         self.host_set.flush(ipvs, &self.cfg.families, &mut update);
-        let dirty = std::mem::take(&mut self.dirty.owners);
-        let mut since = std::mem::take(&mut self.dirty.since);
+        let (dirty, mut since) = self.emitted.take_dirty();
         // Local endpoint → earliest start behind a change of its rules in this flush.
         let mut starts: BTreeMap<ObjectKey, Instant> = BTreeMap::new();
         for owner in dirty {
             let chains = self.render_owner(&owner);
-            let upserts_before = update.chains_upserted.len();
-            let names: Vec<(IpFamily, String)> =
-                chains.iter().map(|(f, c)| (*f, c.name.clone())).collect();
-            let wanted: BTreeSet<&(IpFamily, String)> = names.iter().collect();
-            for old in self.owned.remove(&owner).unwrap_or_default() {
-                if !wanted.contains(&old) && self.emitted_chains.remove(&old).is_some() {
-                    update.chains_removed.push(old);
-                }
-            }
-            for (family, chain) in chains {
-                let slot = (family, chain.name.clone());
-                if self.emitted_chains.get(&slot).map(|c| &**c) != Some(&chain) {
-                    let chain = Arc::new(chain);
-                    self.emitted_chains.insert(slot, chain.clone());
-                    update.chains_upserted.push((family, chain));
-                }
-            }
-            let changed = update.chains_upserted.len() > upserts_before;
-            if let (true, Some(at)) = (changed, since.remove(&owner)) {
-                let touched: Vec<&ObjectKey> = match &owner {
-                    Owner::Endpoint(key) => vec![key],
-                    Owner::Policy(key) => self
-                        .policies
-                        .get(key)
-                        .map(|p| p.selects.iter().collect())
-                        .unwrap_or_default(),
-                    Owner::ClusterPolicy(name) => self
-                        .cluster_policies
-                        .get(name)
-                        .map(|p| p.selects.iter().collect())
-                        .unwrap_or_default(),
-                    _ => Vec::new(),
-                };
-                for ep in touched {
+            let at = since.remove(&owner);
+            let changed = self.emitted.emit_owner(owner.clone(), chains, &mut update);
+            if let (true, Some(at)) = (changed, at) {
+                for ep in self.selection.selected_by(&owner) {
                     let t = starts.entry(ep.clone()).or_insert(at);
                     *t = (*t).min(at);
                 }
             }
-            if !names.is_empty() {
-                self.owned.insert(owner, names);
-            }
         }
-        self.programming_starts.extend(starts.into_values());
-        // A chain handed from one owner to another in the same flush is upserted, not removed.
-        let upserted: BTreeSet<(IpFamily, String)> = update
-            .chains_upserted
-            .iter()
-            .map(|(f, c)| (*f, c.name.clone()))
-            .collect();
-        update.chains_removed.retain(|c| !upserted.contains(c));
+        self.emitted.finish(starts.into_values(), &mut update);
         update
     }
 
     /// Brings the union sets of the dirty endpoints up to date (before their chains are
-    /// rendered, which name them): the new ones are taken first, so a set both versions
-    /// use is not churned.
-    pub(super) fn update_endpoint_unions(&mut self) {
-        let dirty: Vec<ObjectKey> = self
-            .dirty
-            .owners
-            .iter()
-            .filter_map(|o| match o {
-                Owner::Endpoint(key) => Some(key.clone()),
-                _ => None,
-            })
-            .collect();
-        for key in dirty {
+    /// rendered, which name them).
+    fn update_endpoint_unions(&mut self) {
+        for key in self.emitted.dirty_endpoints() {
             let now = self.wanted_unions(&key);
-            let ids = [0, 1].map(|i| now[i].as_ref().map(|u| u.id.clone()));
-            let before = self.endpoint_unions.remove(&key).unwrap_or_default();
-            if ids == before {
-                if ids.iter().any(Option::is_some) {
-                    self.endpoint_unions.insert(key, before);
-                }
-                continue;
-            }
-            for plan in now.iter().flatten() {
-                self.unions.acquire(plan);
-            }
-            for id in before.iter().flatten() {
-                self.unions.release(id);
-            }
-            if ids.iter().any(Option::is_some) {
-                self.endpoint_unions.insert(key, ids);
-            }
+            self.unions.set_endpoint(key, now);
         }
     }
 
     /// The union sets an endpoint's ingress and egress chains should match: none unless it
     /// owns its interface (the chains are rendered) and passes the threshold.
-    pub(super) fn wanted_unions(&self, key: &ObjectKey) -> [Option<UnionPlan>; 2] {
+    fn wanted_unions(&self, key: &ObjectKey) -> [Option<UnionPlan>; 2] {
         let cfg = &self.cfg.rules;
         if cfg.policy_union_min == 0 {
             return [None, None];
         }
-        let Some(ep) = self.endpoints.get(key) else {
+        let Some(ep) = self.selection.endpoint(key) else {
             return [None, None];
         };
-        let winner = self
-            .iface_claims
-            .get(&ep.iface)
-            .and_then(|claims| claims.first());
-        if winner != Some(key) {
+        if !self.interfaces.owns(&ep.iface, key) {
             return [None, None];
         }
-        let (ingress, egress) = self.isolating(ep);
+        let (ingress, egress) = self.selection.isolating(ep);
         let plans = |keys: &[ObjectKey]| -> Vec<&PolicyPlan> {
             keys.iter()
-                .filter_map(|k| self.policies.get(k).map(|p| &p.plan))
+                .filter_map(|k| self.selection.policy(k).map(|p| &p.plan))
                 .collect()
         };
         [
@@ -138,67 +90,27 @@ impl CalcGraph {
         ]
     }
 
-    /// The union set ids an endpoint's chains match (ingress, egress).
-    pub(super) fn endpoint_union_ids(&self, key: &ObjectKey) -> [Option<&str>; 2] {
-        match self.endpoint_unions.get(key) {
-            Some([i, e]) => [i.as_deref(), e.as_deref()],
-            None => [None, None],
-        }
-    }
-
-    pub(super) fn flush_sets(&mut self, update: &mut Update) {
-        let families = self.cfg.families.clone();
-        let mut pending: Vec<(String, set_index::PendingSet)> = self.sets.pending.drain().collect();
-        pending.sort_by(|a, b| a.0.cmp(&b.0));
-        for (id, change) in pending {
-            let now = self.sets.set_by_id(&id).map(|s| s.def.clone());
-            let was = self.emitted_sets.contains_key(&id);
-            match (was, now) {
-                (false, Some(def)) => {
-                    for family in &families {
-                        update.sets_created.push(SetHeader {
-                            name: set_name(*family, &id),
-                            family: *family,
-                            set_type: def.set_type(),
-                        });
-                    }
-                    self.emitted_sets.insert(id.clone(), def);
-                    add_member_changes(update, &families, &id, &change.members, true);
-                }
-                (true, Some(_)) => {
-                    add_member_changes(update, &families, &id, &change.members, true);
-                    add_member_changes(update, &families, &id, &change.members, false);
-                }
-                (true, None) => {
-                    self.emitted_sets.remove(&id);
-                    for family in &families {
-                        update.sets_removed.push((*family, set_name(*family, &id)));
-                    }
-                }
-                (false, None) => {}
-            }
-        }
-    }
-
-    pub(super) fn render_owner(&self, owner: &Owner) -> Vec<(IpFamily, Chain)> {
+    fn render_owner(&self, owner: &Owner) -> Vec<(IpFamily, Chain)> {
         let cfg = &self.cfg.rules;
         let mut out = Vec::new();
         for &family in &self.cfg.families {
             let chains: Vec<Chain> = match owner {
-                Owner::Static => static_chains(cfg, family, self.guard_active()),
-                Owner::Guard => self.guard_chains(family),
-                Owner::Dispatch => {
-                    let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
-                    dispatch_chains_with_addrs(cfg, family, &ifaces, &self.endpoint_addrs())
-                }
+                Owner::Static => static_chains(cfg, family, self.guard.active()),
+                Owner::Guard => self.guard.chains(cfg, family),
+                Owner::Dispatch => dispatch_chains_with_addrs(
+                    cfg,
+                    family,
+                    &self.interfaces.names(),
+                    &self.endpoint_addrs(),
+                ),
                 Owner::Profile(ns) => {
-                    if self.endpoints_by_ns.contains_key(ns) {
+                    if self.selection.has_endpoints_in(ns) {
                         profile_chains(cfg, family, ns).into()
                     } else {
                         Vec::new()
                     }
                 }
-                Owner::Policy(key) => match self.policies.get(key) {
+                Owner::Policy(key) => match self.selection.policy(key) {
                     Some(p) if !p.selects.is_empty() => {
                         policy_chains(cfg, family, &p.info, &p.plan, &|def| {
                             set_name(family, &def.id())
@@ -206,7 +118,7 @@ impl CalcGraph {
                     }
                     _ => Vec::new(),
                 },
-                Owner::ClusterPolicy(name) => match self.cluster_policies.get(name) {
+                Owner::ClusterPolicy(name) => match self.selection.cluster_policy(name) {
                     Some(p) if !p.selects.is_empty() => {
                         cluster_policy_chains(cfg, family, &p.info, &p.plan, &|def| {
                             set_name(family, &def.id())
@@ -223,13 +135,13 @@ impl CalcGraph {
 
     /// Bridge mode: `(address, interface)` of every local endpoint that owns its interface,
     /// for the dispatch of traffic routed into the bridge. Empty in routed mode.
-    pub(super) fn endpoint_addrs(&self) -> Vec<(std::net::IpAddr, String)> {
+    pub(super) fn endpoint_addrs(&self) -> Vec<(IpAddr, String)> {
         if self.cfg.rules.bridge.is_none() {
             return Vec::new();
         }
         let mut out = Vec::new();
-        for (iface, claims) in &self.iface_claims {
-            let Some(pod) = claims.first().and_then(|k| self.sets.pod(k)) else {
+        for (iface, owner) in self.interfaces.owners() {
+            let Some(pod) = self.sets.pod(owner) else {
                 continue;
             };
             out.extend(pod.ips.iter().map(|ip| (*ip, iface.clone())));
@@ -237,21 +149,18 @@ impl CalcGraph {
         out
     }
 
-    pub(super) fn endpoint_chains(&self, key: &ObjectKey, family: IpFamily) -> Vec<Chain> {
-        let Some(ep) = self.endpoints.get(key) else {
+    fn endpoint_chains(&self, key: &ObjectKey, family: IpFamily) -> Vec<Chain> {
+        let Some(ep) = self.selection.endpoint(key) else {
             return Vec::new();
         };
-        let winner = self
-            .iface_claims
-            .get(&ep.iface)
-            .and_then(|claims| claims.first());
-        if winner != Some(key) {
+        if !self.interfaces.owns(&ep.iface, key) {
             return Vec::new();
         }
-        let (ingress, egress) = self.isolating(ep);
-        let [admin_in, admin_out, baseline_in, baseline_out] = self.endpoint_cluster_policies(key);
+        let (ingress, egress) = self.selection.isolating(ep);
+        let [admin_in, admin_out, baseline_in, baseline_out] =
+            self.selection.endpoint_cluster_policies(key);
         let addrs = self.sets.pod(key).map(|p| &*p.ips).unwrap_or_default();
-        let [union_in, union_out] = self.endpoint_union_ids(key);
+        let [union_in, union_out] = self.unions.endpoint_ids(key);
         tiered_endpoint_chains(
             &self.cfg.rules,
             family,
@@ -272,22 +181,5 @@ impl CalcGraph {
             },
         )
         .into()
-    }
-
-    /// The active policies selecting `ep`, per direction they govern (in key order): the
-    /// policies its `cali-tw-`/`cali-fw-` chains jump to, so the ones isolating it there.
-    pub(super) fn isolating(&self, ep: &Endpoint) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
-        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
-        for policy in &ep.policies {
-            if let Some(p) = self.policies.get(policy) {
-                if p.plan.ingress.is_some() {
-                    ingress.push(policy.clone());
-                }
-                if p.plan.egress.is_some() {
-                    egress.push(policy.clone());
-                }
-            }
-        }
-        (ingress, egress)
     }
 }

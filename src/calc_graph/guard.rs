@@ -2,6 +2,11 @@
 //! `rules::guard` drops their traffic by address until they are named (fail-closed where the
 //! dispatch chains cannot reach them; see that module for why).
 //!
+//! Owns: the pods the guard holds, as of the last flush. Its input is the interfaces
+//! calculator's unnamed pods, judged by the selection calculator; its effects are the guard
+//! chain (when the held pods change) and the static chains (when it starts or stops holding
+//! any, since they jump to it only then).
+//!
 //! Kept apart from the endpoints on purpose: an endpoint is a pod with an interface, and
 //! everything keyed by endpoints (active policies, set references, profiles, unions, the
 //! metrics) stays as it was. The guard is recomputed at each flush while some local pod is
@@ -12,99 +17,84 @@
 //! The guard at two layers: which pods it holds in `calc_graph::guard`, its chain in
 //! `rules::guard`.
 
+use std::collections::BTreeSet;
+
 use crate::model::{IpFamily, ObjectKey};
 use crate::rules::guard::{guard_chain, Guarded};
-use crate::rules::{Chain, Direction};
+use crate::rules::{Chain, RuleConfig};
 
-use super::{CalcGraph, Owner};
+use super::selection::Selection;
+use super::set_index::SetIndex;
+use super::{Effects, Owner};
 
-impl CalcGraph {
-    /// A local pod the caller could not name: it has no chains, so the guard looks at it.
-    pub(super) fn mark_unnamed(&mut self, key: &ObjectKey, unnamed: bool) {
-        if unnamed {
-            self.unnamed.insert(key.clone());
-        } else {
-            self.unnamed.remove(key);
+#[derive(Default)]
+pub(super) struct Guard {
+    guarded: Vec<Guarded>,
+}
+
+impl Guard {
+    /// Brings the guard up to date before a flush renders.
+    pub(super) fn refresh(
+        &mut self,
+        unnamed: &BTreeSet<ObjectKey>,
+        selection: &Selection,
+        sets: &SetIndex,
+    ) -> Effects {
+        let mut fx = Effects::default();
+        if unnamed.is_empty() && self.guarded.is_empty() {
+            return fx;
         }
-    }
-
-    /// Brings the guard up to date before a flush renders: the guard chain when its pods
-    /// changed, the static chains when it starts or stops holding any.
-    pub(super) fn refresh_guard(&mut self) {
-        if self.unnamed.is_empty() && self.guarded.is_empty() {
-            return;
-        }
-        let now = self.wanted_guard();
+        let now = wanted(unnamed, selection, sets);
         if now == self.guarded {
-            return;
+            return fx;
         }
         if now.is_empty() != self.guarded.is_empty() {
-            self.dirty.mark(Owner::Static);
+            fx.owners.push(Owner::Static);
         }
-        self.dirty.mark(Owner::Guard);
+        fx.owners.push(Owner::Guard);
         self.guarded = now;
-    }
-
-    /// The unnamed local pods with an address that some policy isolates, in key order.
-    fn wanted_guard(&self) -> Vec<Guarded> {
-        let mut out = Vec::new();
-        for key in &self.unnamed {
-            let Some(pod) = self.sets.pod(key) else {
-                continue;
-            };
-            if pod.ips.is_empty() {
-                continue;
-            }
-            let (mut ingress, mut egress) = (false, false);
-            for policy in self
-                .policies_by_ns
-                .get(&key.namespace)
-                .into_iter()
-                .flatten()
-            {
-                let Some(p) = self.policies.get(policy) else {
-                    continue;
-                };
-                if p.info.pod_selector.matches(&pod.labels) {
-                    ingress |= p.plan.ingress.is_some();
-                    egress |= p.plan.egress.is_some();
-                }
-            }
-            for p in self.cluster_policies.values() {
-                if (ingress && egress) || !self.subject_selects(&p.info, key) {
-                    continue;
-                }
-                ingress |= p.plan.direction(Direction::Ingress).is_some();
-                egress |= p.plan.direction(Direction::Egress).is_some();
-            }
-            if ingress || egress {
-                out.push(Guarded {
-                    pod: key.clone(),
-                    ips: pod.ips.to_vec(),
-                    ingress,
-                    egress,
-                });
-            }
-        }
-        out
+        fx
     }
 
     /// Whether the guard holds a pod (the static chains jump to it then).
-    pub(super) fn guard_active(&self) -> bool {
+    pub(super) fn active(&self) -> bool {
         !self.guarded.is_empty()
     }
 
     /// The pods the guard holds, as of the last flush.
-    pub fn guarded_pods(&self) -> &[Guarded] {
+    pub(super) fn pods(&self) -> &[Guarded] {
         &self.guarded
     }
 
-    pub(super) fn guard_chains(&self, family: IpFamily) -> Vec<Chain> {
+    pub(super) fn chains(&self, cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
         if self.guarded.is_empty() {
             return Vec::new();
         }
-        vec![guard_chain(&self.cfg.rules, family, &self.guarded)]
+        vec![guard_chain(cfg, family, &self.guarded)]
     }
+}
+
+/// The unnamed local pods with an address that some policy isolates, in key order.
+fn wanted(unnamed: &BTreeSet<ObjectKey>, selection: &Selection, sets: &SetIndex) -> Vec<Guarded> {
+    let mut out = Vec::new();
+    for key in unnamed {
+        let Some(pod) = sets.pod(key) else {
+            continue;
+        };
+        if pod.ips.is_empty() {
+            continue;
+        }
+        let (ingress, egress) = selection.would_isolate(key, sets);
+        if ingress || egress {
+            out.push(Guarded {
+                pod: key.clone(),
+                ips: pod.ips.to_vec(),
+                ingress,
+                egress,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]

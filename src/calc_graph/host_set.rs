@@ -3,6 +3,10 @@
 //! as "not this host" so Service traffic is tagged). The addresses come from outside (the
 //! agent reads them at the edge and hands them in with `CalcGraph::set_host_addresses`); the
 //! set exists only while IPVS support is on, and is emitted as deltas like every other set.
+//!
+//! Owns: the addresses wanted and the set as last emitted. Invariants: the set is created
+//! once, before its first members, and after a flush holds exactly the wanted addresses of
+//! its family. It feeds only the `Update`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{IpFamily, ObjectKey};
+use crate::model::IpFamily;
 use crate::rules::chains::{
     kernel_chain_rules, profile_chains_traced, static_chains_traced, tiered_endpoint_chains_traced,
     TierChains,
@@ -27,21 +27,20 @@ impl CalcGraph {
     /// kernel chains.
     pub fn provenance(&self, family: IpFamily) -> Provenance {
         let cfg = &self.cfg.rules;
-        let mut chains: Vec<TracedChain> = static_chains_traced(cfg, family, self.guard_active());
-        if self.guard_active() {
-            chains.push(guard_chain_traced(cfg, family, self.guarded_pods()));
+        let mut chains: Vec<TracedChain> = static_chains_traced(cfg, family, self.guard.active());
+        if self.guard.active() {
+            chains.push(guard_chain_traced(cfg, family, self.guard.pods()));
         }
-        let ifaces: Vec<String> = self.iface_claims.keys().cloned().collect();
         chains.extend(dispatch_chains_traced(
             cfg,
             family,
-            &ifaces,
+            &self.interfaces.names(),
             &self.endpoint_addrs(),
         ));
-        for ns in self.endpoints_by_ns.keys() {
+        for ns in self.selection.namespaces_with_endpoints() {
             chains.extend(profile_chains_traced(cfg, family, ns));
         }
-        for p in self.policies.values().filter(|p| !p.selects.is_empty()) {
+        for (_, p) in self.selection.active_policies() {
             chains.extend(policy_chains_traced(
                 cfg,
                 family,
@@ -50,11 +49,7 @@ impl CalcGraph {
                 &|def| set_name(family, &def.id()),
             ));
         }
-        for p in self
-            .cluster_policies
-            .values()
-            .filter(|p| !p.selects.is_empty())
-        {
+        for p in self.selection.active_cluster_policies() {
             chains.extend(cluster_policy_chains_traced(
                 cfg,
                 family,
@@ -64,20 +59,16 @@ impl CalcGraph {
             ));
         }
         let mut pods_by_iface = BTreeMap::new();
-        for (key, ep) in &self.endpoints {
-            let winner = self
-                .iface_claims
-                .get(&ep.iface)
-                .and_then(|claims| claims.first());
-            if winner != Some(key) {
+        for (key, ep) in self.selection.endpoints() {
+            if !self.interfaces.owns(&ep.iface, key) {
                 continue;
             }
             pods_by_iface.insert(ep.iface.clone(), key.clone());
-            let (ingress, egress) = self.endpoint_policies(key);
+            let (ingress, egress) = self.selection.isolating(ep);
             let [admin_in, admin_out, baseline_in, baseline_out] =
-                self.endpoint_cluster_policies(key);
+                self.selection.endpoint_cluster_policies(key);
             let addrs = self.sets.pod(key).map(|p| &*p.ips).unwrap_or_default();
-            let [union_in, union_out] = self.endpoint_union_ids(key);
+            let [union_in, union_out] = self.unions.endpoint_ids(key);
             chains.extend(tiered_endpoint_chains_traced(
                 cfg,
                 family,
@@ -123,13 +114,13 @@ impl CalcGraph {
             kernel,
             pods_by_iface,
             policies: self
-                .policies
-                .iter()
-                .filter(|(_, p)| !p.selects.is_empty())
+                .selection
+                .active_policies()
                 .map(|(k, p)| (k.clone(), p.info.clone()))
                 .collect(),
             sets: self
-                .emitted_sets
+                .emitted
+                .sets()
                 .iter()
                 .map(|(id, def)| (set_name(family, id), describe_set(def)))
                 .chain(self.unions.emitted().map(|(id, parts)| {
@@ -137,13 +128,5 @@ impl CalcGraph {
                 }))
                 .collect(),
         }
-    }
-
-    /// The active policies selecting a local endpoint, by direction, in chain order.
-    pub(super) fn endpoint_policies(&self, key: &ObjectKey) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
-        self.endpoints
-            .get(key)
-            .map(|ep| self.isolating(ep))
-            .unwrap_or_default()
     }
 }

@@ -1,116 +1,170 @@
-//! The model-level updates: namespaces, pods and policies into the graph's indexes, which
-//! policies select which local endpoints (and the other way round), which sets each owner
-//! references, and which interface each local endpoint claims; everything they change is
-//! marked dirty for the next flush.
+//! The selection calculator: the local endpoints, the policies, and which active policies
+//! select which endpoints (NetworkPolicies here; ClusterNetworkPolicies in `cluster`).
+//!
+//! Owns: the NetworkPolicies (by key and by namespace), the ClusterNetworkPolicies, and the
+//! local endpoints (a local pod named to an interface; by key and by namespace), each with the
+//! policies selecting it.
+//! Invariants: a policy is *active* iff it selects at least one local endpoint; only an active
+//! policy holds references on its sets, so each change of activity comes out as acquires or
+//! releases in `Effects::set_refs`, in the order they must be applied. The selection is kept
+//! both ways (policy → endpoints and endpoint → policies) and the two always agree. Every
+//! endpoint whose selection changed, every policy whose chains may differ, and every namespace
+//! gaining its first or losing its last endpoint (its profile chains) comes out in the effects.
+//! It reads pods' and namespaces' labels from the set index but never changes it.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-impl CalcGraph {
-    pub fn upsert_namespace_info(&mut self, info: NamespaceInfo) {
-        let name = info.name.clone();
-        let before = self.sets.namespace_labels(&name);
-        self.sets.upsert_namespace(info);
-        if self.sets.namespace_labels(&name) != before {
-            self.reselect_cluster_namespace(&name);
+use crate::model::{ObjectKey, PolicyInfo};
+use crate::rules::policy::{plan_policy, PolicyPlan};
+use crate::rules::sets::SetDef;
+
+use super::cluster::ClusterEntry;
+use super::set_index::SetIndex;
+use super::{Effects, Owner};
+
+pub(super) struct Endpoint {
+    pub(super) iface: String,
+    /// Active policies selecting this pod (any direction).
+    pub(super) policies: BTreeSet<ObjectKey>,
+    /// ClusterNetworkPolicies whose subject selects this pod (any tier and direction).
+    pub(super) cluster_policies: BTreeSet<String>,
+}
+
+pub(super) struct PolicyEntry {
+    pub(super) info: PolicyInfo,
+    pub(super) plan: PolicyPlan,
+    /// Local endpoints the policy selects; non-empty means active.
+    pub(super) selects: BTreeSet<ObjectKey>,
+}
+
+#[derive(Default)]
+pub(super) struct Selection {
+    policies: HashMap<ObjectKey, PolicyEntry>,
+    policies_by_ns: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Read and written by the ClusterNetworkPolicy half (`cluster`).
+    pub(super) cluster_policies: HashMap<String, ClusterEntry>,
+    pub(super) endpoints: BTreeMap<ObjectKey, Endpoint>,
+    endpoints_by_ns: HashMap<String, BTreeSet<ObjectKey>>,
+}
+
+/// A policy version's sets, which it holds only while it selects an endpoint.
+pub(super) fn active_set_defs(selects: &BTreeSet<ObjectKey>, defs: Vec<SetDef>) -> Vec<SetDef> {
+    if selects.is_empty() {
+        Vec::new()
+    } else {
+        defs
+    }
+}
+
+impl Selection {
+    /// A local pod was named to `iface` and becomes an endpoint: the policies that select it
+    /// are found. The caller has checked it is not one already.
+    pub(super) fn add_endpoint(
+        &mut self,
+        key: &ObjectKey,
+        iface: String,
+        sets: &SetIndex,
+    ) -> Effects {
+        let mut fx = Effects::default();
+        self.endpoints.insert(
+            key.clone(),
+            Endpoint {
+                iface,
+                policies: BTreeSet::new(),
+                cluster_policies: BTreeSet::new(),
+            },
+        );
+        let in_ns = self
+            .endpoints_by_ns
+            .entry(key.namespace.clone())
+            .or_default();
+        in_ns.insert(key.clone());
+        if in_ns.len() == 1 {
+            fx.owners.push(Owner::Profile(key.namespace.clone()));
         }
+        fx.owners.push(Owner::Endpoint(key.clone()));
+        fx.owners.push(Owner::Dispatch);
+        self.reselect_policies(key, sets, &mut fx);
+        self.reselect_cluster_policies(key, sets, &mut fx);
+        fx
     }
 
-    pub fn upsert_pod_info(&mut self, mut info: PodInfo) {
-        let key = info.key.clone();
-        let local = self.is_local(info.node.as_deref());
-        if !local {
-            // Only a local pod is named (its uid and sandbox lead to its interface); at 150k
-            // pods these strings of remote ones were some 5 MiB nobody reads.
-            info.uid = None;
-            info.sandbox_id = None;
-        }
-        let labels_changed = self
-            .sets
-            .pod(&key)
-            .is_none_or(|old| !old.labels.same_as(&info.labels));
-        // A local pod's addresses are in its source check, and bridge mode dispatches routed
-        // traffic by them.
-        if local && self.sets.pod(&key).is_some_and(|old| *old.ips != *info.ips) {
-            if self.endpoints.contains_key(&key) {
-                self.dirty.mark(Owner::Endpoint(key.clone()));
-            }
-            if self.cfg.rules.bridge.is_some() {
-                self.dirty.mark(Owner::Dispatch);
-            }
-        }
-        self.note_pod_families(&key, if local { &info.ips } else { &[] });
-        self.sets.upsert_pod(info);
-        if !local {
-            self.to_name.remove(&key);
-            self.mark_unnamed(&key, false);
-            self.remove_endpoint(&key);
-            return;
-        }
-        // Named (again) by the caller before the next flush; the endpoint keeps its interface
-        // until then.
-        self.to_name.insert(key.clone());
-        if labels_changed && self.endpoints.contains_key(&key) {
-            self.reselect_policies(&key);
-            self.reselect_cluster_policies(&key);
-        }
+    /// An endpoint's new interface name; returns the old one (the selection does not change).
+    pub(super) fn rename_endpoint(&mut self, key: &ObjectKey, iface: String) -> Option<String> {
+        let ep = self.endpoints.get_mut(key)?;
+        (ep.iface != iface).then(|| std::mem::replace(&mut ep.iface, iface))
     }
 
-    pub(super) fn claim_iface(&mut self, iface: &str, key: &ObjectKey) {
-        let claims = self.iface_claims.entry(iface.to_string()).or_default();
-        claims.insert(key.clone());
-        if claims.len() > 1 {
-            error!(
-                interface = iface,
-                pods = ?claims.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "several local pods resolve to one interface; only the first gets its policy, check the interface-naming scheme"
-            );
-            // The winner may have changed (and with it, in bridge mode, the addresses the
-            // interface is dispatched by).
-            for k in claims.iter() {
-                self.dirty.mark(Owner::Endpoint(k.clone()));
-            }
-            self.dirty.mark(Owner::Dispatch);
-        }
-    }
-
-    pub(super) fn release_iface(&mut self, iface: &str, key: &ObjectKey) {
-        if let Some(claims) = self.iface_claims.get_mut(iface) {
-            claims.remove(key);
-            for k in claims.iter() {
-                self.dirty.mark(Owner::Endpoint(k.clone()));
-            }
-            self.dirty.mark(Owner::Dispatch);
-            if claims.is_empty() {
-                self.iface_claims.remove(iface);
-            }
-        }
-    }
-
-    pub(super) fn remove_endpoint(&mut self, key: &ObjectKey) {
-        let Some(ep) = self.endpoints.remove(key) else {
-            return;
-        };
-        self.release_iface(&ep.iface, key);
+    /// A local endpoint is gone (the pod, its locality or its name): it leaves every policy
+    /// selecting it. Returns the interface it had claimed.
+    pub(super) fn remove_endpoint(&mut self, key: &ObjectKey) -> Option<(String, Effects)> {
+        let ep = self.endpoints.remove(key)?;
+        let mut fx = Effects::default();
         if let Some(in_ns) = self.endpoints_by_ns.get_mut(&key.namespace) {
             in_ns.remove(key);
             if in_ns.is_empty() {
                 self.endpoints_by_ns.remove(&key.namespace);
-                self.dirty.mark(Owner::Profile(key.namespace.clone()));
+                fx.owners.push(Owner::Profile(key.namespace.clone()));
             }
         }
         for policy in ep.policies {
-            self.set_selection(&policy, key, false);
+            self.set_selection(&policy, key, false, &mut fx);
         }
         for policy in ep.cluster_policies {
-            self.set_cluster_selection(&policy, key, false);
+            self.set_cluster_selection(&policy, key, false, &mut fx);
         }
-        self.dirty.mark(Owner::Endpoint(key.clone()));
-        self.dirty.mark(Owner::Dispatch);
+        fx.owners.push(Owner::Endpoint(key.clone()));
+        fx.owners.push(Owner::Dispatch);
+        Some((ep.iface, fx))
+    }
+
+    /// A local pod's labels changed: re-evaluates which policies select it (nothing unless it
+    /// is an endpoint).
+    pub(super) fn relabel_endpoint(&mut self, key: &ObjectKey, sets: &SetIndex) -> Effects {
+        let mut fx = Effects::default();
+        if self.endpoints.contains_key(key) {
+            self.reselect_policies(key, sets, &mut fx);
+            self.reselect_cluster_policies(key, sets, &mut fx);
+        }
+        fx
+    }
+
+    pub(super) fn endpoint(&self, key: &ObjectKey) -> Option<&Endpoint> {
+        self.endpoints.get(key)
+    }
+
+    /// The local endpoints, in key order.
+    pub(super) fn endpoints(&self) -> &BTreeMap<ObjectKey, Endpoint> {
+        &self.endpoints
+    }
+
+    pub(super) fn policy(&self, key: &ObjectKey) -> Option<&PolicyEntry> {
+        self.policies.get(key)
+    }
+
+    pub(super) fn cluster_policy(&self, name: &str) -> Option<&ClusterEntry> {
+        self.cluster_policies.get(name)
+    }
+
+    pub(super) fn is_endpoint(&self, key: &ObjectKey) -> bool {
+        self.endpoints.contains_key(key)
+    }
+
+    pub(super) fn has_endpoints_in(&self, namespace: &str) -> bool {
+        self.endpoints_by_ns.contains_key(namespace)
+    }
+
+    pub(super) fn namespaces_with_endpoints(&self) -> impl Iterator<Item = &String> {
+        self.endpoints_by_ns.keys()
+    }
+
+    pub(super) fn endpoints_in(&self, namespace: &str) -> impl Iterator<Item = &ObjectKey> {
+        self.endpoints_by_ns.get(namespace).into_iter().flatten()
     }
 
     /// Re-evaluates which policies of its namespace select a local endpoint.
-    pub(super) fn reselect_policies(&mut self, key: &ObjectKey) {
-        let Some(labels) = self.sets.pod(key).map(|p| p.labels.clone()) else {
+    fn reselect_policies(&mut self, key: &ObjectKey, sets: &SetIndex, fx: &mut Effects) {
+        let Some(labels) = sets.pod(key).map(|p| p.labels.clone()) else {
             return;
         };
         let candidates: Vec<ObjectKey> = self
@@ -123,13 +177,19 @@ impl CalcGraph {
                 .policies
                 .get(&policy)
                 .is_some_and(|p| p.info.pod_selector.matches(&labels));
-            self.set_selection(&policy, key, selects);
+            self.set_selection(&policy, key, selects, fx);
         }
     }
 
     /// Records whether `policy` selects endpoint `ep`, activating or retiring the policy when
     /// that changes whether it selects anything.
-    pub(super) fn set_selection(&mut self, policy: &ObjectKey, ep: &ObjectKey, selects: bool) {
+    fn set_selection(
+        &mut self,
+        policy: &ObjectKey,
+        ep: &ObjectKey,
+        selects: bool,
+        fx: &mut Effects,
+    ) {
         let Some(entry) = self.policies.get_mut(policy) else {
             return;
         };
@@ -150,24 +210,19 @@ impl CalcGraph {
                 e.policies.remove(policy);
             }
         }
-        self.dirty.mark(Owner::Endpoint(ep.clone()));
+        fx.owners.push(Owner::Endpoint(ep.clone()));
         if was_active != is_active {
-            let defs = entry.plan.set_defs();
-            for def in &defs {
-                if is_active {
-                    self.sets.acquire(def);
-                } else {
-                    self.sets.release(def);
-                }
-            }
-            self.dirty.mark(Owner::Policy(policy.clone()));
+            fx.set_refs
+                .extend(entry.plan.set_defs().into_iter().map(|d| (is_active, d)));
+            fx.owners.push(Owner::Policy(policy.clone()));
         }
     }
 
-    pub fn upsert_policy_info(&mut self, info: PolicyInfo) {
+    pub(super) fn upsert_policy(&mut self, info: PolicyInfo, sets: &SetIndex) -> Effects {
+        let mut fx = Effects::default();
         let key = info.key.clone();
         if self.policies.get(&key).is_some_and(|p| p.info == info) {
-            return;
+            return fx;
         }
         let new_plan = plan_policy(&info);
         let selects: BTreeSet<ObjectKey> = self
@@ -176,8 +231,7 @@ impl CalcGraph {
             .into_iter()
             .flatten()
             .filter(|ep| {
-                self.sets
-                    .pod(ep)
+                sets.pod(ep)
                     .is_some_and(|p| info.pod_selector.matches(&p.labels))
             })
             .cloned()
@@ -192,9 +246,9 @@ impl CalcGraph {
                 )
             })
             .unwrap_or_default();
-        self.move_set_references(active_set_defs(&selects, new_plan.set_defs()), old_defs);
+        fx.move_set_references(active_set_defs(&selects, new_plan.set_defs()), old_defs);
         // Re-rendered even when still selected: the directions it governs may differ.
-        self.reselect_endpoints(&old_selects, &selects, |e, selected| {
+        self.reselect_endpoints(&old_selects, &selects, &mut fx, |e, selected| {
             if selected {
                 e.policies.insert(key.clone());
             } else {
@@ -205,7 +259,7 @@ impl CalcGraph {
             .entry(key.namespace.clone())
             .or_default()
             .insert(key.clone());
-        self.dirty.mark(Owner::Policy(key.clone()));
+        fx.owners.push(Owner::Policy(key.clone()));
         self.policies.insert(
             key,
             PolicyEntry {
@@ -214,17 +268,32 @@ impl CalcGraph {
                 selects,
             },
         );
+        fx
     }
 
-    /// Moves a policy's set references from its old version to its new one: the new ones are
-    /// taken first, so sets both versions use are not churned.
-    pub(super) fn move_set_references(&mut self, acquire: Vec<SetDef>, release: Vec<SetDef>) {
-        for def in &acquire {
-            self.sets.acquire(def);
+    pub(super) fn remove_policy(&mut self, key: &ObjectKey) -> Effects {
+        let mut fx = Effects::default();
+        let Some(entry) = self.policies.remove(key) else {
+            return fx;
+        };
+        if let Some(keys) = self.policies_by_ns.get_mut(&key.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.policies_by_ns.remove(&key.namespace);
+            }
         }
-        for def in &release {
-            self.sets.release(def);
+        for ep in &entry.selects {
+            if let Some(e) = self.endpoints.get_mut(ep) {
+                e.policies.remove(key);
+            }
+            fx.owners.push(Owner::Endpoint(ep.clone()));
         }
+        if !entry.selects.is_empty() {
+            fx.set_refs
+                .extend(entry.plan.set_defs().into_iter().map(|d| (false, d)));
+        }
+        fx.owners.push(Owner::Policy(key.clone()));
+        fx
     }
 
     /// Tells each endpoint selected before or now whether it is selected now (`update`), and
@@ -233,13 +302,80 @@ impl CalcGraph {
         &mut self,
         before: &BTreeSet<ObjectKey>,
         now: &BTreeSet<ObjectKey>,
+        fx: &mut Effects,
         mut update: impl FnMut(&mut Endpoint, bool),
     ) {
         for ep in before.union(now) {
             if let Some(e) = self.endpoints.get_mut(ep) {
                 update(e, now.contains(ep));
             }
-            self.dirty.mark(Owner::Endpoint(ep.clone()));
+            fx.owners.push(Owner::Endpoint(ep.clone()));
+        }
+    }
+
+    /// The active policies selecting `ep`, per direction they govern (in key order): the
+    /// policies its `cali-tw-`/`cali-fw-` chains jump to, so the ones isolating it there.
+    pub(super) fn isolating(&self, ep: &Endpoint) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
+        let (mut ingress, mut egress) = (Vec::new(), Vec::new());
+        for policy in &ep.policies {
+            if let Some(p) = self.policies.get(policy) {
+                if p.plan.ingress.is_some() {
+                    ingress.push(policy.clone());
+                }
+                if p.plan.egress.is_some() {
+                    egress.push(policy.clone());
+                }
+            }
+        }
+        (ingress, egress)
+    }
+
+    /// Whether the policies would isolate a local pod that is not an endpoint (ingress,
+    /// egress), for the guard: one pass over its namespace's policies and the
+    /// ClusterNetworkPolicies.
+    pub(super) fn would_isolate(&self, key: &ObjectKey, sets: &SetIndex) -> (bool, bool) {
+        let (mut ingress, mut egress) = (false, false);
+        let Some(pod) = sets.pod(key) else {
+            return (ingress, egress);
+        };
+        for policy in self
+            .policies_by_ns
+            .get(&key.namespace)
+            .into_iter()
+            .flatten()
+        {
+            let Some(p) = self.policies.get(policy) else {
+                continue;
+            };
+            if p.info.pod_selector.matches(&pod.labels) {
+                ingress |= p.plan.ingress.is_some();
+                egress |= p.plan.egress.is_some();
+            }
+        }
+        self.would_cluster_isolate(key, sets, &mut ingress, &mut egress);
+        (ingress, egress)
+    }
+
+    /// The active policies (selecting at least one local endpoint).
+    pub(super) fn active_policies(&self) -> impl Iterator<Item = (&ObjectKey, &PolicyEntry)> {
+        self.policies.iter().filter(|(_, p)| !p.selects.is_empty())
+    }
+
+    /// The local endpoints a policy's chains serve (for the programming-latency metric).
+    pub(super) fn selected_by<'a>(&'a self, owner: &'a Owner) -> Vec<&'a ObjectKey> {
+        match owner {
+            Owner::Endpoint(key) => vec![key],
+            Owner::Policy(key) => self
+                .policies
+                .get(key)
+                .map(|p| p.selects.iter().collect())
+                .unwrap_or_default(),
+            Owner::ClusterPolicy(name) => self
+                .cluster_policies
+                .get(name)
+                .map(|p| p.selects.iter().collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
         }
     }
 }

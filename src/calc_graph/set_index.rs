@@ -1,6 +1,13 @@
 //! IP set membership, kept incrementally: which pods (cluster-wide) belong to each active
 //! set, with reference-counted members and the deltas since the last flush.
 //!
+//! Owns: every pod (cluster-wide, in compact form) and namespace with its labels, the active
+//! sets with their references and members, and the net member changes since the last flush
+//! (`pending`, which the flush hands to the union sets and then to the output). Invariants: a
+//! set exists while some active policy references it (the selection's acquires and releases,
+//! routed by the graph), and its members are exactly those of the pods its definition selects.
+//! The other calculators read pods' and namespaces' labels here.
+//!
 //! A pod event only re-evaluates the sets that could change:
 //! - a new pod (or new IPs/ports) is checked against the sets *anchored* on one of its labels,
 //!   its namespace or its namespace's labels (each set is anchored on one positive

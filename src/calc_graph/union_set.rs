@@ -8,10 +8,16 @@
 //! `SetIndex` is about to flush), with a count per entry, since two parts (or two peers
 //! holding the same pod) can give the same entry. So a pod event costs its own entries, not
 //! a recomputation of a union that may hold a whole cluster's pods times a few ports.
+//!
+//! Owns: the union sets and, per local endpoint with chains, the ids its ingress and egress
+//! chains match. Invariants: a union's user count is the number of endpoint directions
+//! naming it; a union is created at the first flush after its first user and retired at the
+//! first flush after its last one left; an endpoint's new unions are taken before its old
+//! ones are released, so a union both versions use is not churned.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::model::{IpFamily, Protocol};
+use crate::model::{IpFamily, ObjectKey, Protocol};
 use crate::rules::sets::{set_name, Member, SetSpec, SetType};
 use crate::rules::union::{UnionPart, UnionPlan};
 
@@ -38,11 +44,44 @@ pub(super) struct UnionSets {
     unions: BTreeMap<String, UnionEntry>,
     /// Peer set id → the unions that copy it.
     by_peer: HashMap<String, BTreeSet<String>>,
+    /// Per local endpoint with a union: the ids its ingress and egress chains match, as of
+    /// the last flush.
+    by_endpoint: HashMap<ObjectKey, [Option<String>; 2]>,
 }
 
 impl UnionSets {
+    /// The unions an endpoint's chains should match now (ingress, egress; `None` for an
+    /// endpoint gone or without chains).
+    pub(super) fn set_endpoint(&mut self, key: ObjectKey, now: [Option<UnionPlan>; 2]) {
+        let ids = [0, 1].map(|i| now[i].as_ref().map(|u| u.id.clone()));
+        let before = self.by_endpoint.remove(&key).unwrap_or_default();
+        if ids == before {
+            if ids.iter().any(Option::is_some) {
+                self.by_endpoint.insert(key, before);
+            }
+            return;
+        }
+        for plan in now.iter().flatten() {
+            self.acquire(plan);
+        }
+        for id in before.iter().flatten() {
+            self.release(id);
+        }
+        if ids.iter().any(Option::is_some) {
+            self.by_endpoint.insert(key, ids);
+        }
+    }
+
+    /// The union set ids an endpoint's chains match (ingress, egress).
+    pub(super) fn endpoint_ids(&self, key: &ObjectKey) -> [Option<&str>; 2] {
+        match self.by_endpoint.get(key) {
+            Some([i, e]) => [i.as_deref(), e.as_deref()],
+            None => [None, None],
+        }
+    }
+
     /// One more workload direction uses `plan`'s set.
-    pub(super) fn acquire(&mut self, plan: &UnionPlan) {
+    fn acquire(&mut self, plan: &UnionPlan) {
         let entry = self.unions.entry(plan.id.clone()).or_insert_with(|| {
             let mut ports_by_peer: HashMap<String, Vec<(Protocol, u16)>> = HashMap::new();
             for p in &plan.parts {
@@ -73,7 +112,7 @@ impl UnionSets {
     }
 
     /// One workload direction no longer uses set `id`; the last one retires it at the flush.
-    pub(super) fn release(&mut self, id: &str) {
+    fn release(&mut self, id: &str) {
         let Some(entry) = self.unions.get_mut(id) else {
             return;
         };

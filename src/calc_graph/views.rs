@@ -1,8 +1,15 @@
 //! Read-only views of the graph, for what the agent tells about traffic (deny logs, counters,
-//! `explain`): pods, programmed endpoints, emitted chains, active policies, the snapshot of
-//! the whole desired state.
+//! `explain`) and its metrics: pods, programmed endpoints, emitted chains, active policies,
+//! the snapshot of the whole desired state. Each reads the calculators, never changes them.
 
-use super::*;
+use std::net::IpAddr;
+
+use crate::model::{IpFamily, ObjectKey, PodInfo, Tier};
+use crate::rules::sets::{set_name, SetSpec};
+use crate::rules::Chain;
+
+use super::update::{DesiredState, FamilyState};
+use super::{CalcGraph, EndpointView};
 
 impl CalcGraph {
     /// A pod as the graph knows it (local or not), by key (a copy: the graph keeps pods in a
@@ -12,22 +19,43 @@ impl CalcGraph {
     }
 
     /// A pod's addresses (empty for a pod the graph does not know), without a copy.
-    pub fn pod_ips(&self, key: &ObjectKey) -> &[std::net::IpAddr] {
+    pub fn pod_ips(&self, key: &ObjectKey) -> &[IpAddr] {
         self.sets.pod(key).map(|p| &*p.ips).unwrap_or(&[])
+    }
+
+    pub fn local_endpoint_count(&self) -> usize {
+        self.selection.endpoints().len()
+    }
+
+    /// Every local pod with an address: its addresses and the interface it was named to
+    /// (`None`: the resolver found none). O(local pods), for the agent's check that the
+    /// named interfaces exist.
+    pub fn local_pod_interfaces(&self) -> Vec<(ObjectKey, Vec<IpAddr>, Option<String>)> {
+        let named = self
+            .selection
+            .endpoints()
+            .iter()
+            .map(|(key, ep)| (key.clone(), Some(ep.iface.clone())));
+        let unnamed = self.rejections.unnamed_pods().map(|key| (key, None));
+        named
+            .chain(unnamed)
+            .filter_map(|(key, iface)| {
+                let ips = self.sets.pod(&key)?.ips.to_vec();
+                (!ips.is_empty()).then_some((key, ips, iface))
+            })
+            .collect()
     }
 
     /// The local endpoints that have chains (a named interface they own), each with the
     /// policies isolating it per direction, as the graph renders them now (flush first for
     /// the latest events).
     pub fn programmed_endpoints(&self) -> impl Iterator<Item = EndpointView<'_>> {
-        self.endpoints.iter().filter_map(|(key, ep)| {
-            let owns = self
-                .iface_claims
-                .get(&ep.iface)
-                .and_then(|claims| claims.first())
-                == Some(key);
-            owns.then(|| {
-                let (ingress, egress) = self.isolating(ep);
+        self.selection
+            .endpoints()
+            .iter()
+            .filter(|(key, ep)| self.interfaces.owns(&ep.iface, key))
+            .map(|(key, ep)| {
+                let (ingress, egress) = self.selection.isolating(ep);
                 EndpointView {
                     key,
                     iface: &ep.iface,
@@ -35,20 +63,32 @@ impl CalcGraph {
                     egress,
                 }
             })
-        })
     }
 
     /// Every chain as of the last flush, with its family.
     pub fn emitted_chains(&self) -> impl Iterator<Item = (IpFamily, &Chain)> {
-        self.emitted_chains.iter().map(|((f, _), c)| (*f, &**c))
+        self.emitted.chains().iter().map(|((f, _), c)| (*f, &**c))
     }
 
     /// The policies selecting at least one local endpoint (the ones with chains).
     pub fn active_policies(&self) -> impl Iterator<Item = &ObjectKey> {
-        self.policies
-            .iter()
-            .filter(|(_, p)| !p.selects.is_empty())
-            .map(|(k, _)| k)
+        self.selection.active_policies().map(|(k, _)| k)
+    }
+
+    pub fn active_policy_count(&self) -> usize {
+        self.selection.active_policies().count()
+    }
+
+    /// The active ClusterNetworkPolicies (selecting a local endpoint: they have chains), as
+    /// (tier, name).
+    pub fn active_cluster_policies(&self) -> impl Iterator<Item = (Tier, &str)> {
+        self.selection
+            .active_cluster_policies()
+            .map(|p| (p.info.tier, p.info.name.as_str()))
+    }
+
+    pub fn active_cluster_policy_count(&self) -> usize {
+        self.selection.active_cluster_policies().count()
     }
 
     /// The complete state as of the last flush (call `flush` first to include recent events).
@@ -57,7 +97,7 @@ impl CalcGraph {
         for &family in &self.cfg.families {
             state.families.insert(family, FamilyState::default());
         }
-        for ((family, name), chain) in &self.emitted_chains {
+        for ((family, name), chain) in self.emitted.chains() {
             if let Some(f) = state.families.get_mut(family) {
                 f.chains.insert(name.clone(), chain.clone());
             }
@@ -67,7 +107,7 @@ impl CalcGraph {
             self.unions.snapshot(family, f);
         }
         for set in self.sets.sets() {
-            if !self.emitted_sets.contains_key(&set.id) {
+            if !self.emitted.sets().contains_key(&set.id) {
                 continue;
             }
             for (&family, f) in state.families.iter_mut() {
