@@ -55,6 +55,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::cluster::{self, Manifest};
+
 const NETNS_PREFIX: &str = "npa-bench-";
 const HEALTH_PORT: u16 = 9099;
 const METRICS_PORT: u16 = 9091;
@@ -291,57 +293,67 @@ impl Topo {
 /// The cluster as the agents read it: pods, namespaces, and `policies` NetworkPolicies
 /// selecting the servers (the last in name order allows the client).
 fn write_cluster(dir: &Path, policies: usize, peer_members: usize) {
-    std::fs::create_dir_all(dir).unwrap();
-    let pod = |ns: &str, name: &str, label: &str, node: &str, ip: &str| {
-        format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{{label}}}}}\n\
-             spec: {{nodeName: {node}, containers: [{{name: c, image: i}}]}}\n\
-             status: {{phase: Running, podIP: \"{ip}\", podIPs: [{{ip: \"{ip}\"}}]}}\n"
-        )
-    };
-    let mut m = String::from(
-        "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: cli}\n\
-         ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: srv}\n",
-    );
-    m += &pod("cli", "client", "role: client", "node-a", "10.78.0.11");
-    m += &pod("srv", "server-a", "app: server", "node-a", "10.78.0.10");
-    m += &pod("srv", "server-b", "app: server", "node-b", "10.78.1.10");
+    let mut m = Manifest::new();
+    m.object(&cluster::namespace("cli"))
+        .object(&cluster::namespace("srv"))
+        .object(&cluster::pod(
+            "cli",
+            "client",
+            &[("role", "client")],
+            "node-a",
+            &["10.78.0.11"],
+        ))
+        .object(&cluster::pod(
+            "srv",
+            "server-a",
+            &[("app", "server")],
+            "node-a",
+            &["10.78.0.10"],
+        ))
+        .object(&cluster::pod(
+            "srv",
+            "server-b",
+            &[("app", "server")],
+            "node-b",
+            &["10.78.1.10"],
+        ));
     // The other policies' peers, on a node with no agent (never sent to).
     let mut n = 0u32;
     for i in 0..policies.saturating_sub(1) {
         for j in 0..peer_members {
             n += 1;
             let ip = format!("10.79.{}.{}", n / 250, n % 250 + 1);
-            m += &pod(
+            m.object(&cluster::pod(
                 "cli",
                 &format!("peer-{i:04}-{j}"),
-                &format!("peer: p{i:04}"),
+                &[("peer", &format!("p{i:04}"))],
                 "node-c",
-                &ip,
-            );
+                &[&ip],
+            ));
         }
     }
-    std::fs::write(dir.join("pods.yaml"), m).unwrap();
-    let mut p = String::new();
+    m.write(dir, "pods.yaml");
+    let mut p = Manifest::new();
     for i in 0..policies.saturating_sub(1) {
-        p += &format!(
-            "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+        p.yaml(&format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
              metadata: {{name: p{i:04}, namespace: srv}}\n\
              spec: {{podSelector: {{matchLabels: {{app: server}}}}, policyTypes: [Ingress], \
              ingress: [{{from: [{{namespaceSelector: {{}}, podSelector: {{matchLabels: {{peer: p{i:04}}}}}}}], \
              ports: [{{protocol: TCP, port: {PORT}}}]}}]}}\n"
-        );
+        ));
     }
     if policies > 0 {
-        p += &format!(
-            "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+        p.yaml(&format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
              metadata: {{name: zz-allow-client, namespace: srv}}\n\
              spec: {{podSelector: {{matchLabels: {{app: server}}}}, policyTypes: [Ingress], \
              ingress: [{{from: [{{namespaceSelector: {{}}, podSelector: {{matchLabels: {{role: client}}}}}}], \
              ports: [{{protocol: TCP, port: {PORT}}}]}}]}}\n"
-        );
+        ));
     }
-    std::fs::write(dir.join("policies.yaml"), p).unwrap();
+    p.write(dir, "policies.yaml");
+    // The interface maps (FELIX_INTERFACEMAPFILE), not Kubernetes objects.
     std::fs::write(
         dir.join("map-a.yaml"),
         "\"cli/client\": calicli\n\"srv/server-a\": calisrva\n",

@@ -36,13 +36,12 @@ mod common;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Agent;
-use synthetic::{namespace, pod, policy, wide_policy, Rng, Scale, APPS};
+use synthetic::{Rng, Scale};
 
 const NETNS_PREFIX: &str = "npa-bench-";
 const SEED: u64 = 42;
@@ -110,7 +109,7 @@ fn ticks_per_second() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// The synthetic cluster as manifests in `dir` (one file per kind).
+/// The synthetic cluster with `local` pods on the node, as manifests in `dir`.
 fn write_cluster(dir: &Path, local: usize, wide: usize, wide_apps: usize) {
     let scale = Scale {
         pods: 10_000,
@@ -120,45 +119,7 @@ fn write_cluster(dir: &Path, local: usize, wide: usize, wide_apps: usize) {
         dual: false,
         cluster_policies: 0,
     };
-    let mut rng = Rng(SEED);
-    let file = |name: &str| std::io::BufWriter::new(std::fs::File::create(dir.join(name)).unwrap());
-    let mut ns = file("namespaces.yaml");
-    for i in 0..scale.namespaces {
-        write!(
-            ns,
-            "---\n{}",
-            serde_yaml_ng::to_string(&namespace(i)).unwrap()
-        )
-        .unwrap();
-    }
-    let mut pods = file("pods.yaml");
-    for j in 0..scale.pods {
-        let app = rng.below(APPS);
-        write!(
-            pods,
-            "---\n{}",
-            serde_yaml_ng::to_string(&pod(j, scale, app)).unwrap()
-        )
-        .unwrap();
-    }
-    let mut pol = file("policies.yaml");
-    for k in 0..scale.policies {
-        write!(
-            pol,
-            "---\n{}",
-            serde_yaml_ng::to_string(&policy(k, scale, &mut rng)).unwrap()
-        )
-        .unwrap();
-    }
-    // Drawn after everything else: without `--wide` the cluster is the one it always was.
-    for k in 0..wide {
-        write!(
-            pol,
-            "---\n{}",
-            serde_yaml_ng::to_string(&wide_policy(k, scale, &mut rng, wide_apps)).unwrap()
-        )
-        .unwrap();
-    }
+    synthetic::write_cluster(dir, scale, SEED, wide, wide_apps);
 }
 
 fn tool(backend: &str, action: &str) -> String {

@@ -15,8 +15,8 @@
 //! Each run starts the real binary (`netpol-agent run --node node-0`, legacy iptables) in a
 //! network namespace of its own (`tests/common`'s `NetNs`, removed at the end, also on a
 //! panic), against the fake API server the tests use (`tests/kube_api`), serving from this
-//! process inside that namespace; or, for the directory datastore, a manifest file written
-//! by the synthetic generator (`support/synthetic.rs`). The cluster is the generator's: its
+//! process inside that namespace; or, for the directory datastore, manifest files written
+//! by the synthetic generator (`support/synthetic.rs`, `write_cluster`). The cluster is the generator's: its
 //! namespaces, policies and pod labels; pods served by the API server are the typical pod
 //! of `tests/kube_api/typical_pod.json` (a Deployment's pod with two containers, managed
 //! fields, status; 8.8 KB of JSON) given each synthetic pod's name, namespace, labels, node
@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use common::{NetNs, TempDir};
 use kube_api::{FakeApi, Res, Streaming};
 use serde_json::{json, Value};
-use synthetic::{namespace, pod_ip, policy, Rng, Scale, APPS};
+use synthetic::{namespace, pod_ip, Rng, Scale, APPS};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netpol-agent");
 const NODE: &str = synthetic::NODE;
@@ -190,40 +190,6 @@ impl Cluster {
             synthetic::policies(s, 42)
                 .map(|np| Self::to_value("NetworkPolicy", "networking.k8s.io/v1", &np)),
         );
-    }
-
-    /// Writes the cluster as one manifest file (the directory datastore's input).
-    fn write_manifests(&self, path: &Path) {
-        let s = self.scale;
-        let mut w = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-        let mut doc = |text: String| {
-            w.write_all(b"---\n").unwrap();
-            w.write_all(text.as_bytes()).unwrap();
-        };
-        for i in 0..s.namespaces {
-            doc(
-                serde_yaml_ng::to_string(&Self::to_value("Namespace", "v1", &namespace(i)))
-                    .unwrap(),
-            );
-        }
-        for j in 0..s.pods {
-            let pod = synthetic::pod(j, s, self.apps[j]);
-            doc(serde_yaml_ng::to_string(&Self::to_value("Pod", "v1", &pod)).unwrap());
-        }
-        let mut rng = Rng(42);
-        for _ in 0..s.pods {
-            rng.below(APPS);
-        }
-        for k in 0..s.policies {
-            let np = policy(k, s, &mut rng);
-            doc(serde_yaml_ng::to_string(&Self::to_value(
-                "NetworkPolicy",
-                "networking.k8s.io/v1",
-                &np,
-            ))
-            .unwrap());
-        }
-        w.flush().unwrap();
     }
 }
 
@@ -469,8 +435,7 @@ fn rest(s: Scale, dir: bool, kube: bool) {
         let ns = NetNs::new("scale-dir");
         let work = TempDir::new("scale-dir");
         let dir = work.path.join("manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        cluster.write_manifests(&dir.join("cluster.yaml"));
+        synthetic::write_cluster(&dir, s, 42, 0, 0);
         let mut agent = Agent::start(&ns, &work.path, Source::Dir(&dir));
         let r = start_and_settle(&mut agent, "datastore in sync");
         println!(

@@ -50,10 +50,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::write_atomic;
 use common::Agent;
 use netpol_agent::dataplane::owned::OwnedState;
 use netpol_agent::model::IpFamily;
-use synthetic::{namespace, pod, policy, Rng, Scale, APPS};
+use synthetic::{Scale, APPS};
 
 const SEED: u64 = 7;
 const SERVICES: usize = 10;
@@ -159,40 +160,6 @@ fn scale() -> Scale {
         local: 40,
         dual: false,
         cluster_policies: 0,
-    }
-}
-
-fn write_cluster(dir: &Path) {
-    let scale = scale();
-    let mut rng = Rng(SEED);
-    let yaml = |v: &dyn erased::Ser| format!("---\n{}", v.yaml());
-    let mut ns = String::new();
-    for i in 0..scale.namespaces {
-        ns.push_str(&yaml(&namespace(i)));
-    }
-    let mut pods = String::new();
-    for j in 0..scale.pods {
-        let app = rng.below(APPS);
-        pods.push_str(&yaml(&pod(j, scale, app)));
-    }
-    let mut pols = String::new();
-    for k in 0..scale.policies {
-        pols.push_str(&yaml(&policy(k, scale, &mut rng)));
-    }
-    std::fs::write(dir.join("namespaces.yaml"), ns).unwrap();
-    std::fs::write(dir.join("pods.yaml"), pods).unwrap();
-    std::fs::write(dir.join("policies.yaml"), pols).unwrap();
-}
-
-/// Serializing the generator's three kinds through one closure.
-mod erased {
-    pub trait Ser {
-        fn yaml(&self) -> String;
-    }
-    impl<T: serde::Serialize> Ser for T {
-        fn yaml(&self) -> String {
-            serde_yaml_ng::to_string(self).expect("k8s objects serialize")
-        }
     }
 }
 
@@ -381,8 +348,8 @@ fn soak(agent_bin: &Path, backend: &str, opts: &Options) -> bool {
     );
     let manifests = dir.0.join("cluster");
     std::fs::create_dir_all(&manifests).unwrap();
-    write_cluster(&manifests);
-    std::fs::write(manifests.join("churn.yaml"), churn_policy(0)).unwrap();
+    synthetic::write_cluster(&manifests, scale(), SEED, 0, 0);
+    write_atomic(&manifests, "churn.yaml", &churn_policy(0));
 
     // The writer's chains and jumps are there before the agent, as on a node.
     assert!(
@@ -553,9 +520,7 @@ fn soak(agent_bin: &Path, backend: &str, opts: &Options) -> bool {
     let began = Instant::now();
     while began.elapsed() < run && !opts.interrupted.load(Ordering::Relaxed) {
         changes += 1;
-        let tmp = manifests.join(".churn.tmp");
-        std::fs::write(&tmp, churn_policy(changes)).unwrap();
-        std::fs::rename(&tmp, manifests.join("churn.yaml")).unwrap();
+        write_atomic(&manifests, "churn.yaml", &churn_policy(changes));
         std::thread::sleep(Duration::from_millis(opts.change_ms));
     }
     stop.store(true, Ordering::Relaxed);

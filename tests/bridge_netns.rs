@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::{self, write_atomic, Manifest};
 use common::{Agent, NetNs, TempDir};
 use netpol_agent::iface_naming::{BridgeResolver, InterfaceResolver};
 use netpol_agent::model::{ObjectKey, PodInfo};
@@ -249,21 +250,27 @@ fn check(probes: &[Probe], all_allowed: bool) -> Vec<String> {
     wrong
 }
 
+/// The demo namespace, a pod on the other node and `pods` (name, app label, address) on
+/// this one, as `cluster.yaml`: the test rewrites it to add a pod while the agent runs.
 fn write_cluster(dir: &Path, pods: &[(&str, &str, &str)]) {
-    let mut yaml = String::from(
-        "apiVersion: v1\nkind: List\nitems:\n\
-         - {apiVersion: v1, kind: Namespace, metadata: {name: demo}}\n\
-         - apiVersion: v1\n  kind: Pod\n  metadata: {name: remote, namespace: demo, labels: {app: remote}}\n  spec: {nodeName: node-2, containers: [{name: c, image: x}]}\n  status: {phase: Running, podIPs: [{ip: 10.244.1.1}]}\n",
-    );
+    let mut m = Manifest::new();
+    m.object(&cluster::namespace("demo")).object(&cluster::pod(
+        "demo",
+        "remote",
+        &[("app", "remote")],
+        "node-2",
+        &["10.244.1.1"],
+    ));
     for (name, app, ip) in pods {
-        yaml.push_str(&format!(
-            "- apiVersion: v1\n  kind: Pod\n  metadata: {{name: {name}, namespace: demo, labels: {{app: {app}}}}}\n  spec: {{nodeName: node-1, containers: [{{name: c, image: x}}]}}\n  status: {{phase: Running, podIPs: [{{ip: {ip}}}]}}\n"
+        m.object(&cluster::pod(
+            "demo",
+            name,
+            &[("app", app)],
+            "node-1",
+            &[ip],
         ));
     }
-    // Write then rename: the agent never reads a half-written file.
-    let tmp = dir.join(".cluster.tmp");
-    std::fs::write(&tmp, yaml).unwrap();
-    std::fs::rename(tmp, dir.join("cluster.yaml")).unwrap();
+    m.write(dir, "cluster.yaml");
 }
 
 const POLICIES: &str = "\
@@ -559,7 +566,7 @@ fn every_path_is_enforced(backend: &str) {
             ("locked", "locked", "10.244.0.4"),
         ],
     );
-    std::fs::write(data.join("policies.yaml"), POLICIES).unwrap();
+    write_atomic(&data, "policies.yaml", POLICIES);
     let log = dir.path.join("agent.log");
     let agent = start_agent(node, &data, backend, &log);
     let limit = common::scaled(Duration::from_secs(20));
@@ -726,7 +733,7 @@ fn bridge_mode_enforces_bridged_ipv6() {
             ("locked", "locked", "fd00:244::4"),
         ],
     );
-    std::fs::write(data.join("policies.yaml"), POLICIES).unwrap();
+    write_atomic(&data, "policies.yaml", POLICIES);
     let log = dir.path.join("agent.log");
     let agent = start_agent(node, &data, "legacy", &log);
     let limit = common::scaled(Duration::from_secs(20));

@@ -67,6 +67,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::cluster::{self, write_atomic, Manifest};
 use common::{Agent, NetNs, TempDir};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -874,23 +875,23 @@ fn probes<'p>(
 
 // ------------------------------------------------------------------------------ the agent
 
+/// The namespace and `pods` as `pods.yaml`, which the test rewrites as sandboxes come and go.
+/// Each pod carries its sandbox's uid: the CRI resolver picks a pod's sandbox by it.
 fn write_pods(dir: &Path, pods: &[&Sandbox]) {
-    let mut yaml = format!(
-        "apiVersion: v1\nkind: List\nitems:\n\
-         - {{apiVersion: v1, kind: Namespace, metadata: {{name: {NAMESPACE}}}}}\n"
-    );
+    let mut m = Manifest::new();
+    m.object(&cluster::namespace(NAMESPACE));
     for pod in pods {
-        yaml.push_str(&format!(
-            "- apiVersion: v1\n  kind: Pod\n  metadata: {{name: {name}, namespace: {NAMESPACE}, uid: {uid}, labels: {{app: {name}}}}}\n  spec: {{nodeName: {NODE}, containers: [{{name: c, image: x}}]}}\n  status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n",
-            name = pod.name,
-            uid = pod.uid,
-            ip = pod.ip,
-        ));
+        let mut p = cluster::pod(
+            NAMESPACE,
+            &pod.name,
+            &[("app", &pod.name)],
+            NODE,
+            &[&pod.ip],
+        );
+        p.metadata.uid = Some(pod.uid.clone());
+        m.object(&p);
     }
-    // Write then rename: the agent never reads a half-written file.
-    let tmp = dir.join(".pods.tmp");
-    std::fs::write(&tmp, yaml).unwrap();
-    std::fs::rename(tmp, dir.join("pods.yaml")).unwrap();
+    m.write(dir, "pods.yaml");
 }
 
 const POLICIES: &str = "\
@@ -1208,7 +1209,7 @@ fn scenario(wiring: Wiring, auto: bool) {
     let data = data_dir.path.join("data");
     std::fs::create_dir_all(&data).unwrap();
     write_pods(&data, &[&a, &b, &c]);
-    std::fs::write(data.join("policies.yaml"), POLICIES).unwrap();
+    write_atomic(&data, "policies.yaml", POLICIES);
     let socket = ctd.socket.display().to_string();
     let env: Vec<(&str, &str)> = match wiring {
         _ if auto => vec![("FELIX_INTERFACENAMESCHEME", "auto")],

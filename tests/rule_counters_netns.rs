@@ -249,7 +249,7 @@ fn policy_and_pod_counters_follow_real_packets_and_pods_leaving() {
         .split("---\n")
         .filter(|d| !d.contains("name: server"))
         .collect();
-    std::fs::write(node.dir.path.join("pods.yaml"), without.join("---\n")).unwrap();
+    common::cluster::write_atomic(&node.dir.path, "pods.yaml", &without.join("---\n"));
     let start = Instant::now();
     loop {
         let text = scrape(&node);

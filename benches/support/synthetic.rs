@@ -13,10 +13,14 @@
 //! With `Scale::dual` every pod is dual-stack (its IPv4 address and `fd00::<the same 32
 //! bits>`), every ipBlock peer comes in both families and the graph renders both; the draws
 //! are the same, so the dual cluster is the IPv4 one plus its IPv6 half.
+//!
+//! [`write_cluster`] puts the same cluster on disk for the benchmarks that run the agent on
+//! a directory datastore (`idle`, `soak`).
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus,
@@ -539,6 +543,47 @@ pub fn cluster_policies(scale: Scale, rng: &mut Rng) -> Vec<ClusterNetworkPolicy
         }
     }
     out
+}
+
+// Included here rather than reached through `common`: most benchmarks that include this
+// file do not include `tests/common`, and need not for this one self-contained file. Those
+// that include both load it twice, as two modules whose types nothing mixes.
+#[allow(clippy::duplicate_mod)]
+#[path = "../../tests/common/cluster.rs"]
+mod cluster;
+
+/// The cluster `build` feeds when its generator starts as `Rng(seed)`, as manifests in the
+/// datastore directory `dir`: `namespaces.yaml`, `pods.yaml`, `policies.yaml`. `wide` more
+/// policies of [`wide_policy`] (`wide_apps` apps each) follow the others in
+/// `policies.yaml`; drawn last, they leave the rest of the cluster as it is without them.
+pub fn write_cluster(dir: &Path, scale: Scale, seed: u64, wide: usize, wide_apps: usize) {
+    // `build` draws the ClusterNetworkPolicies right after the policies, where the wide
+    // ones are drawn here: the two cannot both be the same cluster as `build`'s.
+    assert_eq!(
+        scale.cluster_policies, 0,
+        "write_cluster writes no ClusterNetworkPolicies"
+    );
+    let mut rng = Rng(seed);
+    let mut namespaces = cluster::Manifest::new();
+    for i in 0..scale.namespaces {
+        namespaces.object(&namespace(i));
+    }
+    // The same draws as `build`: one app per pod, then the policies.
+    let mut pods = cluster::Manifest::new();
+    for j in 0..scale.pods {
+        let app = rng.below(APPS);
+        pods.object(&pod(j, scale, app));
+    }
+    let mut policies = cluster::Manifest::new();
+    for k in 0..scale.policies {
+        policies.object(&policy(k, scale, &mut rng));
+    }
+    for k in 0..wide {
+        policies.object(&wide_policy(k, scale, &mut rng, wide_apps));
+    }
+    namespaces.write(dir, "namespaces.yaml");
+    pods.write(dir, "pods.yaml");
+    policies.write(dir, "policies.yaml");
 }
 
 pub fn new_graph(families: Vec<IpFamily>) -> Calculation {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod cluster;
 pub mod converge;
 
 // Not every test uses every helper.

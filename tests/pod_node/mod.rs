@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use netpol_agent::dataplane::owned::OwnedState;
 use netpol_agent::model::IpFamily;
 
+use crate::common::cluster::{self, Manifest};
 use crate::common::{NetNs, TempDir};
 
 pub const NODE: &str = "node-1";
@@ -134,15 +135,12 @@ impl PodNode {
         // it elsewhere, as a real node's default route does: a port-less bridge stands in.
         let dir = TempDir::new("podnode");
         let logs = TempDir::new("podnode-logs");
-        let mut manifests = String::new();
+        let mut manifests = Manifest::new();
         let mut namespaces: Vec<&str> = specs.iter().map(|s| s.namespace).collect();
         namespaces.sort();
         namespaces.dedup();
         for ns in namespaces {
-            let _ = write!(
-                manifests,
-                "---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"
-            );
+            manifests.object(&cluster::namespace(ns));
         }
         let mut map = String::new();
         let mut pods = BTreeMap::new();
@@ -155,20 +153,13 @@ impl PodNode {
             if let Some(iface) = spec.iface {
                 let _ = writeln!(map, "\"{}/{}\": {iface}", spec.namespace, spec.name);
             }
-            let labels: Vec<String> = spec
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}: {v}"))
-                .collect();
-            let _ = write!(
-                manifests,
-                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{{labels}}}}}\n\
-                 spec: {{nodeName: {NODE}, containers: [{{name: c, image: i}}]}}\n\
-                 status: {{phase: Running, podIP: \"{a4}\", podIPs: [{{ip: \"{a4}\"}}, {{ip: \"{a6}\"}}]}}\n",
-                name = spec.name,
-                namespace = spec.namespace,
-                labels = labels.join(", ")
-            );
+            manifests.object(&cluster::pod(
+                spec.namespace,
+                spec.name,
+                spec.labels,
+                NODE,
+                &[&a4.to_string(), &a6.to_string()],
+            ));
             pods.insert(
                 format!("{}/{}", spec.namespace, spec.name),
                 Pod {
@@ -179,7 +170,7 @@ impl PodNode {
                 },
             );
         }
-        std::fs::write(dir.path.join("pods.yaml"), manifests).unwrap();
+        manifests.write(&dir.path, "pods.yaml");
         std::fs::write(logs.path.join("interfaces.yaml"), map).unwrap();
         PodNode {
             node,
@@ -255,9 +246,7 @@ impl PodNode {
     }
 
     pub fn write_policies(&self, yaml: &str) {
-        let tmp = self.dir.path.join(".policies.yaml.tmp");
-        std::fs::write(&tmp, yaml).unwrap();
-        std::fs::rename(&tmp, self.dir.path.join("policies.yaml")).unwrap();
+        cluster::write_atomic(&self.dir.path, "policies.yaml", yaml);
     }
 
     pub fn log_path(&self) -> PathBuf {
