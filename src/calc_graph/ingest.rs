@@ -1,5 +1,5 @@
 //! The graph's object-level entry points: Kubernetes objects (and datastore events) are
-//! validated here, then handed to the model-level events (`wiring`); a rejected object is
+//! validated here, then handed to the model-level events (`model_events`); a rejected object is
 //! recorded with why (`rejections`), and its last valid version stays in force.
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};

@@ -21,7 +21,7 @@
 //! ```text
 //!  object ─▶ ingest (validate) ──invalid──▶ rejections
 //!              │ valid
-//!              ▼ wiring (model events)
+//!              ▼ model_events
 //!  pod, namespace ─▶ set_index (pods, labels, set members)
 //!  local pod ─▶ families (addresses outside the programmed families)
 //!            ─▶ interfaces (to name; claims; unnamed) ─▶ endpoint added, renamed, gone
@@ -41,7 +41,7 @@
 //! Files: the calculators (`rejections`, `interfaces`, `selection` with its
 //! ClusterNetworkPolicy half in `cluster`, `set_index`, `union_set`, `guard`, `host_set`,
 //! `families`, `emitted`); the wiring: object-level entry points that validate (`ingest`),
-//! the model-level events (`wiring`), the flush and rendering (`flush`); read-only views
+//! the model-level events (`model_events`), the flush and rendering (`flush`); read-only views
 //! (`views`, `provenance`); the output types (`update`).
 //!
 //! Interface names come from outside: the graph never calls a resolver. A local pod's upsert
@@ -66,8 +66,8 @@ pub mod update;
 
 mod flush;
 mod ingest;
+mod model_events;
 mod views;
-mod wiring;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
