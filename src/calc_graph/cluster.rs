@@ -17,19 +17,12 @@
 use std::collections::BTreeSet;
 
 use crate::model::{ClusterPolicyInfo, ObjectKey, Tier};
-use crate::rules::cluster::{plan_cluster_policy, ClusterPolicyPlan};
+use crate::rules::cluster::plan_cluster_policy;
 use crate::rules::Direction;
 
-use super::selection::{active_set_defs, Selection};
+use super::selection::{active_set_defs, ClusterEntry, Selection};
 use super::set_index::SetIndex;
 use super::{Effects, Owner};
-
-pub(super) struct ClusterEntry {
-    pub(super) info: ClusterPolicyInfo,
-    pub(super) plan: ClusterPolicyPlan,
-    /// Local endpoints the subject selects; non-empty means active.
-    pub(super) selects: BTreeSet<ObjectKey>,
-}
 
 impl Selection {
     pub(super) fn upsert_cluster_policy(

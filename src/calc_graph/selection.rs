@@ -14,11 +14,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::model::{ObjectKey, PolicyInfo};
+use crate::model::{ClusterPolicyInfo, ObjectKey, PolicyInfo};
+use crate::rules::cluster::ClusterPolicyPlan;
 use crate::rules::policy::{plan_policy, PolicyPlan};
 use crate::rules::sets::SetDef;
 
-use super::cluster::ClusterEntry;
 use super::set_index::SetIndex;
 use super::{Effects, Owner};
 
@@ -34,6 +34,15 @@ pub(super) struct PolicyEntry {
     pub(super) info: PolicyInfo,
     pub(super) plan: PolicyPlan,
     /// Local endpoints the policy selects; non-empty means active.
+    pub(super) selects: BTreeSet<ObjectKey>,
+}
+
+/// A ClusterNetworkPolicy's entry; its selection is kept by `cluster.rs`, this calculator's
+/// ClusterNetworkPolicy half.
+pub(super) struct ClusterEntry {
+    pub(super) info: ClusterPolicyInfo,
+    pub(super) plan: ClusterPolicyPlan,
+    /// Local endpoints the subject selects; non-empty means active.
     pub(super) selects: BTreeSet<ObjectKey>,
 }
 
