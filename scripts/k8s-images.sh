@@ -9,7 +9,13 @@
 #   - registry.k8s.io/conformance:v<k8s> (e2e.test, ginkgo, kubectl and go-runner, as
 #     upstream's test/conformance/image lays them out) and sonobuoy/sonobuoy:v<version>: what
 #     `sonobuoy run --plugin e2e` starts;
-#   - the agent, built from deploy/Dockerfile over those bases (buildah bud).
+#   - the agent, built from deploy/Dockerfile over those bases (buildah bud). With
+#     NETPOL_AGENT_BINARY=<path> (the test command passes its own `cargo build --release`
+#     binary), the Dockerfile's `build` stage is replaced by that binary (buildah's
+#     --build-context build=<dir>: the stage is skipped, its Rust toolchain image is not
+#     needed) and the runtime stage is the Dockerfile's, unchanged; the binary must run in
+#     that stage (same Debian release, so the same glibc), which is checked, and a binary that
+#     does not is refused by name, never shipped.
 # Each is saved as a docker-archive tarball in target/k8s/images/ (list.txt names them), for
 # `ctr -n k8s.io images import` on every node. Stamps as in k8s.sh: unchanged inputs, no work.
 #
@@ -101,7 +107,7 @@ if ! stamped "$IMAGES_DIR/.debian" "$base_hash"; then
 fi
 
 rust_hash=$(echo "$base_hash rust 1.89.0" | sha256sum | cut -c1-16)
-if ! stamped "$IMAGES_DIR/.rust" "$rust_hash"; then
+if [ -z "${NETPOL_AGENT_BINARY:-}" ] && ! stamped "$IMAGES_DIR/.rust" "$rust_hash"; then
   say "$RUST_IMAGE (Debian 12 + rustup's 1.89.0, minimal profile)"
   c=$(buildah from --pull-never "$DEBIAN_IMAGE")
   buildah config --env RUSTUP_HOME=/usr/local/rustup --env CARGO_HOME=/usr/local/cargo \
@@ -172,22 +178,38 @@ if ! stamped "$IMAGES_DIR/.sonobuoy" "$h"; then
 fi
 
 # --- the agent, from deploy/Dockerfile -------------------------------------------------------
-sources=$(git ls-files -co --exclude-standard Cargo.toml Cargo.lock build.rs src benches e2e/Cargo.toml e2e/src deploy/Dockerfile .dockerignore | sort)
-# shellcheck disable=SC2086
-h=$(echo "$rust_hash $base_hash $(hash_of $sources)" | sha256sum | cut -c1-16)
+build_ctx=()
+if [ -n "${NETPOL_AGENT_BINARY:-}" ]; then
+  [ -x "$NETPOL_AGENT_BINARY" ] || die "NETPOL_AGENT_BINARY=$NETPOL_AGENT_BINARY: no such executable"
+  ctx=$OUT/agent-binary
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  # As the build stage leaves it: stripped, at /netpol-agent.
+  strip -o "$ctx/netpol-agent" "$NETPOL_AGENT_BINARY"
+  build_ctx=(--build-context "build=$ctx")
+  h=$(echo "$base_hash prebuilt $(hash_of "$ctx/netpol-agent" deploy/Dockerfile)" | sha256sum | cut -c1-16)
+  how="deploy/Dockerfile's runtime stage and $NETPOL_AGENT_BINARY"
+else
+  sources=$(git ls-files -co --exclude-standard Cargo.toml Cargo.lock build.rs src benches e2e/Cargo.toml e2e/src deploy/Dockerfile .dockerignore | sort)
+  # shellcheck disable=SC2086
+  h=$(echo "$rust_hash $base_hash $(hash_of $sources)" | sha256sum | cut -c1-16)
+  how="deploy/Dockerfile"
+fi
 if ! stamped "$IMAGES_DIR/.agent" "$h"; then
-  say "$AGENT_IMAGE from deploy/Dockerfile"
+  say "$AGENT_IMAGE from $how"
   start=$SECONDS
   commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-  buildah bud -q --layers --pull-never "${TRUST[@]}" -f deploy/Dockerfile \
+  buildah bud -q --layers --pull-never "${TRUST[@]}" "${build_ctx[@]}" -f deploy/Dockerfile \
     --build-arg RUST_IMAGE="$RUST_IMAGE" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" \
     --build-arg TARGETARCH=amd64 --build-arg NETPOL_GIT_COMMIT="$commit" \
     -t "$AGENT_IMAGE" . >"$OUT/agent-image-build.log" 2>&1 \
     || { tail -30 "$OUT/agent-image-build.log" >&2; die "the agent's image did not build; log: $OUT/agent-image-build.log"; }
+  # The binary must start in the image (a prebuilt one linked against a newer glibc would not).
+  c=$(buildah from --pull-never "$AGENT_IMAGE")
+  version=$(buildah run "$c" -- /usr/local/bin/netpol-agent --version 2>&1) \
+    || { buildah rm "$c" >/dev/null; die "the agent's image does not run its binary: $version"; }
+  buildah rm "$c" >/dev/null
   save "netpol-agent.tar" "$AGENT_IMAGE"
-  size=$(buildah inspect --type image --format '{{.Size}}' "$AGENT_IMAGE" 2>/dev/null || echo '?')
-  say "$AGENT_IMAGE built in $((SECONDS - start)) s; $(du -h "$IMAGES_DIR/netpol-agent.tar" | cut -f1) as an archive"
+  say "$AGENT_IMAGE ($version) built in $((SECONDS - start)) s; $(du -h "$IMAGES_DIR/netpol-agent.tar" | cut -f1) as an archive"
   echo "$h" >"$IMAGES_DIR/.agent"
-  : "$size"
 fi
 say "images: $(awk '{ print $1 }' "$IMAGES_DIR/list.txt" | tr '\n' ' ')"

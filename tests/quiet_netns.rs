@@ -20,7 +20,9 @@ const METRICS_PORT: u16 = 9091;
 
 fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path, pid_ns: bool) -> Agent {
     let mut cmd = if pid_ns {
-        // As a container runtime starts it: a pid namespace and its own /proc.
+        // As a container runtime starts it: a pid namespace and its own /proc. The guard kills
+        // `unshare`; --kill-child makes the kernel kill the agent with it (the agent is the
+        // namespace's pid 1, so without it the agent outlived the test).
         let mut cmd = std::process::Command::new("ip");
         cmd.args([
             "netns",
@@ -29,6 +31,7 @@ fn start(ns: &NetNs, dir: &Path, backend: &str, log: &Path, pid_ns: bool) -> Age
             "unshare",
             "--pid",
             "--fork",
+            "--kill-child",
             "--mount-proc",
         ])
         .arg(env!("CARGO_BIN_EXE_netpol-agent"));
