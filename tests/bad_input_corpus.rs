@@ -479,7 +479,10 @@ fn a_running_agent_with_the_whole_corpus_enforces_the_good_policy() {
     let text = seen;
     let trailing: Vec<&str> = text.lines().skip(converged_lines).collect();
     if !trailing.is_empty() {
-        eprintln!("logged after convergence, before rest:\n{}", trailing.join("\n"));
+        eprintln!(
+            "logged after convergence, before rest:\n{}",
+            trailing.join("\n")
+        );
     }
     assert!(guard.0.try_wait().unwrap().is_none(), "the agent exited");
     assert!(!text.contains("panicked"), "{text}");
