@@ -19,7 +19,8 @@
 # counts measured one round each (all of a round start together; 0 is the API server alone,
 # the baseline the agents' costs are read against). --churn R: after the rest
 # window, R churn starts a second for --churn-seconds (scale-load churn: pod lives and policy
-# edits). --keep leaves the work directory (logs, certificates) in place.
+# edits). --keep leaves the work directory (logs, certificates) in place; without it a failed
+# run prints the end of each component's log before removing it.
 #
 # Guarantees: nothing of the host's network is touched. etcd, kube-apiserver, kwok and the
 # loader run in a network namespace of their own (nks-<pid>, its bridge br0 10.99.0.1/16, all
@@ -107,9 +108,17 @@ cleanup() {
     wait "$pid" 2>/dev/null
   done
   ip netns del "$API_NS" 2>/dev/null
-  if [ "$keep" = 1 ] || [ "$rc" != 0 ]; then
+  if [ "$keep" = 1 ]; then
     say "work directory (logs) kept: $WORK"
   else
+    # A failed run's logs are printed before they go: nothing of a run outlives it.
+    if [ "$rc" != 0 ]; then
+      for f in "$WORK"/*.log; do
+        [ -s "$f" ] || continue
+        echo "--- $(basename "$f"), last lines:" >&2
+        tail -5 "$f" >&2
+      done
+    fi
     rm -rf "$WORK"
   fi
   exit "$rc"
