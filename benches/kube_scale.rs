@@ -48,6 +48,8 @@
 mod common;
 #[path = "../tests/kube_api/mod.rs"]
 mod kube_api;
+#[path = "support/procfs.rs"]
+mod procfs;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
@@ -61,6 +63,7 @@ use std::time::{Duration, Instant};
 
 use common::{NetNs, TempDir};
 use kube_api::{FakeApi, Res, Streaming};
+use procfs::line_time;
 use serde_json::{json, Value};
 use synthetic::{namespace, pod_ip, Rng, Scale, APPS};
 
@@ -337,54 +340,12 @@ impl Agent {
     }
 
     fn status_kib(&self, field: &str) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        procfs::status_kib(self.pid(), field)
     }
 
-    /// CPU seconds of the agent and of its children it waited for (utime, stime, cutime,
-    /// cstime).
     fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        // After the command: state is field 3, utime field 14 … cstime field 17.
-        let ticks: u64 = fields[11..15]
-            .iter()
-            .map(|f| f.parse::<u64>().unwrap())
-            .sum();
-        ticks as f64 / clock_ticks() as f64
+        procfs::cpu_seconds(self.pid())
     }
-}
-
-/// Seconds since midnight of the first log line containing `what` (the tracing timestamp,
-/// `2026-11-23T15:38:07.694635Z`).
-fn line_time(log: &str, what: &str) -> Option<f64> {
-    let line = log.lines().find(|l| l.contains(what))?;
-    let time = line
-        .split_whitespace()
-        .next()?
-        .split('T')
-        .nth(1)?
-        .trim_end_matches('Z');
-    let mut parts = time.split(':');
-    let h: f64 = parts.next()?.parse().ok()?;
-    let m: f64 = parts.next()?.parse().ok()?;
-    let s: f64 = parts.next()?.parse().ok()?;
-    Some(h * 3600.0 + m * 60.0 + s)
-}
-
-fn clock_ticks() -> u64 {
-    let out = Command::new("getconf").arg("CLK_TCK").output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(100)
 }
 
 fn tail(log: &str) -> String {

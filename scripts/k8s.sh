@@ -2,13 +2,17 @@
 # Real Kubernetes from sources (issue 36): builds pinned upstream components from the Go module
 # proxy, and the container images a cluster on this machine needs, without a registry.
 #
-#   bash scripts/k8s.sh build [--k8s VERSION|all] [--no-images]
+#   bash scripts/k8s.sh build [--k8s VERSION|all] [--no-images] [--only "STEP..."]
 #       Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 #       kube-proxy, kubectl, e2e.test, ginkgo, agnhost, the conformance image's go-runner),
 #       etcd, containerd (+ its runc shim and ctr), sonobuoy, network-policy-api's conformance
-#       suite, helm, pause; then the images (below). Versions: e2e/k8s/versions.env; each Go build
+#       suite, helm, pause, kwok and the scale bench's loader (scripts/kube-scale.sh); then the
+#       images (below). Versions: e2e/k8s/versions.env; each Go build
 #       has its own pinned module (go.mod + go.sum) under e2e/k8s/build/. --k8s picks the
-#       Kubernetes release (default: K8S_DEFAULT; `all`: every one of K8S_VERSIONS).
+#       Kubernetes release (default: K8S_DEFAULT; `all`: every one of K8S_VERSIONS). --only
+#       builds the steps named (kubernetes etcd containerd runc sonobuoy helm network-policy-api
+#       kwok) and
+#       no images: the scale bench needs three of them, not the whole cluster's kit.
 #   bash scripts/k8s.sh images [--k8s VERSION]
 #       The images only: pause and agnhost under the names the e2e binary asks for, the
 #       conformance image and sonobuoy's for `sonobuoy run`, and the agent's image built from
@@ -36,6 +40,7 @@ die() { echo "k8s.sh: $*" >&2; exit 1; }
 
 k8s_version=$K8S_DEFAULT
 want_images=1
+only=""
 cmd=${1:-build}
 shift || true
 if [ "$cmd" = paths ]; then
@@ -47,6 +52,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --k8s) k8s_version=$2; shift 2 ;;
     --no-images) want_images=0; shift ;;
+    --only) only=$2; want_images=0; shift 2 ;;
     *) die "unknown option $1 (see the header of scripts/k8s.sh)" ;;
   esac
 done
@@ -65,10 +71,12 @@ inputs_hash() {
   { go version; cat "$0"; for f in "$@"; do echo "== $f"; cat "$f"; done; } | sha256sum | cut -c1-16
 }
 
-# Runs a build step unless its stamp matches: step NAME STAMPFILE HASH FUNCTION [ARGS...]
+# Runs a build step unless its stamp matches (or --only leaves it out):
+# step NAME STAMPFILE HASH FUNCTION [ARGS...]
 step() {
   local name=$1 stamp=$2 hash=$3
   shift 3
+  if [ -n "$only" ] && [[ " $only " != *" ${name%% *} "* ]]; then return 0; fi
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
     say "$name: up to date"
     return 0
@@ -213,6 +221,18 @@ build_npa() {
   (cd "$work" && go test -c -trimpath -mod=readonly -o "$bin/conformance-nosctp.test" ./conformance)
 }
 
+# kwok (fake nodes and pod status for scripts/kube-scale.sh) and that bench's loader, which
+# creates the synthetic cluster through client-go: one module, so both use the client-go
+# release kwok pins.
+build_kwok() {
+  local mod=e2e/k8s/build/kwok bin=$OUT/kwok-$KWOK_VERSION/bin
+  fetch_modules "$mod"
+  mkdir -p "$bin"
+  (cd "$mod" && go build -trimpath -mod=readonly \
+    -ldflags "-s -w" \
+    -o "$bin/" sigs.k8s.io/kwok/cmd/kwok ./scale-load)
+}
+
 build_all() {
   for v in $k8s_list; do
     local mod
@@ -232,6 +252,8 @@ build_all() {
     "$(inputs_hash e2e/k8s/versions.env)" build_helm
   step "network-policy-api v$NPA_VERSION" "$OUT/network-policy-api-$NPA_VERSION/.stamp" \
     "$(inputs_hash e2e/k8s/versions.env e2e/k8s/npa_without_sctp.py)" build_npa
+  step "kwok v$KWOK_VERSION" "$OUT/kwok-$KWOK_VERSION/.stamp" \
+    "$(inputs_hash e2e/k8s/build/kwok/go.mod e2e/k8s/build/kwok/go.sum e2e/k8s/build/kwok/scale-load/main.go)" build_kwok
 }
 
 print_paths() {
@@ -245,6 +267,7 @@ RUNC_BIN=$OUT/runc-$RUNC_VERSION/bin
 SONOBUOY_BIN=$OUT/sonobuoy-$SONOBUOY_VERSION/bin
 NPA_BIN=$OUT/network-policy-api-$NPA_VERSION/bin
 HELM_BIN=$OUT/helm-$HELM_VERSION/bin
+KWOK_BIN=$OUT/kwok-$KWOK_VERSION/bin
 IMAGES_DIR=$OUT/images
 AGNHOST_VERSION=$(agnhost_of "$v")
 PAUSE_VERSION=$(pause_of "$v")
@@ -255,7 +278,7 @@ case "$cmd" in
   build)
     command -v go >/dev/null || die "go is missing (Go 1.26 builds these)"
     command -v gcc >/dev/null || die "gcc is missing (pause is C); scripts/setup.sh installs it"
-    if [ ! -e /usr/include/seccomp.h ]; then
+    if [ ! -e /usr/include/seccomp.h ] && { [ -z "$only" ] || [[ " $only " == *" runc "* ]]; }; then
       say "installing libseccomp-dev (runc's seccomp support)"
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev pkg-config >/dev/null \
         || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev pkg-config >/dev/null; }
