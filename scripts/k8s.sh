@@ -6,8 +6,8 @@
 #       Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 #       kube-proxy, kubectl, e2e.test, ginkgo, agnhost, the conformance image's go-runner),
 #       etcd, containerd (+ its runc shim and ctr), sonobuoy, network-policy-api's conformance
-#       suite, helm, pause, kwok and the scale bench's loader (scripts/kube-scale.sh); then the
-#       images (below). Versions: e2e/k8s/versions.env; each Go build
+#       suite, helm, pause; then the images (below). kwok and the scale bench's loader
+#       (scripts/kube-scale.sh) only when --only names kwok. Versions: e2e/k8s/versions.env; each Go build
 #       has its own pinned module (go.mod + go.sum) under e2e/k8s/build/. --k8s picks the
 #       Kubernetes release (default: K8S_DEFAULT; `all`: every one of K8S_VERSIONS). --only
 #       builds the steps named (kubernetes etcd containerd runc sonobuoy helm network-policy-api
@@ -252,8 +252,12 @@ build_all() {
     "$(inputs_hash e2e/k8s/versions.env)" build_helm
   step "network-policy-api v$NPA_VERSION" "$OUT/network-policy-api-$NPA_VERSION/.stamp" \
     "$(inputs_hash e2e/k8s/versions.env e2e/k8s/npa_without_sctp.py)" build_npa
-  step "kwok v$KWOK_VERSION" "$OUT/kwok-$KWOK_VERSION/.stamp" \
-    "$(inputs_hash e2e/k8s/build/kwok/go.mod e2e/k8s/build/kwok/go.sum e2e/k8s/build/kwok/scale-load/main.go)" build_kwok
+  # The scale bench's alone: built only when named (--only "... kwok"), so the test command's
+  # build does not carry it.
+  if [[ " $only " == *" kwok "* ]]; then
+    step "kwok v$KWOK_VERSION" "$OUT/kwok-$KWOK_VERSION/.stamp" \
+      "$(inputs_hash e2e/k8s/build/kwok/go.mod e2e/k8s/build/kwok/go.sum e2e/k8s/build/kwok/scale-load/main.go)" build_kwok
+  fi
 }
 
 print_paths() {
