@@ -676,6 +676,14 @@ for n in "${NEW[@]}"; do
     --kubeconfig "$STATE/kubelet-$n.kubeconfig" --hostname-override "$n" \
     --node-ip "$(cat "$STATE/$n/node-ips")" --root-dir "$STATE/$n/kubelet" \
     --cert-dir "$STATE/$n/kubelet-pki" --v 1 "${extra[@]}"
+  # Every kubelet binds /var/lib/kubelet/device-plugins/kubelet.sock, a fixed path outside
+  # --root-dir: started at once, two can remove and bind it together and one exits with
+  # "address already in use" (seen once, 2026-11-29). The next starts once this one holds it
+  # (at most 30 s; a kubelet that never binds fails below, named by its log).
+  for _ in $(seq 1 60); do
+    [ -n "$(find /var/lib/kubelet/device-plugins/kubelet.sock -newer "$STATE/$n/kubelet.cmd" 2>/dev/null)" ] && break
+    sleep 0.5
+  done
   start "$n" kube-proxy "$K8S_BIN/kube-proxy" --config "$STATE/$n/kube-proxy.yaml" --v 1
 done
 [ -z "$import_pid" ] || wait "$import_pid" || die "importing the images failed"
