@@ -16,6 +16,8 @@
 //! The synthetic cluster comes from `support/synthetic.rs` (shared with the dataplane
 //! benchmark), with 110 pods on the benchmarked node.
 
+#[path = "support/procfs.rs"]
+mod procfs;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
@@ -45,13 +47,7 @@ fn scale_10k(cluster_policies: usize) -> Scale {
 }
 
 fn rss_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    procfs::status_kib(std::process::id(), field)
 }
 
 fn full_compile(scale: Scale) -> Duration {
