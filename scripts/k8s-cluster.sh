@@ -32,6 +32,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=lib/pki.sh
+source scripts/lib/pki.sh
 STATE=${NETPOL_K8S_CLUSTER:-$ROOT/target/k8s/cluster}
 RUN=/run/npk
 FABRIC=npk-fabric
@@ -357,31 +359,9 @@ PKI=$STATE/pki
 mkdir -p "$PKI"
 say "certificates"
 if [ "$JOIN" = 0 ]; then
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
-  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=netpol-k8s-ca" -days 30 -out "$PKI/ca.crt" 2>/dev/null
+  pki_ca netpol-k8s-ca 30
 fi
-# cert NAME CN ORG SANS(comma list of DNS:/IP:) USAGE(server|client|both)
-cert() {
-  local name=$1 cn=$2 org=$3 sans=$4 usage=$5 ext
-  ext=$(mktemp)
-  {
-    echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    case "$usage" in
-      server) echo "extendedKeyUsage=serverAuth" ;;
-      client) echo "extendedKeyUsage=clientAuth" ;;
-      both) echo "extendedKeyUsage=serverAuth,clientAuth" ;;
-    esac
-    [ -n "$sans" ] && echo "subjectAltName=$sans"
-  } >"$ext"
-  local subj="/CN=$cn"
-  [ -n "$org" ] && subj="/O=$org$subj"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-    -days 30 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$ext" "$PKI/$name.csr"
-}
+cert() { pki_cert 30 "$@"; } # NAME CN ORG SANS USAGE (scripts/lib/pki.sh)
 if [ "$JOIN" = 0 ]; then
   api_sans="DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:$CP_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,IP:10.98.0.1"
   [ "$FAMILY" = dual ] && api_sans="$api_sans,IP:fd00:10:96::1,IP:$(node_ip6 npk-cp)"
@@ -398,22 +378,7 @@ if [ "$JOIN" = 0 ]; then
 fi
 for n in "${NEW[@]}"; do cert "kubelet-$n" "system:node:$n" system:nodes "" client; done
 
-kubeconfig() { # FILE CERTNAME SERVER
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: npk
-  cluster: {certificate-authority: $PKI/ca.crt, server: "$3"}
-users:
-- name: u
-  user: {client-certificate: $PKI/$2.crt, client-key: $PKI/$2.key}
-contexts:
-- name: npk
-  context: {cluster: npk, user: u}
-current-context: npk
-EOF
-}
+kubeconfig() { pki_kubeconfig "$1" npk "$2" "$3"; } # FILE CERTNAME SERVER
 if [ "$JOIN" = 0 ]; then
   kubeconfig "$STATE/admin.kubeconfig" admin "https://$CP_IP:6443"
   kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager "https://127.0.0.1:6443"

@@ -34,6 +34,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # shellcheck source=../e2e/k8s/versions.env
 source e2e/k8s/versions.env
+# shellcheck source=lib/pki.sh
+source scripts/lib/pki.sh
 
 say() { echo "=== kube-scale: $*"; }
 die() { echo "kube-scale: $*" >&2; exit 1; }
@@ -151,55 +153,16 @@ say "$(date -u +%FT%TZ): $nodes nodes, $pods pods, $namespaces namespaces, $poli
 ip netns add "$API_NS"
 ip netns exec "$API_NS" sh -c 'ip link set lo up && ip link add br0 type bridge && ip addr add 10.99.0.1/16 dev br0 && ip link set br0 up'
 
-# --- certificates: one CA, TLS everywhere, as a real control plane -----------------------------
-# (scripts/k8s-cluster.sh is one program, not a library: the few lines it takes are here.)
+# --- certificates: one CA, TLS everywhere, as a real control plane (scripts/lib/pki.sh) ------
 PKI=$WORK/pki
-mkdir -p "$PKI"
-openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
-openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=netpol-scale-ca" -days 2 -out "$PKI/ca.crt" 2>/dev/null
-cert() { # NAME CN ORG SANS USAGE(server|client|both)
-  local name=$1 cn=$2 org=$3 sans=$4 usage=$5 ext subj
-  ext=$WORK/$name.ext
-  {
-    echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    case "$usage" in
-      server) echo "extendedKeyUsage=serverAuth" ;;
-      client) echo "extendedKeyUsage=clientAuth" ;;
-      both) echo "extendedKeyUsage=serverAuth,clientAuth" ;;
-    esac
-    [ -n "$sans" ] && echo "subjectAltName=$sans"
-  } >"$ext"
-  subj="/CN=$cn"
-  [ -n "$org" ] && subj="/O=$org$subj"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-    -days 2 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$ext" "$PKI/$name.csr"
-}
-cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:localhost,IP:127.0.0.1,IP:10.99.0.1" server
-cert etcd etcd "" "DNS:localhost,IP:127.0.0.1" both
-cert apiserver-etcd-client kube-apiserver-etcd-client "" "" client
-cert admin kubernetes-admin system:masters "" client
+pki_ca netpol-scale-ca 2
+pki_cert 2 apiserver kube-apiserver "" "DNS:kubernetes,DNS:localhost,IP:127.0.0.1,IP:10.99.0.1" server
+pki_cert 2 etcd etcd "" "DNS:localhost,IP:127.0.0.1" both
+pki_cert 2 apiserver-etcd-client kube-apiserver-etcd-client "" "" client
+pki_cert 2 admin kubernetes-admin system:masters "" client
 openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
 openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
-kubeconfig() { # FILE SERVER
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: scale
-  cluster: {certificate-authority: $PKI/ca.crt, server: "$2"}
-users:
-- name: u
-  user: {client-certificate: $PKI/admin.crt, client-key: $PKI/admin.key}
-contexts:
-- name: scale
-  context: {cluster: scale, user: u}
-current-context: scale
-EOF
-}
+kubeconfig() { pki_kubeconfig "$1" scale admin "$2"; } # FILE SERVER
 kubeconfig "$WORK/local.kubeconfig" https://127.0.0.1:6443
 kubeconfig "$WORK/agent.kubeconfig" https://10.99.0.1:6443
 api_curl() { ip netns exec "$API_NS" curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:6443$1"; }
