@@ -26,6 +26,18 @@ fn demo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/demo")
 }
 
+/// A namespace for one agent, a manifest directory holding the demo shop, and a log
+/// directory, each named after `tag` and removed when dropped.
+fn demo_node(tag: &str) -> (NetNs, TempDir, TempDir) {
+    let ns = NetNs::new(tag);
+    let dir = TempDir::new(&format!("{tag}-manifests"));
+    let logs = TempDir::new(&format!("{tag}-logs"));
+    for f in ["cluster.yaml", "policies.yaml"] {
+        std::fs::copy(demo().join(f), dir.path.join(f)).unwrap();
+    }
+    (ns, dir, logs)
+}
+
 /// The agent with metrics and health on; `extra` overrides or adds environment.
 fn start_agent(ns: &NetNs, dir: &Path, log: &Path, extra: &[(&str, &str)]) -> Agent {
     let mut cmd = common::agent_in(&ns.name);
@@ -68,12 +80,7 @@ const NEW_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: late, namespa
 
 #[test]
 fn health_and_metrics_of_a_running_agent() {
-    let ns = NetNs::new("metrics");
-    let dir = TempDir::new("metrics-manifests");
-    let logs = TempDir::new("metrics-logs");
-    for f in ["cluster.yaml", "policies.yaml"] {
-        std::fs::copy(demo().join(f), dir.path.join(f)).unwrap();
-    }
+    let (ns, dir, logs) = demo_node("metrics");
     std::fs::write(dir.path.join("bad-policy.yaml"), BAD_POLICY).unwrap();
     std::fs::write(dir.path.join("broken.yaml"), BROKEN_YAML).unwrap();
     let cluster = std::fs::read_to_string(dir.path.join("cluster.yaml")).unwrap();
@@ -278,12 +285,7 @@ fn health_and_metrics_of_a_running_agent() {
 /// while nobody touches the kernel.
 #[test]
 fn the_first_refreshes_are_spaced_by_the_first_applys_cost() {
-    let ns = NetNs::new("refresh");
-    let dir = TempDir::new("refresh-manifests");
-    let logs = TempDir::new("refresh-logs");
-    for f in ["cluster.yaml", "policies.yaml"] {
-        std::fs::copy(demo().join(f), dir.path.join(f)).unwrap();
-    }
+    let (ns, dir, logs) = demo_node("refresh");
     let base = Duration::from_secs(2);
     let base_secs = base.as_secs().to_string();
     let agent = start_agent(
