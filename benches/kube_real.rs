@@ -8,7 +8,8 @@
 //! ```text
 //! kube_real emit --out FILE --pods P --nodes N --namespaces NS --policies K [--local L]
 //! kube_real agents --kubeconfig K --api-netns NS --api-pid PID --etcd-pid PID
-//!     --metrics CMD --counts 1,4,8 [--rest S] [--churn CMD]
+//!     --metrics CMD --counts 1,4,8 [--rest S] [--churn CMD] [--probe CMD] [--probes K]
+//!     [--check]
 //! ```
 //!
 //! - emit: the cluster of `support/synthetic.rs` (the same draws as the other scale
@@ -29,9 +30,20 @@
 //!   prints its `/metrics`). Then `--rest` seconds at rest (default 60) and, with `--churn`,
 //!   while that command runs (the loader's churn), the same figures as rates. N = 0 is the
 //!   API server alone, the baseline each agent's cost is read against.
+//! - With `--probe` (a command that runs `scale-load probe`): event → enforced for agent-0
+//!   (`support/enforced.rs`), `--probes` probes (default 30, four a second) after the rest
+//!   window, then one a second for as long as the churn runs. Each probe is three writes
+//!   that every agent receives: the churn's figures include them.
+//! - `--check` (the smoke in the test command): besides the figures, each round's outcomes
+//!   are checks, printed and counted (`N passed, M failed` last; exit status 1 on a failure):
+//!   every agent applied and was still running at the end, every probe was enforced (at
+//!   least one, none timed out or failed), and the churn's writes all succeeded. Never a
+//!   time: the figures are for reading.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/enforced.rs"]
+mod enforced;
 #[path = "support/procfs.rs"]
 mod procfs;
 #[path = "support/synthetic.rs"]
@@ -40,7 +52,7 @@ mod synthetic;
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{NetNs, TempDir};
@@ -99,11 +111,20 @@ fn main() {
                 api_pid: num("--api-pid", 0) as u32,
                 etcd_pid: num("--etcd-pid", 0) as u32,
                 metrics: need("--metrics"),
+                probe: opt("--probe"),
+                probes: num("--probes", 30),
             };
             let rest = Duration::from_secs(num("--rest", 60) as u64);
             let churn = opt("--churn");
-            for n in counts {
-                round(&env, n, rest, churn.as_deref());
+            let mut checks = Checks::default();
+            for (k, n) in counts.into_iter().enumerate() {
+                round(&env, k, n, rest, churn.as_deref(), &mut checks);
+            }
+            if args.iter().any(|a| a == "--check") {
+                println!("{} passed, {} failed", checks.passed, checks.failed);
+                if checks.failed > 0 {
+                    std::process::exit(1);
+                }
             }
         }
         _ => panic!("kube_real emit|agents (see the header of benches/kube_real.rs)"),
@@ -162,6 +183,8 @@ struct Env {
     api_pid: u32,
     etcd_pid: u32,
     metrics: String,
+    probe: Option<String>,
+    probes: usize,
 }
 
 /// One agent and the namespace it programs; the agent is killed before its namespace goes
@@ -169,7 +192,7 @@ struct Env {
 struct Node {
     agent: common::Agent,
     veth: String,
-    _ns: NetNs,
+    ns: NetNs,
 }
 
 impl Node {
@@ -215,11 +238,7 @@ impl Node {
             .env("FELIX_HEALTHENABLED", "false")
             .env("FELIX_LOGSEVERITYSCREEN", "info");
         let agent = common::Agent::spawn(cmd, &work.join(format!("agent-{i}.log")));
-        Node {
-            agent,
-            veth,
-            _ns: ns,
-        }
+        Node { agent, veth, ns }
     }
 
     /// Seconds from the agent's "running" line (after its preflight checks) to its first
@@ -382,7 +401,42 @@ fn report_window(what: &str, a: &Snapshot, b: &Snapshot) {
     println!("  watch events sent: {}", events.join(", "));
 }
 
-fn round(env: &Env, n: usize, rest: Duration, churn: Option<&str>) {
+/// The outcomes `--check` counts.
+#[derive(Default)]
+struct Checks {
+    passed: usize,
+    failed: usize,
+}
+
+impl Checks {
+    fn check(&mut self, ok: bool, what: &str) {
+        if ok {
+            self.passed += 1;
+            println!("check ok: {what}");
+        } else {
+            self.failed += 1;
+            println!("check FAILED {what}");
+        }
+    }
+
+    fn probes(&mut self, r: &enforced::Results, what: &str) {
+        self.check(
+            !r.add.is_empty()
+                && r.add.len() == r.delete.len()
+                && r.timed_out == 0
+                && r.failed.is_empty(),
+            &format!(
+                "every probe {what} enforced ({} added, {} deleted, {} timed out, {} failed)",
+                r.add.len(),
+                r.delete.len(),
+                r.timed_out,
+                r.failed.len()
+            ),
+        );
+    }
+}
+
+fn round(env: &Env, k: usize, n: usize, rest: Duration, churn: Option<&str>, checks: &mut Checks) {
     // The machine is shared: times depend on what else runs; CPU seconds do not.
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load = load
@@ -458,11 +512,41 @@ fn round(env: &Env, n: usize, rest: Duration, churn: Option<&str>) {
     std::thread::sleep(rest);
     let rested = snapshot(env, &nodes);
     report_window("at rest", &settled, &rested);
+    // Probes of agent-0 (the rounds' agents are numbered from 0 and each round has its own
+    // pod names and addresses).
+    let mut prober = match (&env.probe, nodes.first()) {
+        (Some(cmd), Some(node)) => Some(enforced::Prober::new(
+            &node.ns.name,
+            cmd,
+            k as u32 * 100_000,
+        )),
+        _ => None,
+    };
+    if let Some(p) = prober.as_mut() {
+        let mut at_rest = enforced::Results::default();
+        let mut started = 0;
+        p.run(&mut at_rest, Duration::from_millis(250), || {
+            started += 1;
+            started <= env.probes
+        });
+        println!("{}", at_rest.report("at rest"));
+        checks.probes(&at_rest, "at rest");
+    }
     if let Some(cmd) = churn {
-        let out = Command::new("sh")
+        let before_churn = snapshot(env, &nodes);
+        let mut child = Command::new("sh")
             .args(["-c", cmd])
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("--churn command");
+        let mut under_churn = enforced::Results::default();
+        if let Some(p) = prober.as_mut() {
+            p.run(&mut under_churn, Duration::from_secs(1), || {
+                matches!(child.try_wait(), Ok(None))
+            });
+        }
+        let out = child.wait_with_output().expect("--churn command");
         // Agents still applying the last changes count in the window.
         std::thread::sleep(Duration::from_secs(3));
         let churned = snapshot(env, &nodes);
@@ -471,15 +555,29 @@ fn round(env: &Env, n: usize, rest: Duration, churn: Option<&str>) {
             String::from_utf8_lossy(&out.stdout).trim(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
-        report_window("under churn", &rested, &churned);
+        report_window("under churn", &before_churn, &churned);
+        checks.check(
+            out.status.success(),
+            &format!("the churn's writes ({})", out.status),
+        );
+        if prober.is_some() {
+            println!("{}", under_churn.report("under churn"));
+            checks.probes(&under_churn, "under churn");
+        }
     }
+    drop(prober);
     for (i, node) in nodes.iter_mut().enumerate() {
-        if !node.agent.running() {
+        let running = node.agent.running();
+        if !running {
             println!(
                 "agent {i} exited during the round:\n{}",
                 tail(&node.agent.log())
             );
         }
+        checks.check(
+            running,
+            &format!("agent {i} of {n} applied and ran to the round's end"),
+        );
     }
     drop(nodes);
     println!();

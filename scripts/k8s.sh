@@ -252,8 +252,8 @@ build_all() {
     "$(inputs_hash e2e/k8s/versions.env)" build_helm
   step "network-policy-api v$NPA_VERSION" "$OUT/network-policy-api-$NPA_VERSION/.stamp" \
     "$(inputs_hash e2e/k8s/versions.env e2e/k8s/npa_without_sctp.py)" build_npa
-  # The scale bench's alone: built only when named (--only "... kwok"), so the test command's
-  # build does not carry it.
+  # The scale bench's alone: built only when named (--only "... kwok"; the test command names
+  # it in a build of its own, for the bench's smoke), so the cluster's builds do not carry it.
   if [[ " $only " == *" kwok "* ]]; then
     step "kwok v$KWOK_VERSION" "$OUT/kwok-$KWOK_VERSION/.stamp" \
       "$(inputs_hash e2e/k8s/build/kwok/go.mod e2e/k8s/build/kwok/go.sum e2e/k8s/build/kwok/scale-load/main.go)" build_kwok

@@ -6,12 +6,18 @@
 # benches/kube_real.rs: start-up, RSS, CPU at rest and under churn, and what they cost the
 # API server (CPU, RSS, bytes sent to each agent, watch events).
 #
-#   nice -n 19 bash scripts/kube-scale.sh [--small|--medium] [--nodes N --pods P
+#   nice -n 19 bash scripts/kube-scale.sh [--smoke|--small|--medium] [--nodes N --pods P
 #       --namespaces NS --policies K] [--agents 1,4,8] [--rest S] [--churn R]
-#       [--churn-seconds S] [--workers W] [--keep]
+#       [--churn-seconds S] [--probes K] [--workers W] [--keep]
 #
 # Defaults: --agents 0,1,8,32 (--medium 0,1,8,24; --small 0,1,4,8), --rest 60 (--small 30),
 # no churn.
+#
+# --smoke is the test command's (scripts/test.sh, about 90 s): --small's cluster, one agent,
+# 5 s at rest, 10 s of churn at 10 starts a second, 10 probes, the bench built in the dev
+# profile (the test command's library, not a third build of it), and its --check: the run
+# fails unless the agent applied and kept running, every probe was enforced and every churn
+# write succeeded.
 #
 # Sizes: default 5000 nodes, 150000 pods, 5000 namespaces, 10000 NetworkPolicies (the issue's);
 # --medium 500 / 15000 / 500 / 1000; --small (the smoke) 50 / 1500 / 50 / 100. Node node-0
@@ -19,8 +25,14 @@
 # counts measured one round each (all of a round start together; 0 is the API server alone,
 # the baseline the agents' costs are read against). --churn R: after the rest
 # window, R churn starts a second for --churn-seconds (scale-load churn: pod lives and policy
-# edits). --keep leaves the work directory (logs, certificates) in place; without it a failed
-# run prints the end of each component's log before removing it.
+# edits). Event → enforced is probed for agent-0 in every round with agents (--probes K at
+# rest, default 30, and one a second under churn; benches/support/enforced.rs); --probes 0
+# turns it off. --keep leaves the work directory (logs, certificates) in place; without it a
+# failed run prints the end of each component's log before removing it.
+#
+# The agents authenticate as the shipped manifests make them: the ServiceAccount, ClusterRole
+# and ClusterRoleBinding of deploy/base are applied, and each agent gets a token of that
+# ServiceAccount (TokenRequest), so every request they make passes RBAC as in a cluster.
 #
 # Guarantees: nothing of the host's network is touched. etcd, kube-apiserver, kwok and the
 # loader run in a network namespace of their own (nks-<pid>, its bridge br0 10.99.0.1/16, all
@@ -41,9 +53,10 @@ say() { echo "=== kube-scale: $*"; }
 die() { echo "kube-scale: $*" >&2; exit 1; }
 
 nodes=5000 pods=150000 namespaces=5000 policies=10000 agents=0,1,8,32 rest=60
-churn=0 churn_seconds=60 workers=64 keep=0
+churn=0 churn_seconds=60 probes=30 workers=64 keep=0 smoke=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --smoke) nodes=50 pods=1500 namespaces=50 policies=100 agents=1 rest=5 churn=10 churn_seconds=10 probes=10 smoke=1; shift ;;
     --small) nodes=50 pods=1500 namespaces=50 policies=100 agents=0,1,4,8 rest=30; shift ;;
     --medium) nodes=500 pods=15000 namespaces=500 policies=1000 agents=0,1,8,24; shift ;;
     --nodes) nodes=$2; shift 2 ;;
@@ -54,6 +67,7 @@ while [ $# -gt 0 ]; do
     --rest) rest=$2; shift 2 ;;
     --churn) churn=$2; shift 2 ;;
     --churn-seconds) churn_seconds=$2; shift 2 ;;
+    --probes) probes=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) die "unknown option $1 (see the header of scripts/kube-scale.sh)" ;;
@@ -68,17 +82,22 @@ done
 say "building: kube-apiserver, etcd, kwok and the loader (scripts/k8s.sh), the agent and the bench"
 bash scripts/k8s.sh build --only "kubernetes etcd kwok"
 eval "$(bash scripts/k8s.sh paths)"
-for b in "$K8S_BIN/kube-apiserver" "$ETCD_BIN/etcd" "$KWOK_BIN/kwok" "$KWOK_BIN/scale-load"; do
+for b in "$K8S_BIN/kube-apiserver" "$K8S_BIN/kubectl" "$ETCD_BIN/etcd" "$KWOK_BIN/kwok" "$KWOK_BIN/scale-load"; do
   [ -x "$b" ] || die "$b was not built (bash scripts/k8s.sh build --only \"kubernetes etcd kwok\")"
 done
 cargo build --release --quiet --bin netpol-agent
-BENCH=$(cargo bench --bench kube_real --no-run --message-format=json 2>/dev/null | python3 -c '
+if [ "$smoke" = 1 ]; then
+  bench_build=(cargo build --bench kube_real --message-format=json)
+else
+  bench_build=(cargo bench --bench kube_real --no-run --message-format=json)
+fi
+BENCH=$("${bench_build[@]}" 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "kube_real" and m.get("executable"):
         print(m["executable"])')
-[ -x "$BENCH" ] || die "benches/kube_real.rs did not build (cargo bench --bench kube_real --no-run)"
+[ -x "$BENCH" ] || die "benches/kube_real.rs did not build (${bench_build[*]})"
 # kwok's own stage definitions (node initialised Ready; pods Running with an IP from their
 # node's podCIDR; deletion completed), from the module it was built from: no heartbeats, so
 # kwok is silent once the cluster is up and "at rest" is the agents' rest.
@@ -164,7 +183,6 @@ openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
 openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 kubeconfig() { pki_kubeconfig "$1" scale admin "$2"; } # FILE SERVER
 kubeconfig "$WORK/local.kubeconfig" https://127.0.0.1:6443
-kubeconfig "$WORK/agent.kubeconfig" https://10.99.0.1:6443
 api_curl() { ip netns exec "$API_NS" curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:6443$1"; }
 
 # --- control plane: etcd, kube-apiserver (no controller-manager, scheduler or kubelet) --------
@@ -189,6 +207,15 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --authorization-mode RBAC --disable-admission-plugins ServiceAccount \
   --service-cluster-ip-range 10.96.0.0/16 --profiling=false
 wait_for 180 kube-apiserver api_curl /readyz
+
+# --- the agents' identity: the shipped RBAC and a token of its ServiceAccount ---------------
+kubectl() { ip netns exec "$API_NS" "$K8S_BIN/kubectl" --kubeconfig "$WORK/local.kubeconfig" "$@"; }
+# kube-system is made by the API server itself, shortly after it is ready.
+wait_for 60 kube-apiserver kubectl get namespace kube-system
+kubectl apply -f deploy/base/serviceaccount.yaml -f deploy/base/clusterrole.yaml \
+  -f deploy/base/clusterrolebinding.yaml | sed 's/^/  /'
+pki_kubeconfig_token "$WORK/agent.kubeconfig" scale \
+  "$(kubectl create token netpol-agent --namespace kube-system --duration 24h)" https://10.99.0.1:6443
 
 # --- kwok and the cluster --------------------------------------------------------------------
 STAGES=$WORK/kwok-stages.yaml
@@ -215,10 +242,15 @@ churn_args=()
 if [ "$churn" != 0 ]; then
   churn_args=(--churn "nsenter --net=/run/netns/$API_NS -- $KWOK_BIN/scale-load churn --kubeconfig $WORK/local.kubeconfig --rate $churn --seconds $churn_seconds --nodes $nodes --namespaces $namespaces --policies $policies")
 fi
+probe_args=()
+[ "$smoke" = 1 ] && probe_args+=(--check)
+if [ "$probes" != 0 ]; then
+  probe_args+=(--probes "$probes" --probe "nsenter --net=/run/netns/$API_NS -- $KWOK_BIN/scale-load probe --kubeconfig $WORK/local.kubeconfig")
+fi
 "$BENCH" agents --kubeconfig "$WORK/agent.kubeconfig" --api-netns "$API_NS" \
   --api-pid "$(cat "$WORK/kube-apiserver.pid")" --etcd-pid "$(cat "$WORK/etcd.pid")" \
   --metrics "ip netns exec $API_NS curl -s --cacert $PKI/ca.crt --cert $PKI/admin.crt --key $PKI/admin.key https://127.0.0.1:6443/metrics" \
-  --counts "$agents" --rest "$rest" "${churn_args[@]}" &
+  --counts "$agents" --rest "$rest" "${churn_args[@]}" "${probe_args[@]}" &
 BENCH_PID=$!
 wait "$BENCH_PID"
 BENCH_PID=""

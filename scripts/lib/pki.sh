@@ -40,15 +40,27 @@ pki_cert() {
 # pki_kubeconfig FILE CLUSTER CERTNAME SERVER: a kubeconfig for SERVER that trusts the CA and
 # presents $PKI/CERTNAME.{crt,key}.
 pki_kubeconfig() {
+  pki_kubeconfig_for "$1" "$2" "$4" "{client-certificate: $PKI/$3.crt, client-key: $PKI/$3.key}"
+}
+
+# pki_kubeconfig_token FILE CLUSTER TOKEN SERVER: the same for a bearer token (a service
+# account's, from the TokenRequest API), as a pod's in-cluster identity authenticates.
+pki_kubeconfig_token() {
+  pki_kubeconfig_for "$1" "$2" "$4" "{token: $3}"
+}
+
+# pki_kubeconfig_for FILE CLUSTER SERVER USER: the kubeconfig both write; USER is the user
+# entry as a YAML flow mapping.
+pki_kubeconfig_for() {
   cat >"$1" <<KUBECONFIG
 apiVersion: v1
 kind: Config
 clusters:
 - name: $2
-  cluster: {certificate-authority: $PKI/ca.crt, server: "$4"}
+  cluster: {certificate-authority: $PKI/ca.crt, server: "$3"}
 users:
 - name: u
-  user: {client-certificate: $PKI/$3.crt, client-key: $PKI/$3.key}
+  user: $4
 contexts:
 - name: $2
   context: {cluster: $2, user: u}

@@ -13,7 +13,20 @@
 //	    then kwok gives it an IP and marks it Running; relabelled 1 s later with another app;
 //	    deleted 1 s after that), or, every tenth, a NetworkPolicy edit (its pod selector's
 //	    app changes). So about 2.8 R writes a second, each followed by one or two status
-//	    writes of kwok's. Prints the writes done, their rate and the failures.
+//	    writes of kwok's. Prints the writes done, their rate and the failures; the exit
+//	    status is 1 if any write failed.
+//	scale-load probe --kubeconfig K
+//	    The writer half of the event → enforced probe (benches/kube_real.rs reads the other
+//	    half, the agent's IP sets). Commands on standard input, one answer line each:
+//	      template IP...  the first of these addresses that is a Running pod's on another node
+//	                      than node-0: "template NS NAME IP", or "none"
+//	      add ID IP       a pod probe-ID copied from the template (namespace, labels, ports) on
+//	                      node "probe-node", which kwok does not manage, then its status written
+//	                      here: Running, with address IP: "added ID T0 T1"
+//	      del ID          probe-ID deleted at once (grace period 0): "deleted ID T0 T1"
+//	    T0 and T1 are the Unix times in nanoseconds just before the write that makes the
+//	    change (the status write; the delete) and when its answer came. A failed request is
+//	    "error ..." and ends nothing: the bench counts it.
 //
 // Guarantees: every request error is counted and printed (the first few in full); the exit
 // status is 1 if any create failed, so a half-loaded cluster is never measured as a full one.
@@ -27,6 +40,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"strings"
@@ -44,7 +58,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: scale-load load|churn [options] (see the header of main.go)")
+		fail("usage: scale-load load|churn|probe [options] (see the header of main.go)")
 	}
 	cmd, args := os.Args[1], os.Args[2:]
 	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
@@ -78,8 +92,10 @@ func main() {
 		load(ctx, client, *objects, *nodes, *workers)
 	case "churn":
 		churn(ctx, client, *rate, *seconds, *nodes, *namespaces, *policies)
+	case "probe":
+		probe(ctx, client, os.Stdin, os.Stdout)
 	default:
-		fail("unknown command %q: load or churn", cmd)
+		fail("unknown command %q: load, churn or probe", cmd)
 	}
 }
 
@@ -311,4 +327,87 @@ func churn(ctx context.Context, c *kubernetes.Clientset, rate, seconds float64, 
 	fmt.Printf("churn: %d writes in %.1f s (%.1f/s) at %.0f starts/s; %d failed\n",
 		ops.Load(), time.Since(end.Add(-time.Duration(seconds*float64(time.Second)))).Seconds(),
 		float64(ops.Load())/seconds, rate, errs.n.Load())
+	if errs.n.Load() > 0 {
+		os.Exit(1)
+	}
+}
+
+// probe answers the bench's commands (see the header) until its standard input ends.
+func probe(ctx context.Context, c *kubernetes.Clientset, in io.Reader, out io.Writer) {
+	var template *corev1.Pod
+	sc := bufio.NewScanner(in)
+	w := bufio.NewWriter(out)
+	say := func(format string, a ...any) {
+		fmt.Fprintf(w, format+"\n", a...)
+		_ = w.Flush()
+	}
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch {
+		case f[0] == "template":
+			template = nil
+			var chosen string
+			for _, ip := range f[1:] {
+				l, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.podIP=" + ip})
+				if err != nil {
+					say("error template: %v", err)
+					break
+				}
+				for i := range l.Items {
+					p := &l.Items[i]
+					if p.Spec.NodeName != "node-0" && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+						template, chosen = p, ip
+						break
+					}
+				}
+				if template != nil {
+					break
+				}
+			}
+			if template == nil {
+				say("none")
+			} else {
+				say("template %s %s %s", template.Namespace, template.Name, chosen)
+			}
+		case f[0] == "add" && len(f) == 3 && template != nil:
+			pods := c.CoreV1().Pods(template.Namespace)
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "probe-" + f[1], Namespace: template.Namespace, Labels: template.Labels},
+				Spec: corev1.PodSpec{
+					NodeName:   "probe-node",
+					Containers: template.Spec.Containers,
+				},
+			}
+			created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+			if err != nil {
+				say("error add: %v", err)
+				continue
+			}
+			created.Status = corev1.PodStatus{
+				Phase:  corev1.PodRunning,
+				PodIP:  f[2],
+				PodIPs: []corev1.PodIP{{IP: f[2]}},
+			}
+			t0 := time.Now()
+			if _, err := pods.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+				say("error add status: %v", err)
+				continue
+			}
+			say("added %s %d %d", f[1], t0.UnixNano(), time.Now().UnixNano())
+		case f[0] == "del" && len(f) == 2 && template != nil:
+			zero := int64(0)
+			t0 := time.Now()
+			if err := c.CoreV1().Pods(template.Namespace).Delete(ctx, "probe-"+f[1],
+				metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+				say("error del: %v", err)
+				continue
+			}
+			say("deleted %s %d %d", f[1], t0.UnixNano(), time.Now().UnixNano())
+		default:
+			say("error: %q is not a command here (a template first)", sc.Text())
+		}
+	}
 }

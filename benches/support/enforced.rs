@@ -1,0 +1,330 @@
+//! Event → enforced on a real API server (issue 40, item 1), measured from outside the agent:
+//! a write to the API server, then the agent's IP sets read until they say the change is in.
+//! The writer is `scale-load probe` (client-go, in the API server's namespace); this module
+//! picks what to write from the agent's own sets and reads the kernel.
+//!
+//! One probe is two changes of a remote pod, the bulk of a real cluster's churn:
+//! - add: a pod copied from a template (a Running pod on another node whose address is a
+//!   member of some of the agent's sets: same namespace, labels and ports, so the same
+//!   selectors pick it) gets address IP (its status write is the event). Enforced when IP is
+//!   a member of every set the template's address is in;
+//! - delete: that pod deleted at once (grace period 0). Enforced when IP is in none of them.
+//!
+//! Each latency runs from just before the write (so the API server's own write time is in
+//! it) to the first read that sees the change. Reads are netlink requests (`IPSET_CMD_TEST`)
+//! from a socket opened in the agent's namespace, one every [`POLL`]: no process per read.
+//! The first read starts when the writer has answered, so a change the agent made before the
+//! answer reached the bench is seen then: the write's own time (reported apart) bounds that.
+//! A probe whose sets changed under it (a churned policy edited the selector away) times out
+//! after [`LIMIT`] and is counted, never averaged in.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use netlink_packet_core::NLM_F_ACK;
+use netpol_agent::host::nfnetlink::NfnlSocket;
+use netpol_agent::kernel_text::ipset_save::{self, SetLine};
+
+/// Time between two reads of the sets while waiting for a change.
+const POLL: Duration = Duration::from_millis(1);
+/// A probe not enforced within this is counted as timed out.
+const LIMIT: Duration = Duration::from_secs(10);
+
+const NFNL_SUBSYS_IPSET: u16 = 6;
+const IPSET_CMD_TEST: u16 = 11;
+const IPSET_PROTOCOL: u8 = 6;
+const ATTR_PROTOCOL: u16 = 1;
+const ATTR_SETNAME: u16 = 2;
+const ATTR_DATA: u16 = 7;
+const ATTR_IP: u16 = 1;
+const ATTR_IPADDR_IPV4: u16 = 1;
+const NLA_F_NESTED: u16 = 0x8000;
+const NLA_F_NET_BYTEORDER: u16 = 0x4000;
+/// `IPSET_ERR_EXIST`: the kernel's answer to a test of an address that is not in the set.
+const ERR_NOT_IN_SET: i32 = 4096 + 7;
+
+/// Membership tests in one network namespace's IP sets.
+pub struct SetTester {
+    socket: NfnlSocket,
+}
+
+fn attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
+    let len = 4 + value.len();
+    out.extend_from_slice(&(len as u16).to_ne_bytes());
+    out.extend_from_slice(&kind.to_ne_bytes());
+    out.extend_from_slice(value);
+    out.resize(out.len() + (4 - len % 4) % 4, 0);
+}
+
+impl SetTester {
+    /// A netfilter socket opened in network namespace `ns` (by name).
+    pub fn open(ns: &str) -> SetTester {
+        let socket = super::common::in_netns(ns, NfnlSocket::open).expect("netfilter socket");
+        SetTester { socket }
+    }
+
+    /// Whether `ip` is in `set` (a CIDR member covering it counts, as for a packet).
+    pub fn contains(&mut self, set: &str, ip: Ipv4Addr) -> io::Result<bool> {
+        // nfgenmsg: AF_INET, version 0, resource id 0.
+        let mut payload = vec![2, 0, 0, 0];
+        attr(&mut payload, ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
+        let mut name = set.as_bytes().to_vec();
+        name.push(0);
+        attr(&mut payload, ATTR_SETNAME, &name);
+        let mut addr = Vec::new();
+        attr(
+            &mut addr,
+            ATTR_IPADDR_IPV4 | NLA_F_NET_BYTEORDER,
+            &ip.octets(),
+        );
+        let mut data = Vec::new();
+        attr(&mut data, ATTR_IP | NLA_F_NESTED, &addr);
+        attr(&mut payload, ATTR_DATA | NLA_F_NESTED, &data);
+        let kind = (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_TEST;
+        match self.socket.exchange(kind, NLM_F_ACK, &payload, |_| Ok(())) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(ERR_NOT_IN_SET) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Polls until every set in `sets` holds `ip` (`want`) or none does (`!want`): the Unix
+    /// time in nanoseconds of the read that saw it, or `None` after [`LIMIT`] or an error.
+    fn wait(&mut self, sets: &[String], ip: Ipv4Addr, want: bool) -> Option<u128> {
+        let deadline = std::time::Instant::now() + LIMIT;
+        loop {
+            let mut done = true;
+            for set in sets {
+                if self.contains(set, ip).ok()? != want {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                return Some(now_nanos());
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// Every IPv4 host address that is a member of a set in `ipset save` output, with the sets
+/// that hold it. Members with a port (`ip,tcp:80`) and networks are left out: a probe pod
+/// joins a set by its labels only.
+pub fn members_by_address(save: &str) -> BTreeMap<Ipv4Addr, Vec<String>> {
+    let mut out: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+    for line in ipset_save::lines(save) {
+        if let SetLine::Add {
+            name,
+            entry: Some(entry),
+            trailing: false,
+        } = line
+        {
+            let host = entry.strip_suffix("/32").unwrap_or(entry);
+            if let Ok(ip) = host.parse::<Ipv4Addr>() {
+                out.entry(ip).or_default().push(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// `scale-load probe`, running.
+pub struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Writer {
+    /// Starts `cmd` (a shell command line that runs `scale-load probe`).
+    pub fn start(cmd: &str) -> Writer {
+        let mut child = Command::new("sh")
+            .args(["-c", cmd])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("--probe command");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Writer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn ask(&mut self, line: &str) -> Vec<String> {
+        writeln!(self.stdin, "{line}").expect("probe writer's input");
+        let mut answer = String::new();
+        self.stdout
+            .read_line(&mut answer)
+            .expect("probe writer's output");
+        assert!(!answer.is_empty(), "the probe writer exited");
+        answer.split_whitespace().map(str::to_string).collect()
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a series of probes measured, in milliseconds.
+#[derive(Default)]
+pub struct Results {
+    pub add: Vec<f64>,
+    pub delete: Vec<f64>,
+    /// The API server's answer time for the writes that were measured.
+    pub write: Vec<f64>,
+    pub timed_out: usize,
+    pub failed: Vec<String>,
+}
+
+impl Results {
+    pub fn report(&self, what: &str) -> String {
+        let pct = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            if v.is_empty() {
+                return "none".to_string();
+            }
+            let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+            format!(
+                "p50 {:.1}, p90 {:.1}, p99 {:.1}, max {:.1} ms (n {})",
+                at(0.5),
+                at(0.9),
+                at(0.99),
+                v[v.len() - 1],
+                v.len()
+            )
+        };
+        let mut line = format!(
+            "event → enforced {what} (agent-0's IP sets): pod added {}; pod deleted {}; the API server's answer to those writes {}; timed out {}",
+            pct(&self.add),
+            pct(&self.delete),
+            pct(&self.write),
+            self.timed_out,
+        );
+        if !self.failed.is_empty() {
+            line += &format!("; {} failed, first: {}", self.failed.len(), self.failed[0]);
+        }
+        line
+    }
+}
+
+/// Probes of the agent in namespace `ns`. Probe `id` is pod `probe-<id>` with address
+/// 100.64.0.1 + id (100.64.0.0/10: outside every pod network of the bench); ids start at
+/// `first_id`, so rounds never reuse a name.
+pub struct Prober {
+    tester: SetTester,
+    writer: Writer,
+    ns: String,
+    next_id: u32,
+}
+
+impl Prober {
+    pub fn new(ns: &str, writer_cmd: &str, first_id: u32) -> Prober {
+        Prober {
+            tester: SetTester::open(ns),
+            writer: Writer::start(writer_cmd),
+            ns: ns.to_string(),
+            next_id: first_id,
+        }
+    }
+
+    /// Runs probes, one after the other and starting at most one per `every` (each is three
+    /// writes that every agent receives), until `more()` is false.
+    pub fn run(&mut self, results: &mut Results, every: Duration, mut more: impl FnMut() -> bool) {
+        while more() {
+            let started = std::time::Instant::now();
+            if let Err(e) = self.once(results) {
+                results.failed.push(e);
+            }
+            std::thread::sleep(every.saturating_sub(started.elapsed()));
+        }
+    }
+
+    fn once(&mut self, results: &mut Results) -> Result<(), String> {
+        let save = super::common::run_ok("ip", &["netns", "exec", &self.ns, "ipset", "save"]);
+        let members = members_by_address(&save);
+        // Node-0's own pods (10.128.0.0/24, scale-load's podCIDR(0)) are local, not remote.
+        let candidates: Vec<&Ipv4Addr> = members
+            .keys()
+            .filter(|ip| ip.octets()[..3] != [10, 128, 0])
+            .collect();
+        if candidates.is_empty() {
+            return Err("agent-0's sets hold no remote pod address".into());
+        }
+        // A different slice of the candidates each time, so that probes spread over the sets.
+        let start = (self.next_id as usize * 7919) % candidates.len();
+        let asked: Vec<String> = candidates
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(candidates.len().min(20))
+            .map(|ip| ip.to_string())
+            .collect();
+        let answer = self.writer.ask(&format!("template {}", asked.join(" ")));
+        let template: Ipv4Addr = match answer.first().map(String::as_str) {
+            Some("template") if answer.len() == 4 => answer[3]
+                .parse()
+                .map_err(|_| format!("template answer {answer:?}"))?,
+            _ => return Err(format!("template: {}", answer.join(" "))),
+        };
+        let sets = members.get(&template).cloned().unwrap_or_default();
+        let id = self.next_id;
+        self.next_id += 1;
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 64, 0, 1)) + id);
+        for set in &sets {
+            if self
+                .tester
+                .contains(set, ip)
+                .map_err(|e| format!("{set}: {e}"))?
+            {
+                return Err(format!("{ip} is already in {set} (a network member)"));
+            }
+        }
+        let write = |answer: Vec<String>, what: &str| -> Result<(u128, u128), String> {
+            match answer.as_slice() {
+                [verb, _, t0, t1] if verb == what => Ok((
+                    t0.parse().map_err(|_| "T0".to_string())?,
+                    t1.parse().map_err(|_| "T1".to_string())?,
+                )),
+                _ => Err(answer.join(" ")),
+            }
+        };
+        let ms = |from: u128, to: u128| to.saturating_sub(from) as f64 / 1e6;
+        let (t0, t1) = write(self.writer.ask(&format!("add {id} {ip}")), "added")?;
+        match self.tester.wait(&sets, ip, true) {
+            Some(t) => {
+                results.add.push(ms(t0, t));
+                results.write.push(ms(t0, t1));
+            }
+            None => results.timed_out += 1,
+        }
+        let (t0, t1) = write(self.writer.ask(&format!("del {id}")), "deleted")?;
+        match self.tester.wait(&sets, ip, false) {
+            Some(t) => {
+                results.delete.push(ms(t0, t));
+                results.write.push(ms(t0, t1));
+            }
+            None => results.timed_out += 1,
+        }
+        Ok(())
+    }
+}
