@@ -275,6 +275,8 @@ struct Snapshot {
     etcd_rss_kib: u64,
     agent_cpu: Vec<f64>,
     agent_rss_kib: Vec<u64>,
+    /// Peak RSS (`VmHWM`): the start-up's listing, which the RSS at rest no longer shows.
+    agent_peak_kib: Vec<u64>,
     bytes_in: Vec<u64>,
     metrics: BTreeMap<String, f64>,
 }
@@ -290,6 +292,10 @@ fn snapshot(env: &Env, nodes: &[Node]) -> Snapshot {
         agent_rss_kib: nodes
             .iter()
             .map(|n| status_kib(n.agent.pid(), "VmRSS:"))
+            .collect(),
+        agent_peak_kib: nodes
+            .iter()
+            .map(|n| status_kib(n.agent.pid(), "VmHWM:"))
             .collect(),
         bytes_in: nodes.iter().map(|n| n.bytes_in(env)).collect(),
         metrics: api_metrics(env),
@@ -482,6 +488,21 @@ fn round(env: &Env, k: usize, n: usize, rest: Duration, churn: Option<&str>, che
             stats(applied.clone()),
             all_applied.as_secs_f64(),
         );
+        // The agent logs each kind it falls back to paginated lists for (a server that
+        // refuses or ignores streaming lists); silence is streaming lists.
+        let fallbacks = nodes[0]
+            .agent
+            .log()
+            .matches("using paginated lists")
+            .count();
+        println!(
+            "agent-0's lists: {}",
+            if fallbacks == 0 {
+                "streaming (WatchList)".to_string()
+            } else {
+                format!("paginated ({fallbacks} kinds fell back)")
+            }
+        );
         let startup_bytes: Vec<f64> = started.bytes_in.iter().map(|b| *b as f64).collect();
         println!(
             "start-up: kube-apiserver {:.2} CPU s, etcd {:.2} CPU s; bytes to each agent: agent-0 {:.2} MiB, mean {:.2} MiB",
@@ -501,11 +522,14 @@ fn round(env: &Env, k: usize, n: usize, rest: Duration, churn: Option<&str>, che
         mib(settled.etcd_rss_kib),
     );
     if n > 0 {
+        let peak: Vec<f64> = settled.agent_peak_kib.iter().map(|k| mib(*k)).collect();
         line += &format!(
-            "; agent-0 {:.1} MiB, agents {} MiB (all {n}: {:.0} MiB)",
+            "; agent-0 {:.1} MiB (peak {:.1}), agents {} MiB (all {n}: {:.0} MiB), peaks {} MiB",
             rss[0],
+            peak[0],
             stats(rss.clone()),
             rss.iter().sum::<f64>(),
+            stats(peak.clone()),
         );
     }
     println!("{line}");

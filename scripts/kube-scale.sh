@@ -8,10 +8,14 @@
 #
 #   nice -n 19 bash scripts/kube-scale.sh [--smoke|--small|--medium] [--nodes N --pods P
 #       --namespaces NS --policies K] [--agents 1,4,8] [--rest S] [--churn R]
-#       [--churn-seconds S] [--probes K] [--workers W] [--keep]
+#       [--churn-seconds S] [--probes K] [--no-watch-list] [--workers W] [--keep]
 #
 # Defaults: --agents 0,1,8,32 (--medium 0,1,8,24; --small 0,1,4,8), --rest 60 (--small 30),
 # no churn.
+#
+# --no-watch-list starts kube-apiserver with its WatchList feature gate off (beta, on by
+# default since 1.34): it then refuses streaming lists and the agents fall back to paginated
+# lists, as they do on such a server; the before/after of issue 40, item 2.
 #
 # --smoke is the test command's (scripts/test.sh, about 90 s): --small's cluster, one agent,
 # 5 s at rest, 10 s of churn at 10 starts a second, 10 probes, the bench built in the dev
@@ -53,7 +57,7 @@ say() { echo "=== kube-scale: $*"; }
 die() { echo "kube-scale: $*" >&2; exit 1; }
 
 nodes=5000 pods=150000 namespaces=5000 policies=10000 agents=0,1,8,32 rest=60
-churn=0 churn_seconds=60 probes=30 workers=64 keep=0 smoke=0
+churn=0 churn_seconds=60 probes=30 workers=64 keep=0 smoke=0 gates=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) nodes=50 pods=1500 namespaces=50 policies=100 agents=1 rest=5 churn=10 churn_seconds=10 probes=10 smoke=1; shift ;;
@@ -68,6 +72,7 @@ while [ $# -gt 0 ]; do
     --churn) churn=$2; shift 2 ;;
     --churn-seconds) churn_seconds=$2; shift 2 ;;
     --probes) probes=$2; shift 2 ;;
+    --no-watch-list) gates=(--feature-gates WatchList=false); shift ;;
     --workers) workers=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) die "unknown option $1 (see the header of scripts/kube-scale.sh)" ;;
@@ -186,7 +191,7 @@ kubeconfig "$WORK/local.kubeconfig" https://127.0.0.1:6443
 api_curl() { ip netns exec "$API_NS" curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:6443$1"; }
 
 # --- control plane: etcd, kube-apiserver (no controller-manager, scheduler or kubelet) --------
-say "etcd $ETCD_VERSION, kube-apiserver $K8S_VERSION"
+say "etcd $ETCD_VERSION, kube-apiserver $K8S_VERSION ${gates[*]}"
 start etcd "$ETCD_BIN/etcd" --name scale --data-dir "$WORK/etcd" \
   --listen-client-urls https://127.0.0.1:2379 --advertise-client-urls https://127.0.0.1:2379 \
   --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
@@ -205,7 +210,7 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --authorization-mode RBAC --disable-admission-plugins ServiceAccount \
-  --service-cluster-ip-range 10.96.0.0/16 --profiling=false
+  --service-cluster-ip-range 10.96.0.0/16 --profiling=false "${gates[@]}"
 wait_for 180 kube-apiserver api_curl /readyz
 
 # --- the agents' identity: the shipped RBAC and a token of its ServiceAccount ---------------
