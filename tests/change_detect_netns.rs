@@ -564,3 +564,44 @@ fn own_writes_refingerprint_only_the_sets_written_and_the_verify_stays_exact() {
     w.rebase_after_write(&names(&[created])).unwrap();
     assert_eq!(w.verify().unwrap(), Finding::Unchanged);
 }
+
+#[test]
+fn membership_tests_answer_as_the_kernel_matches_packets() {
+    let ns = NetNs::new("cd-test");
+    let v4 = "cali40s:membershipTestNets000";
+    let v6 = "cali60s:membershipTestNets000";
+    ns.exec_ok(&["ipset", "create", v4, "hash:net", "family", "inet"]);
+    ns.exec_ok(&["ipset", "add", v4, "10.252.0.1"]);
+    ns.exec_ok(&["ipset", "add", v4, "10.253.0.0/16"]);
+    ns.exec_ok(&["ipset", "create", v6, "hash:net", "family", "inet6"]);
+    ns.exec_ok(&["ipset", "add", v6, "fd00:252::1"]);
+    let mut w = in_netns(&ns.name, || {
+        IpsetWatch::open(netpol_agent::agent::ours()).expect("ipset netlink socket")
+    });
+    let ip = |s: &str| s.parse().unwrap();
+    assert!(w.contains(v4, ip("10.252.0.1")).unwrap());
+    assert!(!w.contains(v4, ip("10.252.0.2")).unwrap());
+    assert!(
+        w.contains(v4, ip("10.253.9.9")).unwrap(),
+        "a network member covers its addresses"
+    );
+    assert!(w.contains(v6, ip("fd00:252::1")).unwrap());
+    assert!(!w.contains(v6, ip("fd00:252::2")).unwrap());
+    // What `ipset del` and `ipset flush` do is seen by the next test.
+    ns.exec_ok(&["ipset", "del", v4, "10.252.0.1"]);
+    assert!(!w.contains(v4, ip("10.252.0.1")).unwrap());
+    ns.exec_ok(&["ipset", "flush", v4]);
+    assert!(!w.contains(v4, ip("10.253.9.9")).unwrap());
+    // A missing set is an error, never an answer.
+    let missing = w.contains("cali40s:noSuchSetHere000000000", ip("10.252.0.1"));
+    assert_eq!(
+        missing.unwrap_err().kind(),
+        std::io::ErrorKind::NotFound,
+        "a missing set"
+    );
+    // The kernel answers any request it cannot match with "not in the set".
+    assert!(
+        !w.contains(v4, ip("fd00:252::1")).unwrap(),
+        "an address of the other family"
+    );
+}

@@ -11,8 +11,9 @@
 //! - delete: that pod deleted at once (grace period 0). Enforced when IP is in none of them.
 //!
 //! Each latency runs from just before the write (so the API server's own write time is in
-//! it) to the first read that sees the change. Reads are netlink requests (`IPSET_CMD_TEST`)
-//! from a socket opened in the agent's namespace, one every [`POLL`]: no process per read.
+//! it) to the first read that sees the change. Reads are netlink requests (`IPSET_CMD_TEST`,
+//! `IpsetWatch::contains`) from a socket opened in the agent's namespace, one every
+//! [`POLL`]: no process per read.
 //! The first read starts when the writer has answered, so a change the agent made before the
 //! answer reached the bench is seen then: the write's own time (reported apart) bounds that.
 //! A probe whose sets changed under it (a churned policy edited the selector away) times out
@@ -24,8 +25,7 @@ use std::net::Ipv4Addr;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use netlink_packet_core::NLM_F_ACK;
-use netpol_agent::host::nfnetlink::NfnlSocket;
+use netpol_agent::dataplane::watch::ipset::IpsetWatch;
 use netpol_agent::kernel_text::ipset_save::{self, SetLine};
 
 /// Time between two reads of the sets while waiting for a change.
@@ -33,62 +33,22 @@ const POLL: Duration = Duration::from_millis(1);
 /// A probe not enforced within this is counted as timed out.
 const LIMIT: Duration = Duration::from_secs(10);
 
-const NFNL_SUBSYS_IPSET: u16 = 6;
-const IPSET_CMD_TEST: u16 = 11;
-const IPSET_PROTOCOL: u8 = 6;
-const ATTR_PROTOCOL: u16 = 1;
-const ATTR_SETNAME: u16 = 2;
-const ATTR_DATA: u16 = 7;
-const ATTR_IP: u16 = 1;
-const ATTR_IPADDR_IPV4: u16 = 1;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_F_NET_BYTEORDER: u16 = 0x4000;
-/// `IPSET_ERR_EXIST`: the kernel's answer to a test of an address that is not in the set.
-const ERR_NOT_IN_SET: i32 = 4096 + 7;
-
 /// Membership tests in one network namespace's IP sets.
 pub struct SetTester {
-    socket: NfnlSocket,
-}
-
-fn attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = 4 + value.len();
-    out.extend_from_slice(&(len as u16).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len() + (4 - len % 4) % 4, 0);
+    watch: IpsetWatch,
 }
 
 impl SetTester {
     /// A netfilter socket opened in network namespace `ns` (by name).
     pub fn open(ns: &str) -> SetTester {
-        let socket = super::common::in_netns(ns, NfnlSocket::open).expect("netfilter socket");
-        SetTester { socket }
+        let watch = super::common::in_netns(ns, || IpsetWatch::open(netpol_agent::agent::ours()))
+            .expect("ipset netlink socket");
+        SetTester { watch }
     }
 
     /// Whether `ip` is in `set` (a CIDR member covering it counts, as for a packet).
     pub fn contains(&mut self, set: &str, ip: Ipv4Addr) -> io::Result<bool> {
-        // nfgenmsg: AF_INET, version 0, resource id 0.
-        let mut payload = vec![2, 0, 0, 0];
-        attr(&mut payload, ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
-        let mut name = set.as_bytes().to_vec();
-        name.push(0);
-        attr(&mut payload, ATTR_SETNAME, &name);
-        let mut addr = Vec::new();
-        attr(
-            &mut addr,
-            ATTR_IPADDR_IPV4 | NLA_F_NET_BYTEORDER,
-            &ip.octets(),
-        );
-        let mut data = Vec::new();
-        attr(&mut data, ATTR_IP | NLA_F_NESTED, &addr);
-        attr(&mut payload, ATTR_DATA | NLA_F_NESTED, &data);
-        let kind = (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_TEST;
-        match self.socket.exchange(kind, NLM_F_ACK, &payload, |_| Ok(())) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(ERR_NOT_IN_SET) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.watch.contains(set, ip.into())
     }
 
     /// Polls until every set in `sets` holds `ip` (`want`) or none does (`!want`): the Unix
@@ -189,8 +149,10 @@ impl Drop for Writer {
 pub struct Results {
     pub add: Vec<f64>,
     pub delete: Vec<f64>,
-    /// The API server's answer time for the writes that were measured.
-    pub write: Vec<f64>,
+    /// The API server's answer time for the writes that were measured: the status writes
+    /// that add, the deletes.
+    pub write_add: Vec<f64>,
+    pub write_delete: Vec<f64>,
     pub timed_out: usize,
     pub failed: Vec<String>,
 }
@@ -214,10 +176,11 @@ impl Results {
             )
         };
         let mut line = format!(
-            "event → enforced {what} (agent-0's IP sets): pod added {}; pod deleted {}; the API server's answer to those writes {}; timed out {}",
+            "event → enforced {what} (agent-0's IP sets): pod added {}; pod deleted {}; the API server's answer to those writes: status {}, delete {}; timed out {}",
             pct(&self.add),
             pct(&self.delete),
-            pct(&self.write),
+            pct(&self.write_add),
+            pct(&self.write_delete),
             self.timed_out,
         );
         if !self.failed.is_empty() {
@@ -313,7 +276,7 @@ impl Prober {
         match self.tester.wait(&sets, ip, true) {
             Some(t) => {
                 results.add.push(ms(t0, t));
-                results.write.push(ms(t0, t1));
+                results.write_add.push(ms(t0, t1));
             }
             None => results.timed_out += 1,
         }
@@ -321,7 +284,7 @@ impl Prober {
         match self.tester.wait(&sets, ip, false) {
             Some(t) => {
                 results.delete.push(ms(t0, t));
-                results.write.push(ms(t0, t1));
+                results.write_delete.push(ms(t0, t1));
             }
             None => results.timed_out += 1,
         }

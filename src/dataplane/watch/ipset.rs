@@ -21,6 +21,9 @@
 //!   moment whenever anyone replaces the `filter` table (the new table takes a reference on
 //!   every set its rules name before the old one lets go), so kube-proxy's every write could
 //!   read as a change of all our sets. Rules that name our sets are the iptables watch's.
+//! - Membership ([`IpsetWatch::contains`]): one `IPSET_CMD_TEST`, what `ipset test` asks, for
+//!   readers outside the agent (the scale bench's event → enforced probe) that poll a set
+//!   every millisecond, where a process per read would cost more than the latency measured.
 //! - Member digests ([`IpsetWatch::verify`]): one `IPSET_CMD_LIST` dump per set of ours with
 //!   the members, each member hashed from its attributes (timeouts and packet/byte counters
 //!   left out) and the hashes added up, so the digest does not depend on the order the
@@ -41,13 +44,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hasher};
 use std::io;
+use std::net::IpAddr;
 
-use netlink_packet_core::{NLA_F_NET_BYTEORDER, NLM_F_DUMP};
+use netlink_packet_core::{NLA_F_NESTED, NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP};
 
 use super::nfnl::{self, attr_be32, attr_str, attrs, NfGen as _, NfnlSocket, NFNL_SUBSYS_IPSET};
 use super::{Finding, Interest, Malformed};
 
 const IPSET_CMD_LIST: u8 = 7;
+const IPSET_CMD_TEST: u8 = 11;
 const PROTOCOL: u8 = 6;
 /// nfgenmsg family of ipset requests (libipset sends `AF_INET` whatever the set's family).
 const REQUEST_FAMILY: u8 = 2;
@@ -61,6 +66,10 @@ const ATTR_FAMILY: u16 = 5;
 const ATTR_FLAGS: u16 = 6;
 const ATTR_DATA: u16 = 7;
 const ATTR_ADT: u16 = 8;
+// Inside ATTR_DATA of a test: the address, nested, as IPv4 or IPv6 in network order.
+const ATTR_IP: u16 = 1;
+const ATTR_IPADDR_IPV4: u16 = 1;
+const ATTR_IPADDR_IPV6: u16 = 2;
 // Header data (inside ATTR_DATA of a listing).
 const ATTR_HASHSIZE: u16 = 18;
 const ATTR_MAXELEM: u16 = 19;
@@ -76,6 +85,8 @@ const FLAG_LIST_HEADER: u32 = 1 << 2;
 /// `IPSET_ERR_PRIVATE`: ipset's own error codes start here.
 const ERR_PRIVATE: i32 = 4096;
 const ERR_PROTOCOL: i32 = 4097;
+/// `IPSET_ERR_EXIST`: a test's answer for an address that is not in the set.
+const ERR_EXIST: i32 = 4103;
 
 /// One set's header as the kernel lists it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -223,6 +234,24 @@ fn list_request(name: Option<&str>, header_only: bool) -> Result<Vec<u8>, io::Er
     Ok(out)
 }
 
+/// An `IPSET_CMD_TEST` of `addr` in set `name`.
+fn test_request(name: &str, addr: IpAddr) -> Result<Vec<u8>, io::Error> {
+    let mut out = list_request(Some(name), false)?;
+    let mut ip = Vec::new();
+    match addr {
+        IpAddr::V4(a) => {
+            nfnl::push_attr(&mut ip, ATTR_IPADDR_IPV4 | NLA_F_NET_BYTEORDER, &a.octets())
+        }
+        IpAddr::V6(a) => {
+            nfnl::push_attr(&mut ip, ATTR_IPADDR_IPV6 | NLA_F_NET_BYTEORDER, &a.octets())
+        }
+    }
+    let mut data = Vec::new();
+    nfnl::push_attr(&mut data, ATTR_IP | NLA_F_NESTED, &ip);
+    nfnl::push_attr(&mut out, ATTR_DATA | NLA_F_NESTED, &data);
+    Ok(out)
+}
+
 /// ipset's own error codes, named.
 fn ipset_error(e: io::Error) -> io::Error {
     match e.raw_os_error() {
@@ -301,6 +330,25 @@ impl IpsetWatch {
         match result {
             Ok(()) => Ok(Some(digest)),
             Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => Ok(None),
+            Err(e) => Err(ipset_error(e)),
+        }
+    }
+
+    /// Whether `addr` is in set `name`, as a packet from it would match (a network member
+    /// that covers it counts). A set that does not exist is an error (`NotFound`); an
+    /// address of the other family than the set's is not in it (the kernel answers every
+    /// test it cannot match so).
+    pub fn contains(&mut self, name: &str, addr: IpAddr) -> io::Result<bool> {
+        let request = test_request(name, addr)?;
+        let ty = (u16::from(NFNL_SUBSYS_IPSET) << 8) | u16::from(IPSET_CMD_TEST);
+        // A test that finds the address answers with an acknowledgement only.
+        match self.socket.exchange(ty, NLM_F_ACK, &request, |_| Ok(())) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(ERR_EXIST) => Ok(false),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no set {name}"),
+            )),
             Err(e) => Err(ipset_error(e)),
         }
     }
@@ -546,6 +594,32 @@ mod tests {
         assert_eq!(got[2], (ATTR_FLAGS, vec![0, 0, 0, 4]));
         assert!(list_request(Some(&"x".repeat(32)), false).is_err());
         assert!(list_request(Some(""), false).is_err());
+    }
+
+    #[test]
+    fn test_requests_nest_the_address_in_network_order() {
+        let r = test_request("cali40s:x", "10.1.2.3".parse().unwrap()).unwrap();
+        let got: Vec<(u16, Vec<u8>)> = attrs(&r[4..])
+            .map(|a| a.map(|(t, v)| (t, v.to_vec())))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got[1], (ATTR_SETNAME, b"cali40s:x\0".to_vec()));
+        // attrs() strips the flags: the nesting is read back by walking the value.
+        assert_eq!(got[2].0, ATTR_DATA);
+        let (kind, ip) = attrs(&got[2].1).next().unwrap().unwrap();
+        assert_eq!(kind, ATTR_IP);
+        let (kind, addr) = attrs(ip).next().unwrap().unwrap();
+        assert_eq!((kind, addr), (ATTR_IPADDR_IPV4, &[10, 1, 2, 3][..]));
+        // The flags are on the wire: the kernel refuses a test without them.
+        let flags = |at: usize| u16::from_ne_bytes([r[at + 2], r[at + 3]]);
+        // DATA is last: 4 bytes of its header, 4 of IP's, 4 of the address's, 4 of address.
+        let data_at = r.len() - 16;
+        assert_eq!(flags(data_at), ATTR_DATA | NLA_F_NESTED);
+        assert_eq!(flags(data_at + 4), ATTR_IP | NLA_F_NESTED);
+        assert_eq!(flags(data_at + 8), ATTR_IPADDR_IPV4 | NLA_F_NET_BYTEORDER);
+        let v6 = test_request("cali60s:x", "fd00::1".parse().unwrap()).unwrap();
+        assert_eq!(v6.len(), r.len() + 12);
+        assert!(test_request("", "10.0.0.1".parse().unwrap()).is_err());
     }
 
     #[test]
