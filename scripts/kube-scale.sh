@@ -223,14 +223,29 @@ pki_kubeconfig_token "$WORK/agent.kubeconfig" scale \
   "$(kubectl create token netpol-agent --namespace kube-system --duration 24h)" https://10.99.0.1:6443
 
 # --- kwok and the cluster --------------------------------------------------------------------
+# kwok plays 4 pod stages at a time by default: at 150k pods, with every status write waiting
+# on a busy API server, that was 54 pods made Running a second, slower than the loader creates
+# them. 16 keeps up (more races its own writes: kwok sometimes patches a pod twice at once,
+# and the API server refuses the second for its two addresses); its per-write INFO log line
+# is left out (WARN).
 STAGES=$WORK/kwok-stages.yaml
-for f in node/fast/node-initialize.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-  cat "$KWOK_SRC/kustomize/stage/$f"
-  echo "---"
-done >"$STAGES"
+{
+  cat <<'KWOKCONFIG'
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: 16
+  nodePlayStageParallelism: 16
+---
+KWOKCONFIG
+  for f in node/fast/node-initialize.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    cat "$KWOK_SRC/kustomize/stage/$f"
+    echo "---"
+  done
+} >"$STAGES"
 say "kwok $KWOK_VERSION"
 start kwok "$KWOK_BIN/kwok" --kubeconfig "$WORK/local.kubeconfig" --manage-all-nodes=true \
-  --config "$STAGES"
+  --config "$STAGES" -v WARN
 sleep 1
 kill -0 "$(cat "$WORK/kwok.pid")" 2>/dev/null || { tail -15 "$WORK/kwok.log" >&2; die "kwok exited"; }
 
