@@ -224,10 +224,10 @@ pki_kubeconfig_token "$WORK/agent.kubeconfig" scale \
 
 # --- kwok and the cluster --------------------------------------------------------------------
 # kwok plays 4 pod stages at a time by default: at 150k pods, with every status write waiting
-# on a busy API server, that was 54 pods made Running a second, slower than the loader creates
-# them. 16 keeps up (more races its own writes: kwok sometimes patches a pod twice at once,
-# and the API server refuses the second for its two addresses); its per-write INFO log line
-# is left out (WARN).
+# on a busy API server, that made 36-54 pods Running a second, far behind the loader. 16 made
+# 80-150 a second (more would race kwok's own writes more often: it sometimes patches a pod
+# twice at once, and the API server refuses the second for its two addresses; kwok retries).
+# Its per-write INFO log line is left out (WARN).
 STAGES=$WORK/kwok-stages.yaml
 {
   cat <<'KWOKCONFIG'
