@@ -262,15 +262,15 @@ churn_args=()
 if [ "$churn" != 0 ]; then
   churn_args=(--churn "nsenter --net=/run/netns/$API_NS -- $KWOK_BIN/scale-load churn --kubeconfig $WORK/local.kubeconfig --rate $churn --seconds $churn_seconds --nodes $nodes --namespaces $namespaces --policies $policies")
 fi
-probe_args=()
-[ "$smoke" = 1 ] && probe_args+=(--check)
+bench_args=()
+[ "$smoke" = 1 ] && bench_args+=(--check)
 if [ "$probes" != 0 ]; then
-  probe_args+=(--probes "$probes" --probe "nsenter --net=/run/netns/$API_NS -- $KWOK_BIN/scale-load probe --kubeconfig $WORK/local.kubeconfig")
+  bench_args+=(--probes "$probes" --probe "nsenter --net=/run/netns/$API_NS -- $KWOK_BIN/scale-load probe --kubeconfig $WORK/local.kubeconfig")
 fi
 "$BENCH" agents --kubeconfig "$WORK/agent.kubeconfig" --api-netns "$API_NS" \
   --api-pid "$(cat "$WORK/kube-apiserver.pid")" --etcd-pid "$(cat "$WORK/etcd.pid")" \
   --metrics "ip netns exec $API_NS curl -s --cacert $PKI/ca.crt --cert $PKI/admin.crt --key $PKI/admin.key https://127.0.0.1:6443/metrics" \
-  --counts "$agents" --rest "$rest" "${churn_args[@]}" "${probe_args[@]}" &
+  --counts "$agents" --rest "$rest" "${churn_args[@]}" "${bench_args[@]}" &
 BENCH_PID=$!
 wait "$BENCH_PID"
 BENCH_PID=""

@@ -262,31 +262,32 @@ impl Prober {
                 return Err(format!("{ip} is already in {set} (a network member)"));
             }
         }
-        let write = |answer: Vec<String>, what: &str| -> Result<(u128, u128), String> {
-            match answer.as_slice() {
-                [verb, _, t0, t1] if verb == what => Ok((
-                    t0.parse().map_err(|_| "T0".to_string())?,
-                    t1.parse().map_err(|_| "T1".to_string())?,
-                )),
-                _ => Err(answer.join(" ")),
-            }
-        };
+        // Each change: the writer's (T0, T1), then the reads until the sets follow.
         let ms = |from: u128, to: u128| to.saturating_sub(from) as f64 / 1e6;
-        let (t0, t1) = write(self.writer.ask(&format!("add {id} {ip}")), "added")?;
-        match self.tester.wait(&sets, ip, true) {
-            Some(t) => {
-                results.add.push(ms(t0, t));
-                results.write_add.push(ms(t0, t1));
+        for (command, verb, want) in [
+            (format!("add {id} {ip}"), "added", true),
+            (format!("del {id}"), "deleted", false),
+        ] {
+            let answer = self.writer.ask(&command);
+            let (t0, t1): (u128, u128) = match answer.as_slice() {
+                [v, _, t0, t1] if v == verb => (
+                    t0.parse().map_err(|_| format!("T0 in {answer:?}"))?,
+                    t1.parse().map_err(|_| format!("T1 in {answer:?}"))?,
+                ),
+                _ => return Err(answer.join(" ")),
+            };
+            let (latency, write) = if want {
+                (&mut results.add, &mut results.write_add)
+            } else {
+                (&mut results.delete, &mut results.write_delete)
+            };
+            match self.tester.wait(&sets, ip, want) {
+                Some(t) => {
+                    latency.push(ms(t0, t));
+                    write.push(ms(t0, t1));
+                }
+                None => results.timed_out += 1,
             }
-            None => results.timed_out += 1,
-        }
-        let (t0, t1) = write(self.writer.ask(&format!("del {id}")), "deleted")?;
-        match self.tester.wait(&sets, ip, false) {
-            Some(t) => {
-                results.delete.push(ms(t0, t));
-                results.write_delete.push(ms(t0, t1));
-            }
-            None => results.timed_out += 1,
         }
         Ok(())
     }
