@@ -7,7 +7,9 @@
 //	    `cargo bench --bench kube_real -- emit`: namespaces, NetworkPolicies, pods without
 //	    status, in that order; each kind finished before the next starts, so a policy never
 //	    names a namespace that is not there yet), then waits until kwok has made every pod
-//	    Running (with an IP). Prints what it created and how long each kind took.
+//	    Running (with an IP) and has stopped writing pod statuses (under one pod event a
+//	    second for 10 s; at most 30 min, then said). Prints what it created and how long
+//	    each kind took.
 //	scale-load churn --kubeconfig K --rate R --seconds S --nodes N --namespaces NS
 //	    Churn for S seconds, R starts a second: each start is a churn pod's life (created,
 //	    then kwok gives it an IP and marks it Running; relabelled 1 s later with another app;
@@ -210,6 +212,63 @@ func load(ctx context.Context, c *kubernetes.Clientset, file string, nodes, work
 	}
 	fmt.Printf("pods Running (kwok): %.1f s after the last create; all loaded in %.1f s\n",
 		time.Since(t).Seconds(), time.Since(start).Seconds())
+	settle(ctx, c)
+}
+
+// settleWindow and settleQuiet: the cluster is at rest once a window of pod watch events
+// holds fewer than settleQuiet of them (under one a second).
+const (
+	settleWindow = 10 * time.Second
+	settleQuiet  = 10
+	settleLimit  = 30 * time.Minute
+)
+
+// settle waits until kwok stops writing pod statuses. Every pod Running is not the end of its
+// writes: at 150k pods its pod-ready stage races itself and retries refused patches for many
+// minutes, and each retry that succeeds reaches every watcher, so a round measured then would
+// call kwok's writes the agents' rest. Watches from the current resource version (no list) in
+// windows of 10 s; after 30 min it says so and returns, so the report's rounds are read with
+// the events per second each prints.
+func settle(ctx context.Context, c *kubernetes.Clientset) {
+	t := time.Now()
+	for {
+		n, err := podEvents(ctx, c, settleWindow)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "scale-load: watching pods to see kwok settle: %v\n", err)
+			time.Sleep(time.Second)
+		} else if n < settleQuiet {
+			fmt.Printf("kwok settled: %d pod events in the last %.0f s, %.1f s after all were Running\n",
+				n, settleWindow.Seconds(), time.Since(t).Seconds())
+			return
+		}
+		if time.Since(t) > settleLimit {
+			fmt.Printf("kwok NOT settled after %.0f min: %d pod events in the last %.0f s; the rounds' rest includes them\n",
+				settleLimit.Minutes(), n, settleWindow.Seconds())
+			return
+		}
+	}
+}
+
+// podEvents counts the pod watch events of the next `window`, from the current resource
+// version (a list of one pod gives it).
+func podEvents(ctx context.Context, c *kubernetes.Clientset, window time.Duration) (int, error) {
+	l, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return 0, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
+	secs := int64(window.Seconds())
+	w, err := c.CoreV1().Pods("").Watch(wctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion, TimeoutSeconds: &secs})
+	if err != nil {
+		return 0, err
+	}
+	defer w.Stop()
+	n := 0
+	for range w.ResultChan() {
+		n++
+	}
+	return n, nil
 }
 
 // count of the pods matching a field selector, page by page; -1 if the server did not answer.
