@@ -54,6 +54,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -231,8 +232,12 @@ const (
 // the events per second each prints.
 func settle(ctx context.Context, c *kubernetes.Clientset) {
 	t := time.Now()
+	last := "no complete window"
 	for {
 		n, err := podEvents(ctx, c, settleWindow)
+		if err == nil {
+			last = fmt.Sprintf("%d pod events in the last complete %.0f s", n, settleWindow.Seconds())
+		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "scale-load: watching pods to see kwok settle: %v\n", err)
 			time.Sleep(time.Second)
@@ -242,15 +247,16 @@ func settle(ctx context.Context, c *kubernetes.Clientset) {
 			return
 		}
 		if time.Since(t) > settleLimit {
-			fmt.Printf("kwok NOT settled after %.0f min: %d pod events in the last %.0f s; the rounds' rest includes them\n",
-				settleLimit.Minutes(), n, settleWindow.Seconds())
+			fmt.Printf("kwok NOT settled after %.0f min (%s); the rounds' rest includes its writes\n",
+				settleLimit.Minutes(), last)
 			return
 		}
 	}
 }
 
 // podEvents counts the pod watch events of the next `window`, from the current resource
-// version (a list of one pod gives it).
+// version (a list of one pod gives it). A watch that ends early (an ERROR event such as 410,
+// a dropped connection) is an error, never a quiet window.
 func podEvents(ctx context.Context, c *kubernetes.Clientset, window time.Duration) (int, error) {
 	l, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
@@ -259,14 +265,21 @@ func podEvents(ctx context.Context, c *kubernetes.Clientset, window time.Duratio
 	wctx, cancel := context.WithTimeout(ctx, window)
 	defer cancel()
 	secs := int64(window.Seconds())
+	start := time.Now()
 	w, err := c.CoreV1().Pods("").Watch(wctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion, TimeoutSeconds: &secs})
 	if err != nil {
 		return 0, err
 	}
 	defer w.Stop()
 	n := 0
-	for range w.ResultChan() {
+	for e := range w.ResultChan() {
+		if e.Type == watch.Error {
+			return 0, fmt.Errorf("watch error: %v", e.Object)
+		}
 		n++
+	}
+	if d := time.Since(start); d < window*9/10 {
+		return 0, fmt.Errorf("watch ended after %.1f s of %.0f", d.Seconds(), window.Seconds())
 	}
 	return n, nil
 }
