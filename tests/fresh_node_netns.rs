@@ -6,11 +6,15 @@
 //!
 //! Here, on both topologies (routed veths with host routes, ports of a bridge made at the
 //! first pod): a default-deny-ingress policy selects pod `a`, not `b`; both pods are in the
-//! datastore with their addresses. Before any pod is wired the agent must be ready (200), say
-//! in the readiness answer and `netpol_wiring_pending` that auto has not seen the wiring yet.
-//! Then a client outside the node probes both pods every 100 ms for 5 s while the pods are
-//! wired and start listening: `a` must answer none, `b` must answer, and the agent must have
-//! restarted itself in place (same process) with the scheme it detected.
+//! datastore, Pending without addresses, and the Node with its pod ranges. Before any pod is
+//! wired the agent must be ready (200), say in the readiness answer and
+//! `netpol_wiring_pending` that auto has not seen the wiring yet, and know the node's ranges
+//! (`netpol_wiring_pending_unguarded` 0). Then a client outside the node probes both pods
+//! every 100 ms for 5 s while the pods are wired and start listening, and only 500 ms later
+//! does kubelet report their addresses, as on a real node (a real cluster's join found 2 of 41
+//! probes answered when the imitation reported them first): `a` must answer none, `b` none
+//! before its address was reported and some after, and the agent must have restarted itself
+//! in place (same process) with the scheme it detected.
 
 mod common;
 mod pod_node;
@@ -81,7 +85,7 @@ fn prober(
 ) -> (
     Arc<AtomicUsize>,
     Arc<AtomicUsize>,
-    std::thread::JoinHandle<()>,
+    std::thread::JoinHandle<Option<Instant>>,
 ) {
     let (answered, sent) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (a, s) = (answered.clone(), sent.clone());
@@ -89,6 +93,7 @@ fn prober(
     let handle = std::thread::spawn(move || {
         let start = Instant::now();
         let mut n = 0u32;
+        let mut first = None;
         while !stop.load(Ordering::Relaxed) {
             let due = start + every * n;
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
@@ -96,6 +101,7 @@ fn prober(
             }
             n += 1;
             s.fetch_add(1, Ordering::Relaxed);
+            let sent_at = Instant::now();
             let probe = common::connect_in(
                 &path,
                 SocketAddr::new(dst, PORT),
@@ -104,8 +110,10 @@ fn prober(
             );
             if probe.is_ok() {
                 a.fetch_add(1, Ordering::Relaxed);
+                first.get_or_insert(sent_at);
             }
         }
+        first
     });
     (answered, sent, handle)
 }
@@ -146,9 +154,10 @@ fn fresh_node_never_lets_a_policed_pod_answer(topology: Topology, tag: &str) {
     assert!(body.contains("auto has not seen a pod interface"), "{body}");
     assert_eq!(metric(&node, "netpol_wiring_pending"), Some(1));
     assert_eq!(
-        metric(&node, "netpol_guarded_local_pods"),
-        Some(1),
-        "a (isolated, unnamed) is guarded"
+        metric(&node, "netpol_wiring_pending_unguarded"),
+        Some(0),
+        "the Node's pod ranges were not read; log:\n{}",
+        node.log()
     );
 
     // Item 1: probes running before, while and after the pods are wired.
@@ -164,10 +173,15 @@ fn fresh_node_never_lets_a_policed_pod_answer(topology: Topology, tag: &str) {
     listen(&node, "x/a", listening.clone());
     node.wire("x/b");
     listen(&node, "x/b", listening.clone());
+    // Kubelet's status update, after the CNI: until now the agent had no address for them.
+    std::thread::sleep(Duration::from_millis(500));
+    let reported = Instant::now();
+    node.report("x/a");
+    node.report("x/b");
     std::thread::sleep(Duration::from_secs(5));
     stop.store(true, Ordering::Relaxed);
     a_probe.join().unwrap();
-    b_probe.join().unwrap();
+    let b_first = b_probe.join().unwrap();
     let (a_ok, a_n) = (
         a_answered.load(Ordering::Relaxed),
         a_sent.load(Ordering::Relaxed),
@@ -188,6 +202,14 @@ fn fresh_node_never_lets_a_policed_pod_answer(topology: Topology, tag: &str) {
     assert!(
         b_ok > 0,
         "the unpoliced pod never answered; log:\n{}",
+        node.log()
+    );
+    // Fail-closed for an address the agent does not know yet, policed or not.
+    let b_first = b_first.expect("b answered");
+    assert!(
+        b_first >= reported,
+        "the unpoliced pod answered {} ms before its address reached the datastore; log:\n{}",
+        (reported - b_first).as_millis(),
         node.log()
     );
 

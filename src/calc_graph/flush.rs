@@ -24,9 +24,13 @@ impl CalcGraph {
     /// Renders everything dirty and returns the changes since the last flush.
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
-        let guarded = self
-            .guard
-            .refresh(self.interfaces.unnamed(), &self.selection, &self.sets);
+        let pending = !self.cfg.rules.pending_pod_cidrs.is_empty();
+        let guarded = self.guard.refresh(
+            self.interfaces.unnamed(),
+            &self.selection,
+            &self.sets,
+            pending,
+        );
         self.route(guarded);
         self.update_endpoint_unions();
         self.unions.peers_changed(&self.sets.pending);

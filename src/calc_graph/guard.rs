@@ -14,13 +14,18 @@
 //! ClusterNetworkPolicies, which costs nothing on a node whose pods are all named (the usual
 //! state) and stays small when a few are being wired.
 //!
+//! While auto's wiring is pending (`RuleConfig::pending_pod_cidrs`), it also keeps the
+//! addresses of the local pods the datastore knows, which the pending chains let through;
+//! those chains exist from the first flush on, before any pod.
+//!
 //! The guard at two layers: which pods it holds in `calc_graph::guard`, its chain in
 //! `rules::guard`.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use crate::model::{IpFamily, ObjectKey};
-use crate::rules::guard::{guard_chain, Guarded};
+use crate::rules::guard::{guard_chain, pending_chains, Guarded};
 use crate::rules::{Chain, RuleConfig};
 
 use super::selection::Selection;
@@ -30,22 +35,31 @@ use super::{Effects, Owner};
 #[derive(Default)]
 pub(super) struct Guard {
     guarded: Vec<Guarded>,
+    /// While auto's wiring is pending: the local pods' addresses, sorted.
+    known: Vec<IpAddr>,
 }
 
 impl Guard {
-    /// Brings the guard up to date before a flush renders.
+    /// Brings the guard up to date before a flush renders; `pending`: auto's wiring is
+    /// pending and the node's pod ranges are known (the pending chains are rendered).
     pub(super) fn refresh(
         &mut self,
         unnamed: &BTreeSet<ObjectKey>,
         selection: &Selection,
         sets: &SetIndex,
+        pending: bool,
     ) -> Effects {
         let mut fx = Effects::default();
-        if unnamed.is_empty() && self.guarded.is_empty() {
+        if unnamed.is_empty() && self.guarded.is_empty() && self.known.is_empty() {
             return fx;
         }
         let now = wanted(unnamed, selection, sets);
-        if now == self.guarded {
+        let known = if pending {
+            known(unnamed, sets)
+        } else {
+            Vec::new()
+        };
+        if now == self.guarded && known == self.known {
             return fx;
         }
         if now.is_empty() != self.guarded.is_empty() {
@@ -53,6 +67,7 @@ impl Guard {
         }
         fx.owners.push(Owner::Guard);
         self.guarded = now;
+        self.known = known;
         fx
     }
 
@@ -66,11 +81,17 @@ impl Guard {
         &self.guarded
     }
 
+    /// The local pods' addresses the pending chains let through.
+    pub(super) fn known(&self) -> &[IpAddr] {
+        &self.known
+    }
+
     pub(super) fn chains(&self, cfg: &RuleConfig, family: IpFamily) -> Vec<Chain> {
-        if self.guarded.is_empty() {
-            return Vec::new();
+        let mut chains = pending_chains(cfg, family, &self.known);
+        if !self.guarded.is_empty() {
+            chains.insert(0, guard_chain(cfg, family, &self.guarded));
         }
-        vec![guard_chain(cfg, family, &self.guarded)]
+        chains
     }
 }
 
@@ -95,6 +116,17 @@ fn wanted(unnamed: &BTreeSet<ObjectKey>, selection: &Selection, sets: &SetIndex)
         }
     }
     out
+}
+
+/// The addresses of the unnamed local pods (every local pod while auto's wiring is
+/// pending), sorted and without repeats.
+fn known(unnamed: &BTreeSet<ObjectKey>, sets: &SetIndex) -> Vec<IpAddr> {
+    let ips: BTreeSet<IpAddr> = unnamed
+        .iter()
+        .filter_map(|key| sets.pod(key))
+        .flat_map(|pod| pod.ips.iter().copied())
+        .collect();
+    ips.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -211,6 +243,51 @@ mod tests {
         moved.node = Some("elsewhere".into());
         g.upsert_pod_info(moved);
         g.flush();
+        assert!(!has_chain(&g, GUARD_CHAIN));
+    }
+
+    #[test]
+    fn pending_ranges_hold_from_the_first_flush_and_let_known_pods_through() {
+        use crate::rules::guard::{PENDING_FROM_CHAIN, PENDING_TO_CHAIN};
+        let names = LearningResolver::default();
+        let mut g = Calculation::new(
+            GraphConfig {
+                node_name: NODE.into(),
+                families: vec![IpFamily::V4],
+                rules: RuleConfig {
+                    pending_pod_cidrs: vec!["10.0.0.0/24".parse().unwrap()],
+                    ..RuleConfig::default()
+                },
+            },
+            Box::new(names.clone()),
+        );
+        g.flush();
+        assert_eq!(bodies(&g, PENDING_TO_CHAIN).len(), 1, "only the drop");
+        assert_eq!(bodies(&g, PENDING_FROM_CHAIN).len(), 1);
+        let forward = bodies(&g, "cali-FORWARD");
+        assert!(
+            forward
+                .iter()
+                .any(|r| r.starts_with("-d 10.0.0.0/24") && r.ends_with(PENDING_TO_CHAIN)),
+            "{forward:?}"
+        );
+
+        // A pod's address reaches the datastore: it passes; a policy isolating it puts it in
+        // the guard as well.
+        g.upsert_pod_info(local_pod("x", "a", "10.0.0.1", &[("app", "a")]));
+        g.flush();
+        let to = bodies(&g, PENDING_TO_CHAIN);
+        assert_eq!(to.len(), 2, "{to:?}");
+        assert!(to[0].starts_with("-d 10.0.0.1/32") && to[0].ends_with("-j RETURN"));
+        g.upsert_policy_info(allow_from("x", "p", &[("app", "a")], vec![]));
+        g.flush();
+        assert!(has_chain(&g, GUARD_CHAIN));
+        assert_eq!(bodies(&g, PENDING_TO_CHAIN).len(), 2);
+
+        // Gone from the datastore: dropped again.
+        g.remove_pod(&crate::model::ObjectKey::new("x", "a"));
+        g.flush();
+        assert_eq!(bodies(&g, PENDING_TO_CHAIN).len(), 1);
         assert!(!has_chain(&g, GUARD_CHAIN));
     }
 }

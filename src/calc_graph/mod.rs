@@ -175,6 +175,10 @@ impl CalcGraph {
         };
         graph.emitted.mark(Owner::Static);
         graph.emitted.mark(Owner::Dispatch);
+        if !graph.cfg.rules.pending_pod_cidrs.is_empty() {
+            // The pending chains hold from the first apply, before any pod is known.
+            graph.emitted.mark(Owner::Guard);
+        }
         graph
     }
 

@@ -14,7 +14,7 @@ use crate::rules::chains::{
 };
 use crate::rules::cluster::cluster_policy_chains_traced;
 use crate::rules::dispatch::dispatch_chains_traced;
-use crate::rules::guard::guard_chain_traced;
+use crate::rules::guard::{guard_chain_traced, pending_chains_traced};
 use crate::rules::policy::policy_chains_traced;
 use crate::rules::provenance::{describe_set, Provenance, RuleRole, TracedChain};
 use crate::rules::sets::set_name;
@@ -31,6 +31,7 @@ impl CalcGraph {
         if self.guard.active() {
             chains.push(guard_chain_traced(cfg, family, self.guard.pods()));
         }
+        chains.extend(pending_chains_traced(cfg, family, self.guard.known()));
         chains.extend(dispatch_chains_traced(
             cfg,
             family,

@@ -30,11 +30,43 @@ use std::time::Duration;
 use anyhow::Context;
 use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use serde::Deserialize as _;
 use tracing::{debug, warn};
 
 use super::manifests::{manifest_files, parse_manifest_bytes, read_manifest_file};
 use super::EventSink;
 use crate::model::{DatastoreEvent, K8sObject, ObjectRef};
+
+/// This node's pod ranges from a `Node` manifest in `dir` named `node` (its `spec.podCIDRs`,
+/// read as `kube::node_ranges` reads them from the API), for the pending guard; read once at
+/// start, like the API's. The agent's objects never include Nodes, so this one reader looks
+/// for the one document it needs and nothing else.
+pub fn node_pod_ranges(dir: &Path, node: &str) -> Result<Vec<ipnet::IpNet>, String> {
+    let files = manifest_files(&[dir.to_path_buf()]).map_err(|e| format!("{e:#}"))?;
+    for file in files {
+        let Ok(bytes) = read_manifest_file(&file) else {
+            continue;
+        };
+        for doc in serde_yaml_ng::Deserializer::from_slice(&bytes) {
+            let Ok(value) = serde_yaml_ng::Value::deserialize(doc) else {
+                continue;
+            };
+            if value.get("kind").and_then(|k| k.as_str()) != Some("Node")
+                || value
+                    .get("metadata")
+                    .and_then(|m| m.get("name"))
+                    .and_then(|n| n.as_str())
+                    != Some(node)
+            {
+                continue;
+            }
+            let parsed: k8s_openapi::api::core::v1::Node = serde_yaml_ng::from_value(value)
+                .map_err(|e| format!("{}: Node {node}: {e}", file.display()))?;
+            return super::kube::node_ranges::ranges(&parsed);
+        }
+    }
+    Err(format!("no Node {node} in {}", dir.display()))
+}
 
 /// How long file events must pause before the directory is rescanned.
 const SETTLE: Duration = Duration::from_millis(30);

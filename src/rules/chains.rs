@@ -53,6 +53,7 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, guard: bool, traced: bool) 
     if guard {
         forward.push(super::guard::jump(), || RuleRole::JumpToGuard);
     }
+    super::guard::pending_forward_jumps(cfg, family, &mut forward);
     match &cfg.bridge {
         None => {
             for prefix in &cfg.interface_prefixes {
@@ -78,6 +79,7 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, guard: bool, traced: bool) 
     if guard {
         input.push(super::guard::jump(), || RuleRole::JumpToGuard);
     }
+    super::guard::pending_host_jumps(cfg, family, Direction::Egress, &mut input);
     if let Some(ipvs) = &cfg.kube_ipvs {
         super::ipvs::input_rules(ipvs, &mut input);
     }
@@ -124,6 +126,7 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, guard: bool, traced: bool) 
         if guard {
             output.push(super::guard::output_jump(), || RuleRole::JumpToGuard);
         }
+        super::guard::pending_host_jumps(cfg, family, Direction::Ingress, &mut output);
         super::ipvs::output_rules(ipvs, &mut output);
     }
     match &cfg.bridge {

@@ -20,6 +20,22 @@
 //! first, and only while it holds a pod, so a node with every pod named renders exactly what
 //! it did before the guard existed.
 //!
+//! # While auto has not seen the node's wiring
+//!
+//! The guard above needs a pod's address, which the datastore learns only when kubelet
+//! reports it: after the CNI has wired the pod, and the pod may already be listening. On a
+//! node whose wiring `FELIX_INTERFACENAMESCHEME=auto` has not seen yet there are no dispatch
+//! chains either, so a pod wired there answered anyone until its address reached the agent
+//! (a real cluster's join, 2 of 41 probes). So while the wiring is pending and the node's pod
+//! address ranges are known (`RuleConfig::pending_pod_cidrs`, the Node's `spec.podCIDRs`),
+//! traffic to or from an address in them that is no local pod the datastore knows is dropped:
+//! `cali-FORWARD` jumps to `cali-wl-pending-to` for each range as destination and to
+//! `cali-wl-pending-from` for each as source; `cali-INPUT` (and, in IPVS mode, `cali-OUTPUT`)
+//! only for traffic whose source is not the host's own, so the host's own addresses in a
+//! range (the bridge's gateway) never meet it. Each chain returns for the addresses of the
+//! local pods the datastore knows (the guard has already held the isolated ones) and drops
+//! the rest. Known pods no policy isolates keep working even if auto never sees the wiring.
+//!
 //! The guard at two layers: which pods it holds in `calc_graph::guard`, its chain in
 //! `rules::guard`.
 
@@ -33,6 +49,12 @@ use super::{Action, Chain, Direction, Rule, RuleConfig};
 use crate::model::{IpFamily, ObjectKey};
 
 pub const GUARD_CHAIN: &str = "cali-wl-guard";
+/// Traffic to an address of the node's pod ranges while auto's wiring is pending.
+pub const PENDING_TO_CHAIN: &str = "cali-wl-pending-to";
+/// Traffic from an address of the node's pod ranges while auto's wiring is pending.
+pub const PENDING_FROM_CHAIN: &str = "cali-wl-pending-from";
+/// Only traffic the host did not send itself (its own addresses in a pod range are its).
+const NOT_FROM_HOST: &str = "-m addrtype ! --src-type LOCAL";
 
 /// ICMPv6 neighbour discovery (router solicitation and advertisement, neighbour solicitation
 /// and advertisement): let through, as every pod's own chains do.
@@ -63,17 +85,7 @@ pub fn guard_chain_traced(cfg: &RuleConfig, family: IpFamily, pods: &[Guarded]) 
 
 fn render(cfg: &RuleConfig, family: IpFamily, pods: &[Guarded], traced: bool) -> Rendered {
     let mut rules = RuleList::new(traced);
-    if family == IpFamily::V6 {
-        for t in NEIGHBOUR_DISCOVERY {
-            rules.push(
-                Rule {
-                    protocol: Some("ipv6-icmp"),
-                    ..Rule::new(Action::Return).matching(format!("-m icmp6 --icmpv6-type {t}"))
-                },
-                || RuleRole::GuardNeighbourDiscovery,
-            );
-        }
-    }
+    neighbour_discovery(family, &mut rules);
     let drop = deny(cfg);
     for pod in pods {
         for ip in pod.ips.iter().filter(|ip| IpFamily::of(ip) == family) {
@@ -113,6 +125,140 @@ fn render(cfg: &RuleConfig, family: IpFamily, pods: &[Guarded], traced: bool) ->
     rules.finish(GUARD_CHAIN, family, || ChainRole::Guard)
 }
 
+fn neighbour_discovery(family: IpFamily, rules: &mut RuleList) {
+    if family != IpFamily::V6 {
+        return;
+    }
+    for t in NEIGHBOUR_DISCOVERY {
+        rules.push(
+            Rule {
+                protocol: Some("ipv6-icmp"),
+                ..Rule::new(Action::Return).matching(format!("-m icmp6 --icmpv6-type {t}"))
+            },
+            || RuleRole::GuardNeighbourDiscovery,
+        );
+    }
+}
+
+/// The node's pod ranges of `family` the pending chains cover.
+fn pending_cidrs(cfg: &RuleConfig, family: IpFamily) -> impl Iterator<Item = IpNet> + '_ {
+    cfg.pending_pod_cidrs
+        .iter()
+        .copied()
+        .filter(move |n| IpFamily::of(&n.addr()) == family)
+}
+
+/// `cali-wl-pending-to` and `cali-wl-pending-from` for `family`, when auto's wiring is pending
+/// and the node has pod ranges of it (otherwise none): each returns for `known`, the
+/// addresses of the local pods the datastore knows, and drops the rest.
+pub fn pending_chains(cfg: &RuleConfig, family: IpFamily, known: &[IpAddr]) -> Vec<Chain> {
+    render_pending(cfg, family, known, false)
+        .into_iter()
+        .map(|(chain, _)| chain)
+        .collect()
+}
+
+/// [`pending_chains`] with what each rule is for.
+pub fn pending_chains_traced(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    known: &[IpAddr],
+) -> Vec<TracedChain> {
+    super::provenance::traced(render_pending(cfg, family, known, true))
+}
+
+fn render_pending(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    known: &[IpAddr],
+    traced: bool,
+) -> Vec<Rendered> {
+    if pending_cidrs(cfg, family).next().is_none() {
+        return Vec::new();
+    }
+    [
+        (PENDING_TO_CHAIN, Direction::Ingress),
+        (PENDING_FROM_CHAIN, Direction::Egress),
+    ]
+    .into_iter()
+    .map(|(name, direction)| {
+        let mut rules = RuleList::new(traced);
+        neighbour_discovery(family, &mut rules);
+        for ip in known.iter().filter(|ip| IpFamily::of(ip) == family) {
+            let net = Some(IpNet::from(*ip));
+            let rule = match direction {
+                Direction::Ingress => Rule {
+                    dst: net,
+                    ..Rule::new(Action::Return)
+                },
+                Direction::Egress => Rule {
+                    src: net,
+                    ..Rule::new(Action::Return)
+                },
+            };
+            rules.push(rule, || RuleRole::PendingKnownPod);
+        }
+        rules.push(
+            Rule::new(deny(cfg))
+                .comment("Address of no known pod: auto has not seen the wiring yet"),
+            || RuleRole::PendingUnknownAddress { direction },
+        );
+        rules.finish(name, family, || ChainRole::Pending)
+    })
+    .collect()
+}
+
+/// The jumps into the pending chains in `cali-FORWARD`: per pod range of `family`, traffic
+/// to it and traffic from it.
+pub(crate) fn pending_forward_jumps(cfg: &RuleConfig, family: IpFamily, out: &mut RuleList) {
+    for net in pending_cidrs(cfg, family) {
+        out.push(
+            Rule {
+                dst: Some(net),
+                ..Rule::new(Action::Jump(PENDING_TO_CHAIN.into()))
+            },
+            || RuleRole::JumpToPending {
+                direction: Direction::Ingress,
+            },
+        );
+        out.push(
+            Rule {
+                src: Some(net),
+                ..Rule::new(Action::Jump(PENDING_FROM_CHAIN.into()))
+            },
+            || RuleRole::JumpToPending {
+                direction: Direction::Egress,
+            },
+        );
+    }
+}
+
+/// The jumps in `cali-INPUT` (pods to their host: from a pod range) or, in IPVS mode,
+/// `cali-OUTPUT` (what IPVS forwards to pods: to a pod range), for traffic the host did not
+/// send itself.
+pub(crate) fn pending_host_jumps(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    direction: Direction,
+    out: &mut RuleList,
+) {
+    for net in pending_cidrs(cfg, family) {
+        let rule = match direction {
+            Direction::Ingress => Rule {
+                dst: Some(net),
+                ..Rule::new(Action::Jump(PENDING_TO_CHAIN.into()))
+            },
+            Direction::Egress => Rule {
+                src: Some(net),
+                ..Rule::new(Action::Jump(PENDING_FROM_CHAIN.into()))
+            },
+        };
+        out.push(rule.matching(NOT_FROM_HOST), || RuleRole::JumpToPending {
+            direction,
+        });
+    }
+}
+
 /// The jump into the guard, first in `cali-FORWARD` and `cali-INPUT`.
 pub(crate) fn jump() -> Rule {
     Rule::new(Action::Jump(GUARD_CHAIN.into()))
@@ -121,7 +267,7 @@ pub(crate) fn jump() -> Rule {
 /// The jump in `cali-OUTPUT` (IPVS mode): only traffic whose source is not the host's, which
 /// is what IPVS forwards for pods; host-to-pod traffic (kubelet probes) is never policed.
 pub(crate) fn output_jump() -> Rule {
-    jump().matching("-m addrtype ! --src-type LOCAL")
+    jump().matching(NOT_FROM_HOST)
 }
 
 #[cfg(test)]
@@ -193,5 +339,63 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    fn pending_cfg() -> RuleConfig {
+        RuleConfig {
+            pending_pod_cidrs: vec![
+                "10.77.0.0/24".parse().unwrap(),
+                "fd77::/64".parse().unwrap(),
+            ],
+            ..RuleConfig::default()
+        }
+    }
+
+    #[test]
+    fn pending_chains_pass_known_pods_and_drop_the_rest_of_the_ranges() {
+        let known: Vec<IpAddr> = vec!["10.77.0.5".parse().unwrap(), "fd77::5".parse().unwrap()];
+        let v4 = pending_chains(&pending_cfg(), IpFamily::V4, &known);
+        let names: Vec<&str> = v4.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [PENDING_TO_CHAIN, PENDING_FROM_CHAIN]);
+        let to = bodies(&v4[0]);
+        assert_eq!(to.len(), 2, "{to:#?}");
+        assert!(to[0].starts_with("-d 10.77.0.5/32") && to[0].ends_with("-j RETURN"));
+        assert!(
+            to[1].ends_with("-j DROP") && !to[1].contains("-d "),
+            "{to:#?}"
+        );
+        let from = bodies(&v4[1]);
+        assert!(from[0].starts_with("-s 10.77.0.5/32") && from[0].ends_with("-j RETURN"));
+        // IPv6: neighbour discovery first, then the one known address, then the drop.
+        let v6 = pending_chains(&pending_cfg(), IpFamily::V6, &known);
+        let to6 = bodies(&v6[0]);
+        assert_eq!(to6.len(), 6, "{to6:#?}");
+        assert!(to6[4].starts_with("-d fd77::5/128"));
+        // No ranges (auto's wiring seen, or the node's ranges unknown): nothing.
+        assert!(pending_chains(&RuleConfig::default(), IpFamily::V4, &known).is_empty());
+        let v4_only = RuleConfig {
+            pending_pod_cidrs: vec!["10.77.0.0/24".parse().unwrap()],
+            ..RuleConfig::default()
+        };
+        assert!(pending_chains(&v4_only, IpFamily::V6, &known).is_empty());
+    }
+
+    #[test]
+    fn pending_jumps_per_range_and_never_for_the_hosts_own_traffic() {
+        let cfg = pending_cfg();
+        let mut forward = RuleList::new(false);
+        pending_forward_jumps(&cfg, IpFamily::V4, &mut forward);
+        let (rendered, _) = forward.finish("cali-FORWARD", IpFamily::V4, || ChainRole::Forward);
+        let rules = bodies(&rendered);
+        assert_eq!(rules.len(), 2, "{rules:#?}");
+        assert!(rules[0].starts_with("-d 10.77.0.0/24") && rules[0].ends_with(PENDING_TO_CHAIN));
+        assert!(rules[1].starts_with("-s 10.77.0.0/24") && rules[1].ends_with(PENDING_FROM_CHAIN));
+        let mut input = RuleList::new(false);
+        pending_host_jumps(&cfg, IpFamily::V6, Direction::Egress, &mut input);
+        let (rendered, _) = input.finish("cali-INPUT", IpFamily::V6, || ChainRole::Input);
+        let rules = bodies(&rendered);
+        assert_eq!(rules.len(), 1, "{rules:#?}");
+        assert!(rules[0].starts_with("-s fd77::/64"));
+        assert!(rules[0].contains("--src-type LOCAL") && rules[0].ends_with(PENDING_FROM_CHAIN));
     }
 }

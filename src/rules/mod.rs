@@ -174,6 +174,10 @@ pub struct RuleConfig {
     /// direction's allows with one union set before the per-policy jumps (see [`union`]);
     /// 0 never does.
     pub policy_union_min: usize,
+    /// The node's pod address ranges (its Node's `spec.podCIDRs`), set only while
+    /// `FELIX_INTERFACENAMESCHEME=auto` has not seen how this node wires pods: addresses in
+    /// them that are no known pod are dropped then (see [`guard`]). Empty renders nothing.
+    pub pending_pod_cidrs: Vec<IpNet>,
 }
 
 impl Default for RuleConfig {
@@ -191,6 +195,7 @@ impl Default for RuleConfig {
             workload_source_check: true,
             kube_ipvs: None,
             policy_union_min: union::DEFAULT_MIN_POLICIES,
+            pending_pod_cidrs: Vec::new(),
         }
     }
 }

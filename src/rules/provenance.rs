@@ -51,6 +51,8 @@ pub enum ChainRole {
     /// `cali-wl-guard`: local pods a policy isolates whose interface is not known yet,
     /// dropped by address (`rules::guard`).
     Guard,
+    /// `cali-wl-pending-to`/`-from`: the node's pod ranges while auto's wiring is pending.
+    Pending,
     /// `cali-from-wl-dispatch[-X]`: picks the egress chain of the pod a packet comes from.
     /// `bin` is the interface-name prefix of a second-level chain.
     FromWorkloadDispatch { bin: Option<String> },
@@ -176,6 +178,13 @@ pub enum RuleRole {
         pod: ObjectKey,
         direction: Direction,
     },
+    /// The jump into a pending chain for one pod range (`rules::guard`).
+    JumpToPending { direction: Direction },
+    /// A local pod the datastore knows passes the pending chain.
+    PendingKnownPod,
+    /// Drops traffic to (ingress) or from (egress) an address of the node's pod ranges that
+    /// is no known pod, while auto's wiring is pending (fail-closed).
+    PendingUnknownAddress { direction: Direction },
     // Dispatch chains.
     /// Sends a pod's traffic to its workload chain.
     ToEndpoint { iface: String },
@@ -384,6 +393,9 @@ impl fmt::Display for ChainRole {
             ChainRole::Guard => f.write_str(
                 "guard: isolated local pods whose interface is not known yet, by address",
             ),
+            ChainRole::Pending => f.write_str(
+                "guard: the node's pod ranges while auto has not seen how pods are wired",
+            ),
             ChainRole::FromWorkloadDispatch { bin } => match bin {
                 None => f.write_str("dispatch: traffic from pods to their egress chains"),
                 Some(b) => write!(f, "dispatch: from pod interfaces {b}*"),
@@ -476,6 +488,15 @@ pub fn describe_rule<'a>(
             "to the guard of isolated pods whose interface is not known yet".into()
         }
         RuleRole::GuardNeighbourDiscovery => "IPv6 neighbour discovery passes the guard".into(),
+        RuleRole::JumpToPending { direction } => format!(
+            "{} of the node's pod range to the pending guard (auto has not seen the wiring)",
+            direction.as_str()
+        ),
+        RuleRole::PendingKnownPod => "a local pod the datastore knows passes".into(),
+        RuleRole::PendingUnknownAddress { direction } => format!(
+            "drop: {} of an address of the node's pod ranges that is no known pod, auto has not seen the wiring yet (fail-closed)",
+            direction.as_str()
+        ),
         RuleRole::GuardUnnamedPod { pod, direction } => format!(
             "drop: {} of pod {pod}, isolated by policy, interface not known yet (fail-closed)",
             direction.as_str()

@@ -13,7 +13,7 @@ use anyhow::Context;
 use tracing::{error, info, warn};
 
 use super::{request_restart, restart_in_place, serve_metrics, Restart};
-use crate::config::AgentOptions;
+use crate::config::{AgentOptions, Datastore};
 use crate::host::exec::Exec;
 use crate::host::felix;
 use crate::host::preflight::{self, PreflightConfig};
@@ -188,7 +188,42 @@ pub fn preflight_passes(
 }
 
 /// The readiness note while `FELIX_INTERFACENAMESCHEME=auto` waits for the node's wiring.
-pub const WIRING_PENDING: &str = "FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node yet (no pod is wired here); pods a policy isolates are dropped by address until the agent sees how pods are wired and restarts itself with that scheme";
+pub const WIRING_PENDING: &str = "FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node yet (no pod is wired here); pods a policy isolates are dropped by address, and addresses of the node's pod ranges that are no known pod are dropped, until the agent sees how pods are wired and restarts itself with that scheme";
+
+/// While auto's wiring is pending: this node's pod ranges (the Node's `spec.podCIDRs`, from
+/// the API or a `Node` manifest in the directory datastore), which the pending guard closes
+/// to every address that is no known pod (`rules::guard`). Empty, logged with the reason and
+/// counted by `netpol_wiring_pending_unguarded`, when the node has none or they cannot be read:
+/// then a pod wired here answers until its address reaches the agent.
+pub fn pending_pod_ranges(datastore: &Datastore, node: &str) -> Vec<ipnet::IpNet> {
+    let got = match datastore {
+        Datastore::Kubernetes => crate::datastore::kube::node_ranges::read(
+            crate::datastore::kube::KubeConnect::Infer,
+            node,
+        ),
+        Datastore::Dir(dir) => crate::datastore::dir::node_pod_ranges(dir, node),
+    };
+    let unguarded = match got {
+        Ok(ranges) => {
+            let shown: Vec<String> = ranges.iter().map(ToString::to_string).collect();
+            info!(
+                ranges = shown.join(","),
+                "FELIX_INTERFACENAMESCHEME=auto: until this node shows how it wires pods, traffic to and from addresses of its pod ranges that are no known pod is dropped"
+            );
+            Some(ranges)
+        }
+        Err(why) => {
+            warn!(
+                "FELIX_INTERFACENAMESCHEME=auto: this node's pod ranges are not known ({why}); until the node shows how it wires pods, a pod wired here is reachable until its address reaches the agent; set FELIX_INTERFACENAMESCHEME for this node's CNI to close that window (docs/install.md: Choosing the configuration for your CNI)"
+            );
+            None
+        }
+    };
+    crate::telemetry::metrics::global()
+        .wiring_pending_unguarded
+        .set(i64::from(unguarded.is_none()));
+    unguarded.unwrap_or_default()
+}
 
 /// How often auto looks for the node's first pod interface.
 pub const WIRING_RECHECK: Duration = Duration::from_secs(1);

@@ -113,6 +113,7 @@ impl Settings {
             // ones by address, and the node is watched until it shows how it wires pods.
             rules.interface_prefixes.clear();
             rules.bridge = None;
+            rules.pending_pod_cidrs = gates::pending_pod_ranges(&args.agent.datastore, &node);
             health.set_note(Some(gates::WIRING_PENDING.into()));
             gates::watch_wiring(restart.clone(), stop.clone())?;
         }

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub guarded_local_pods: IntGauge,
     /// 1 while `FELIX_INTERFACENAMESCHEME=auto` has not seen how the node wires pods.
     pub wiring_pending: IntGauge,
+    /// 1 while auto's wiring is pending and the node's pod ranges are not known.
+    pub wiring_pending_unguarded: IntGauge,
     /// Label: kind. 1 while the API server refuses the datastore that kind (401, 403).
     pub datastore_access_refused: IntGaugeVec,
     /// 1 while the agent idles because Calico's felix (or its state) is on the node.
@@ -138,6 +140,7 @@ pub const NAMES: &[&str] = &[
     "netpol_local_pods_without_interface",
     "netpol_guarded_local_pods",
     "netpol_wiring_pending",
+    "netpol_wiring_pending_unguarded",
     "netpol_local_pods_unprogrammed_family",
     "netpol_felix_present",
     "netpol_startup_taint_pending",
@@ -429,6 +432,11 @@ impl Metrics {
                 &r,
                 "netpol_wiring_pending",
                 "1 while FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node (no pod is named; isolated pods are guarded by address), else 0",
+            ),
+            wiring_pending_unguarded: gauge(
+                &r,
+                "netpol_wiring_pending_unguarded",
+                "1 while FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node and the node's pod ranges (spec.podCIDRs) are not known: a pod wired here answers until its address reaches the agent; else 0",
             ),
             datastore_access_refused: gauge_vec(
                 &r,

@@ -8,9 +8,12 @@
 //! Everything comes from `common` (`NetNs`, `TempDir`): namespaces are `npa-test-<pid>-…`,
 //! deleted on drop, panics included; the agent is killed on drop.
 //!
-//! A *fresh* node ([`PodNode::fresh`]) has its pods in the datastore but not yet wired, as a
-//! node the agent starts on before kubelet and the CNI have set up any pod; [`PodNode::wire`]
-//! wires one later, routed as above or as a port of a Linux bridge `cni0` (made at the first
+//! A *fresh* node ([`PodNode::fresh`]) has its pods in the datastore, Pending and without
+//! addresses, and not yet wired, as a node the agent starts on before kubelet and the CNI have
+//! set up any pod; its `Node` (with `spec.podCIDRs` 10.77.0.0/24 and fd77::/64) is in the
+//! datastore too. As on a real node, a pod is wired first ([`PodNode::wire`]) and its
+//! addresses reach the datastore only afterwards, when kubelet reports them
+//! ([`PodNode::report`]). [`PodNode::wire`] wires routed as above or as a port of a Linux bridge `cni0` (made at the first
 //! pod, as the bridge plugin does: 10.77.0.1/24 and fd77::1/64 on it, `br_netfilter` passing
 //! bridged frames to iptables), and [`PodNode::client`] is a host outside the node that
 //! routes to the pods through it.
@@ -69,6 +72,8 @@ pub struct PodNode {
     /// A fresh node's wiring; `None` for a node whose pods were wired at once.
     topology: Option<Topology>,
     client: Option<NetNs>,
+    /// The pods whose addresses the datastore holds (every pod unless fresh).
+    reported: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Wires a pod the Calico way: its veth, `/32` and `/128` host routes, proxy ARP, the
@@ -110,8 +115,9 @@ impl PodNode {
         PodNode::build(tag, backend, specs, false)
     }
 
-    /// A node whose pods are in the datastore (with their addresses, as kubelet reports
-    /// them) but not wired yet: no veth, no route, no bridge. [`PodNode::wire`] wires them.
+    /// A node whose pods are in the datastore, Pending without addresses, and not wired yet:
+    /// no veth, no route, no bridge. [`PodNode::wire`] wires them, [`PodNode::report`] puts
+    /// their addresses in the datastore.
     pub fn fresh(
         tag: &str,
         backend: &'static str,
@@ -135,13 +141,6 @@ impl PodNode {
         // it elsewhere, as a real node's default route does: a port-less bridge stands in.
         let dir = TempDir::new("podnode");
         let logs = TempDir::new("podnode-logs");
-        let mut manifests = Manifest::new();
-        let mut namespaces: Vec<&str> = specs.iter().map(|s| s.namespace).collect();
-        namespaces.sort();
-        namespaces.dedup();
-        for ns in namespaces {
-            manifests.object(&cluster::namespace(ns));
-        }
         let mut map = String::new();
         let mut pods = BTreeMap::new();
         for spec in specs {
@@ -153,13 +152,6 @@ impl PodNode {
             if let Some(iface) = spec.iface {
                 let _ = writeln!(map, "\"{}/{}\": {iface}", spec.namespace, spec.name);
             }
-            manifests.object(&cluster::pod(
-                spec.namespace,
-                spec.name,
-                spec.labels,
-                NODE,
-                &[&a4.to_string(), &a6.to_string()],
-            ));
             pods.insert(
                 format!("{}/{}", spec.namespace, spec.name),
                 Pod {
@@ -170,9 +162,21 @@ impl PodNode {
                 },
             );
         }
-        manifests.write(&dir.path, "pods.yaml");
         std::fs::write(logs.path.join("interfaces.yaml"), map).unwrap();
-        PodNode {
+        let reported = if fresh {
+            // The Node as the API server holds it: its pod ranges, allocated by the
+            // controller-manager before any pod.
+            let mut n = Manifest::new();
+            n.yaml(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n\
+                 spec: {{podCIDR: 10.77.0.0/24, podCIDRs: [10.77.0.0/24, \"fd77::/64\"]}}\n"
+            ));
+            n.write(&dir.path, "node.yaml");
+            Default::default()
+        } else {
+            pods.keys().cloned().collect()
+        };
+        let node = PodNode {
             node,
             pods,
             dir,
@@ -182,7 +186,45 @@ impl PodNode {
             backend,
             topology: None,
             client: None,
+            reported: std::sync::Mutex::new(reported),
+        };
+        node.write_pods();
+        node
+    }
+
+    /// Writes the namespaces and pods: those kubelet has reported with their addresses,
+    /// Running; the others Pending without any.
+    fn write_pods(&self) {
+        let mut manifests = Manifest::new();
+        let mut namespaces: Vec<&str> = self.pods.values().map(|p| p.spec.namespace).collect();
+        namespaces.sort();
+        namespaces.dedup();
+        for ns in namespaces {
+            manifests.object(&cluster::namespace(ns));
         }
+        let reported = self.reported.lock().unwrap();
+        for (key, p) in &self.pods {
+            let ips = [p.v4.to_string(), p.v6.to_string()];
+            let ips: Vec<&str> = if reported.contains(key) {
+                ips.iter().map(String::as_str).collect()
+            } else {
+                Vec::new()
+            };
+            let mut pod = cluster::pod(p.spec.namespace, p.spec.name, p.spec.labels, NODE, &ips);
+            if ips.is_empty() {
+                pod.status.as_mut().expect("a status").phase = Some("Pending".into());
+            }
+            manifests.object(&pod);
+        }
+        manifests.write(&self.dir.path, "pods.yaml");
+    }
+
+    /// Kubelet reports pod `key`'s addresses (after its sandbox is wired): they reach the
+    /// datastore now.
+    pub fn report(&self, key: &str) {
+        assert!(self.pods.contains_key(key), "no pod {key}");
+        self.reported.lock().unwrap().insert(key.to_string());
+        self.write_pods();
     }
 
     /// Wires pod `key` of a fresh node the way its topology says (the bridge is made at the

@@ -106,6 +106,7 @@
 
 pub mod cluster_policy;
 mod mirror;
+pub mod node_ranges;
 pub mod startup_taint;
 mod trim;
 mod watch_spacing;
