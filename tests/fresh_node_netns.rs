@@ -265,3 +265,30 @@ fn routed_fresh_node() {
 fn bridge_fresh_node() {
     fresh_node_never_lets_a_policed_pod_answer(Topology::Bridge, "freshbr");
 }
+
+/// A node whose Node has no pod ranges (a CNI with its own IPAM), or that the agent may not
+/// read: the window stays open, and the agent says so in its log and metric.
+#[test]
+fn fresh_node_without_pod_ranges_says_the_window_is_open() {
+    common::require_root();
+    let mut node = node(Topology::Routed, "freshnr");
+    std::fs::remove_file(node.dir.path.join("node.yaml")).unwrap();
+    node.start_agent(&[
+        ("FELIX_INTERFACENAMESCHEME", "auto"),
+        ("FELIX_HEALTHENABLED", "true"),
+        ("FELIX_HEALTHHOST", "127.0.0.1"),
+        ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+        ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+    ]);
+    node.wait_for(Duration::from_secs(15), "never ready", || {
+        let (status, _) = common::http_get(&node.node.name, HEALTH, "/readiness").ok()?;
+        (status == 200).then_some(())
+    });
+    assert_eq!(metric(&node, "netpol_wiring_pending"), Some(1));
+    assert_eq!(metric(&node, "netpol_wiring_pending_unguarded"), Some(1));
+    let log = node.log();
+    assert!(
+        log.contains("pod ranges are not known (no Node node-1 in"),
+        "{log}"
+    );
+}
