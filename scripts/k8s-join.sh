@@ -193,7 +193,11 @@ if [ "$with_taint" = 1 ]; then
   if [ "$open_ok" -gt 0 ] && [ "$iso_ok" = 0 ]; then
     ok "no fail-open window: the isolated pod answered 0 of $iso_n probes, the open pod $open_ok of $open_n"
   else
-    bad "the isolated pod answered $iso_ok of $iso_n probes, the open pod $open_ok of $open_n"
+    # What the new node's agent did meanwhile (its starts, auto's wiring, its first applies),
+    # for whoever reads a failure from CI's output alone.
+    [ -n "$agent" ] && k -n kube-system logs "$agent" --all-containers 2>/dev/null \
+      | grep -E 'starting|auto|restarting|first full apply|ready' | cut -c1-300 | sed 's/^/  agent: /' || true
+    bad "the isolated pod answered $iso_ok of $iso_n probes over $window_s s (its last answer $before_ready_s s before its agent was seen ready), the open pod $open_ok of $open_n"
   fi
 else
   # The shipped deploy/ alone: what the window is on this cluster, for the record.
