@@ -531,7 +531,7 @@ impl RuleOptions {
                 IpvsSupport::Auto | IpvsSupport::Off => None,
             },
             policy_union_min: self.policy_union_min,
-            pending_pod_cidrs: Vec::new(),
+            pending: None,
         })
     }
 

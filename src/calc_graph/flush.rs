@@ -24,7 +24,7 @@ impl CalcGraph {
     /// Renders everything dirty and returns the changes since the last flush.
     pub fn flush(&mut self) -> Update {
         let mut update = Update::default();
-        let pending = !self.cfg.rules.pending_pod_cidrs.is_empty();
+        let pending = crate::rules::guard::is_pending(&self.cfg.rules);
         let guarded = self.guard.refresh(
             self.interfaces.unnamed(),
             &self.selection,

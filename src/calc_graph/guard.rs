@@ -14,7 +14,7 @@
 //! ClusterNetworkPolicies, which costs nothing on a node whose pods are all named (the usual
 //! state) and stays small when a few are being wired.
 //!
-//! While auto's wiring is pending (`RuleConfig::pending_pod_cidrs`), it also keeps the
+//! While auto's wiring is pending (`RuleConfig::pending`), it also keeps the
 //! addresses of the local pods the datastore knows, which the pending chains let through;
 //! those chains exist from the first flush on, before any pod.
 //!
@@ -255,7 +255,11 @@ mod tests {
                 node_name: NODE.into(),
                 families: vec![IpFamily::V4],
                 rules: RuleConfig {
-                    pending_pod_cidrs: vec!["10.0.0.0/24".parse().unwrap()],
+                    interface_prefixes: Vec::new(),
+                    pending: Some(crate::rules::guard::PendingWiring {
+                        pod_cidrs: vec!["10.0.0.0/24".parse().unwrap()],
+                        prefixes: Vec::new(),
+                    }),
                     ..RuleConfig::default()
                 },
             },

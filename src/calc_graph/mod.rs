@@ -175,7 +175,7 @@ impl CalcGraph {
         };
         graph.emitted.mark(Owner::Static);
         graph.emitted.mark(Owner::Dispatch);
-        if !graph.cfg.rules.pending_pod_cidrs.is_empty() {
+        if crate::rules::guard::is_pending(&graph.cfg.rules) {
             // The pending chains hold from the first apply, before any pod is known.
             graph.emitted.mark(Owner::Guard);
         }

@@ -26,15 +26,18 @@
 //! reports it: after the CNI has wired the pod, and the pod may already be listening. On a
 //! node whose wiring `FELIX_INTERFACENAMESCHEME=auto` has not seen yet there are no dispatch
 //! chains either, so a pod wired there answered anyone until its address reached the agent
-//! (a real cluster's join, 2 of 41 probes). So while the wiring is pending and the node's pod
-//! address ranges are known (`RuleConfig::pending_pod_cidrs`, the Node's `spec.podCIDRs`),
-//! traffic to or from an address in them that is no local pod the datastore knows is dropped:
-//! `cali-FORWARD` jumps to `cali-wl-pending-to` for each range as destination and to
-//! `cali-wl-pending-from` for each as source; `cali-INPUT` (and, in IPVS mode, `cali-OUTPUT`)
-//! only for traffic whose source is not the host's own, so the host's own addresses in a
-//! range (the bridge's gateway) never meet it. Each chain returns for the addresses of the
-//! local pods the datastore knows (the guard has already held the isolated ones) and drops
-//! the rest. Known pods no policy isolates keep working even if auto never sees the wiring.
+//! (a real cluster's join, 2 of 41 probes). So while the wiring is pending
+//! (`RuleConfig::pending`), traffic to or from the node's pod address ranges (the Node's
+//! `spec.podCIDRs`, when known) and traffic out of or into an interface with a configured
+//! prefix (`FELIX_INTERFACEPREFIX`, `cali` by default: CNIs whose IPAM ignores the ranges name
+//! their veths so) meets the pending chains: `cali-FORWARD` jumps to `cali-wl-pending-to` for
+//! each range as destination and each prefix as output interface, and to
+//! `cali-wl-pending-from` for each as source or input; `cali-INPUT` (and, in IPVS mode,
+//! `cali-OUTPUT`) likewise, only for traffic whose source is not the host's own, so the host's
+//! own addresses in a range (the bridge's gateway) never meet them. Each chain returns for the
+//! addresses of the local pods the datastore knows (the guard has already held the isolated
+//! ones) and drops the rest. Known pods no policy isolates keep working even if auto never
+//! sees the wiring.
 //!
 //! The guard at two layers: which pods it holds in `calc_graph::guard`, its chain in
 //! `rules::guard`.
@@ -140,17 +143,61 @@ fn neighbour_discovery(family: IpFamily, rules: &mut RuleList) {
     }
 }
 
-/// The node's pod ranges of `family` the pending chains cover.
-fn pending_cidrs(cfg: &RuleConfig, family: IpFamily) -> impl Iterator<Item = IpNet> + '_ {
-    cfg.pending_pod_cidrs
+/// What auto's pending state closes (see the module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PendingWiring {
+    /// The node's pod address ranges (its Node's `spec.podCIDRs`); empty when not known.
+    pub pod_cidrs: Vec<IpNet>,
+    /// The configured interface prefixes (`FELIX_INTERFACEPREFIX`): a pod on an interface
+    /// named so is covered whatever its address.
+    pub prefixes: Vec<String>,
+}
+
+/// Whether the pending chains are rendered (for some family).
+pub fn is_pending(cfg: &RuleConfig) -> bool {
+    cfg.pending
+        .as_ref()
+        .is_some_and(|p| !p.pod_cidrs.is_empty() || !p.prefixes.is_empty())
+}
+
+/// The pending chains' jumps for `family` and `direction` (ingress: to
+/// `cali-wl-pending-to`, by destination range or output interface; egress: to
+/// `cali-wl-pending-from`, by source range or input interface), without their hook's extra
+/// matches.
+fn pending_jumps(cfg: &RuleConfig, family: IpFamily, direction: Direction) -> Vec<Rule> {
+    let Some(p) = &cfg.pending else {
+        return Vec::new();
+    };
+    let target = match direction {
+        Direction::Ingress => PENDING_TO_CHAIN,
+        Direction::Egress => PENDING_FROM_CHAIN,
+    };
+    let jump = || Rule::new(Action::Jump(target.into()));
+    let ranges = p
+        .pod_cidrs
         .iter()
-        .copied()
-        .filter(move |n| IpFamily::of(&n.addr()) == family)
+        .filter(|n| IpFamily::of(&n.addr()) == family)
+        .map(|&net| match direction {
+            Direction::Ingress => Rule {
+                dst: Some(net),
+                ..jump()
+            },
+            Direction::Egress => Rule {
+                src: Some(net),
+                ..jump()
+            },
+        });
+    let ifaces = p.prefixes.iter().map(|prefix| match direction {
+        Direction::Ingress => jump().out_iface(format!("{prefix}+")),
+        Direction::Egress => jump().in_iface(format!("{prefix}+")),
+    });
+    ranges.chain(ifaces).collect()
 }
 
 /// `cali-wl-pending-to` and `cali-wl-pending-from` for `family`, when auto's wiring is pending
-/// and the node has pod ranges of it (otherwise none): each returns for `known`, the
-/// addresses of the local pods the datastore knows, and drops the rest.
+/// and something of the family is covered (a pod range of it, or a prefix; otherwise none):
+/// each returns for `known`, the addresses of the local pods the datastore knows, and drops
+/// the rest.
 pub fn pending_chains(cfg: &RuleConfig, family: IpFamily, known: &[IpAddr]) -> Vec<Chain> {
     render_pending(cfg, family, known, false)
         .into_iter()
@@ -173,7 +220,7 @@ fn render_pending(
     known: &[IpAddr],
     traced: bool,
 ) -> Vec<Rendered> {
-    if pending_cidrs(cfg, family).next().is_none() {
+    if pending_jumps(cfg, family, Direction::Ingress).is_empty() {
         return Vec::new();
     }
     [
@@ -208,51 +255,25 @@ fn render_pending(
     .collect()
 }
 
-/// The jumps into the pending chains in `cali-FORWARD`: per pod range of `family`, traffic
-/// to it and traffic from it.
+/// The jumps into the pending chains in `cali-FORWARD`: per pod range of `family` and per
+/// prefix, traffic to it and traffic from it.
 pub(crate) fn pending_forward_jumps(cfg: &RuleConfig, family: IpFamily, out: &mut RuleList) {
-    for net in pending_cidrs(cfg, family) {
-        out.push(
-            Rule {
-                dst: Some(net),
-                ..Rule::new(Action::Jump(PENDING_TO_CHAIN.into()))
-            },
-            || RuleRole::JumpToPending {
-                direction: Direction::Ingress,
-            },
-        );
-        out.push(
-            Rule {
-                src: Some(net),
-                ..Rule::new(Action::Jump(PENDING_FROM_CHAIN.into()))
-            },
-            || RuleRole::JumpToPending {
-                direction: Direction::Egress,
-            },
-        );
+    for direction in [Direction::Ingress, Direction::Egress] {
+        for rule in pending_jumps(cfg, family, direction) {
+            out.push(rule, || RuleRole::JumpToPending { direction });
+        }
     }
 }
 
-/// The jumps in `cali-INPUT` (pods to their host: from a pod range) or, in IPVS mode,
-/// `cali-OUTPUT` (what IPVS forwards to pods: to a pod range), for traffic the host did not
-/// send itself.
+/// The jumps in `cali-INPUT` (pods to their host: egress) or, in IPVS mode, `cali-OUTPUT`
+/// (what IPVS forwards to pods: ingress), for traffic the host did not send itself.
 pub(crate) fn pending_host_jumps(
     cfg: &RuleConfig,
     family: IpFamily,
     direction: Direction,
     out: &mut RuleList,
 ) {
-    for net in pending_cidrs(cfg, family) {
-        let rule = match direction {
-            Direction::Ingress => Rule {
-                dst: Some(net),
-                ..Rule::new(Action::Jump(PENDING_TO_CHAIN.into()))
-            },
-            Direction::Egress => Rule {
-                src: Some(net),
-                ..Rule::new(Action::Jump(PENDING_FROM_CHAIN.into()))
-            },
-        };
+    for rule in pending_jumps(cfg, family, direction) {
         out.push(rule.matching(NOT_FROM_HOST), || RuleRole::JumpToPending {
             direction,
         });
@@ -341,14 +362,19 @@ mod tests {
         ));
     }
 
-    fn pending_cfg() -> RuleConfig {
+    fn pending(cidrs: &[&str], prefixes: &[&str]) -> RuleConfig {
         RuleConfig {
-            pending_pod_cidrs: vec![
-                "10.77.0.0/24".parse().unwrap(),
-                "fd77::/64".parse().unwrap(),
-            ],
+            interface_prefixes: Vec::new(),
+            pending: Some(PendingWiring {
+                pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+                prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+            }),
             ..RuleConfig::default()
         }
+    }
+
+    fn pending_cfg() -> RuleConfig {
+        pending(&["10.77.0.0/24", "fd77::/64"], &[])
     }
 
     #[test]
@@ -373,11 +399,13 @@ mod tests {
         assert!(to6[4].starts_with("-d fd77::5/128"));
         // No ranges (auto's wiring seen, or the node's ranges unknown): nothing.
         assert!(pending_chains(&RuleConfig::default(), IpFamily::V4, &known).is_empty());
-        let v4_only = RuleConfig {
-            pending_pod_cidrs: vec!["10.77.0.0/24".parse().unwrap()],
-            ..RuleConfig::default()
-        };
+        let v4_only = pending(&["10.77.0.0/24"], &[]);
         assert!(pending_chains(&v4_only, IpFamily::V6, &known).is_empty());
+        // A prefix covers every family.
+        let prefix_only = pending(&[], &["cali"]);
+        assert!(is_pending(&prefix_only));
+        assert_eq!(pending_chains(&prefix_only, IpFamily::V6, &known).len(), 2);
+        assert!(!is_pending(&pending(&[], &[])));
     }
 
     #[test]
@@ -397,5 +425,15 @@ mod tests {
         assert_eq!(rules.len(), 1, "{rules:#?}");
         assert!(rules[0].starts_with("-s fd77::/64"));
         assert!(rules[0].contains("--src-type LOCAL") && rules[0].ends_with(PENDING_FROM_CHAIN));
+
+        // Prefixes: by interface, after the ranges.
+        let cfg = pending(&["10.77.0.0/24"], &["cali"]);
+        let mut forward = RuleList::new(false);
+        pending_forward_jumps(&cfg, IpFamily::V4, &mut forward);
+        let (rendered, _) = forward.finish("cali-FORWARD", IpFamily::V4, || ChainRole::Forward);
+        let rules = bodies(&rendered);
+        assert_eq!(rules.len(), 4, "{rules:#?}");
+        assert!(rules[1].starts_with("-o cali+") && rules[1].ends_with(PENDING_TO_CHAIN));
+        assert!(rules[3].starts_with("-i cali+") && rules[3].ends_with(PENDING_FROM_CHAIN));
     }
 }

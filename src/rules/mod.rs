@@ -174,10 +174,10 @@ pub struct RuleConfig {
     /// direction's allows with one union set before the per-policy jumps (see [`union`]);
     /// 0 never does.
     pub policy_union_min: usize,
-    /// The node's pod address ranges (its Node's `spec.podCIDRs`), set only while
-    /// `FELIX_INTERFACENAMESCHEME=auto` has not seen how this node wires pods: addresses in
-    /// them that are no known pod are dropped then (see [`guard`]). Empty renders nothing.
-    pub pending_pod_cidrs: Vec<IpNet>,
+    /// Set only while `FELIX_INTERFACENAMESCHEME=auto` has not seen how this node wires pods:
+    /// the node's pod ranges and the configured interface prefixes, closed to every address
+    /// that is no known pod then (see [`guard`]). `None` renders nothing.
+    pub pending: Option<guard::PendingWiring>,
 }
 
 impl Default for RuleConfig {
@@ -195,7 +195,7 @@ impl Default for RuleConfig {
             workload_source_check: true,
             kube_ipvs: None,
             policy_union_min: union::DEFAULT_MIN_POLICIES,
-            pending_pod_cidrs: Vec::new(),
+            pending: None,
         }
     }
 }

@@ -194,8 +194,13 @@ pub const WIRING_PENDING: &str = "FELIX_INTERFACENAMESCHEME=auto has not seen a 
 /// the API or a `Node` manifest in the directory datastore), which the pending guard closes
 /// to every address that is no known pod (`rules::guard`). Empty, logged with the reason and
 /// counted by `netpol_wiring_pending_unguarded`, when the node has none or they cannot be read:
-/// then a pod wired here answers until its address reaches the agent.
-pub fn pending_pod_ranges(datastore: &Datastore, node: &str) -> Vec<ipnet::IpNet> {
+/// then a pod wired here on an interface without one of `prefixes` (which the pending chains
+/// cover by name) answers until its address reaches the agent.
+pub fn pending_pod_ranges(
+    datastore: &Datastore,
+    node: &str,
+    prefixes: &[String],
+) -> Vec<ipnet::IpNet> {
     let got = match datastore {
         Datastore::Kubernetes => crate::datastore::kube::node_ranges::read(
             crate::datastore::kube::KubeConnect::Infer,
@@ -214,7 +219,7 @@ pub fn pending_pod_ranges(datastore: &Datastore, node: &str) -> Vec<ipnet::IpNet
         }
         Err(why) => {
             warn!(
-                "FELIX_INTERFACENAMESCHEME=auto: this node's pod ranges are not known ({why}); until the node shows how it wires pods, a pod wired here is reachable until its address reaches the agent; set FELIX_INTERFACENAMESCHEME for this node's CNI to close that window (docs/install.md: Choosing the configuration for your CNI)"
+                "FELIX_INTERFACENAMESCHEME=auto: this node's pod ranges are not known ({why}); until the node shows how it wires pods, a pod wired here on an interface without a configured prefix (FELIX_INTERFACEPREFIX={}) is reachable until its address reaches the agent; set FELIX_INTERFACENAMESCHEME for this node's CNI to close that window (docs/install.md: Choosing the configuration for your CNI)", prefixes.join(",")
             );
             None
         }

@@ -110,10 +110,15 @@ impl Settings {
         let mut rules = args.rules.rule_config()?;
         if wiring_pending {
             // No pod interface to hook yet: every pod is unnamed, the guard holds the isolated
-            // ones by address, and the node is watched until it shows how it wires pods.
-            rules.interface_prefixes.clear();
+            // ones by address, the pending chains close the node's pod ranges and the
+            // prefixes' interfaces to every other address than the known pods', and the node
+            // is watched until it shows how it wires pods.
+            let prefixes = std::mem::take(&mut rules.interface_prefixes);
+            rules.pending = Some(crate::rules::guard::PendingWiring {
+                pod_cidrs: gates::pending_pod_ranges(&args.agent.datastore, &node, &prefixes),
+                prefixes,
+            });
             rules.bridge = None;
-            rules.pending_pod_cidrs = gates::pending_pod_ranges(&args.agent.datastore, &node);
             health.set_note(Some(gates::WIRING_PENDING.into()));
             gates::watch_wiring(restart.clone(), stop.clone())?;
         }

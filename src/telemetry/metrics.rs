@@ -436,7 +436,7 @@ impl Metrics {
             wiring_pending_unguarded: gauge(
                 &r,
                 "netpol_wiring_pending_unguarded",
-                "1 while FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node and the node's pod ranges (spec.podCIDRs) are not known: a pod wired here answers until its address reaches the agent; else 0",
+                "1 while FELIX_INTERFACENAMESCHEME=auto has not seen a pod interface on this node and the node's pod ranges (spec.podCIDRs) are not known: a pod wired here on an interface without a configured prefix answers until its address reaches the agent; else 0",
             ),
             datastore_access_refused: gauge_vec(
                 &r,
