@@ -213,7 +213,8 @@ pub fn pending_pod_ranges(
             let shown: Vec<String> = ranges.iter().map(ToString::to_string).collect();
             info!(
                 ranges = shown.join(","),
-                "FELIX_INTERFACENAMESCHEME=auto: until this node shows how it wires pods, traffic to and from addresses of its pod ranges that are no known pod is dropped"
+                prefixes = prefixes.join(","),
+                "FELIX_INTERFACENAMESCHEME=auto: until this node shows how it wires pods, traffic to and from addresses that are no known pod, in its pod ranges or on interfaces with a configured prefix, is dropped"
             );
             Some(ranges)
         }
