@@ -410,11 +410,17 @@ mod tests {
 
     #[test]
     fn pending_jumps_per_range_and_never_for_the_hosts_own_traffic() {
+        let forward_jumps = |cfg: &RuleConfig| {
+            let mut forward = RuleList::new(false);
+            pending_forward_jumps(cfg, IpFamily::V4, &mut forward);
+            bodies(
+                &forward
+                    .finish("cali-FORWARD", IpFamily::V4, || ChainRole::Forward)
+                    .0,
+            )
+        };
         let cfg = pending_cfg();
-        let mut forward = RuleList::new(false);
-        pending_forward_jumps(&cfg, IpFamily::V4, &mut forward);
-        let (rendered, _) = forward.finish("cali-FORWARD", IpFamily::V4, || ChainRole::Forward);
-        let rules = bodies(&rendered);
+        let rules = forward_jumps(&cfg);
         assert_eq!(rules.len(), 2, "{rules:#?}");
         assert!(rules[0].starts_with("-d 10.77.0.0/24") && rules[0].ends_with(PENDING_TO_CHAIN));
         assert!(rules[1].starts_with("-s 10.77.0.0/24") && rules[1].ends_with(PENDING_FROM_CHAIN));
@@ -427,11 +433,7 @@ mod tests {
         assert!(rules[0].contains("--src-type LOCAL") && rules[0].ends_with(PENDING_FROM_CHAIN));
 
         // Prefixes: by interface, after the ranges.
-        let cfg = pending(&["10.77.0.0/24"], &["cali"]);
-        let mut forward = RuleList::new(false);
-        pending_forward_jumps(&cfg, IpFamily::V4, &mut forward);
-        let (rendered, _) = forward.finish("cali-FORWARD", IpFamily::V4, || ChainRole::Forward);
-        let rules = bodies(&rendered);
+        let rules = forward_jumps(&pending(&["10.77.0.0/24"], &["cali"]));
         assert_eq!(rules.len(), 4, "{rules:#?}");
         assert!(rules[1].starts_with("-o cali+") && rules[1].ends_with(PENDING_TO_CHAIN));
         assert!(rules[3].starts_with("-i cali+") && rules[3].ends_with(PENDING_FROM_CHAIN));
