@@ -194,6 +194,12 @@ pub fn run(
     let started = Instant::now();
     let mut rejections_seen: BTreeMap<(ObjectKind, RejectKind), u64> = BTreeMap::new();
     let mut unnamed = Unnamed::new(interface_grace);
+    // Opened once: the interface check asks for every pod without an interface.
+    let iface_probe = crate::host::iface_probe::IfaceProbe::open()
+        .inspect_err(
+            |e| warn!(error = %e, "no socket for the interface check; asking libc per name"),
+        )
+        .ok();
     let mut outside_reported: std::collections::BTreeSet<crate::model::ObjectKey> =
         Default::default();
     // Kinds the API server refuses the datastore, with why (`DatastoreEvent::Access`).
@@ -209,7 +215,7 @@ pub fn run(
             // At rest, with every interface found, nothing is listed or tested.
             if graph_changed || unnamed.due(Instant::now()) {
                 graph_changed = false;
-                check_interfaces(&graph, &mut unnamed, &health);
+                check_interfaces(&graph, &mut unnamed, iface_probe.as_ref(), &health);
             }
         }
         let first = match inputs.recv_timeout(IDLE_TURN) {
@@ -316,8 +322,16 @@ pub fn run(
 
 /// One check of the local pods' interfaces: warnings for pods newly past the grace period,
 /// the gauge, and readiness when the configuration fits no local pod.
-fn check_interfaces(graph: &CalcGraph, unnamed: &mut Unnamed, health: &Health) {
-    let exists = |iface: &str| nix::net::if_::if_nametoindex(iface).is_ok();
+fn check_interfaces(
+    graph: &CalcGraph,
+    unnamed: &mut Unnamed,
+    probe: Option<&crate::host::iface_probe::IfaceProbe>,
+    health: &Health,
+) {
+    let exists = |iface: &str| match probe {
+        Some(p) => p.exists(iface),
+        None => nix::net::if_::if_nametoindex(iface).is_ok(),
+    };
     let checked = unnamed.check(Instant::now(), graph.local_pod_interfaces(), exists);
     if !checked.newly.is_empty() {
         let wiring = crate::host::wiring::read();

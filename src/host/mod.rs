@@ -6,6 +6,7 @@
 pub mod conntrack;
 pub mod exec;
 pub mod felix;
+pub mod iface_probe;
 pub mod ipvs;
 pub mod memory;
 pub mod netlink;
