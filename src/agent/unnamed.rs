@@ -16,12 +16,12 @@
 //!   while some pods are enforced, the agent stays ready: one pod without an interface (a
 //!   second CNI through Multus, a stuck sandbox) must not take the node's status with it.
 //!
-//! An interface found once is not looked at again until the pod is named to another one, so
-//! a check costs one lookup (`host::iface_probe`, one ioctl) per new pod, not per pod; a pod already
-//! reported is looked at again only every [`REPORTED_RETEST`] (a node whose setting fits
-//! nothing has every pod so: 1500 pods every 2 s with libc's `if_nametoindex`, a socket
-//! opened per name, cost 0.4 % of a core). The caller runs a check only when the graph changed or [`Unnamed::due`] says a
-//! test is due, so a node at rest with every interface found does no work at all.
+//! An interface found once is not looked at again until the pod is named to another one, so a check
+//! costs one lookup (`host::iface_probe`, one ioctl) per new pod, not per pod; a pod already
+//! reported is looked at again only every [`REPORTED_RETEST`] (a node whose setting fits nothing
+//! has every pod so: 1500 pods every 2 s with libc's `if_nametoindex`, a socket opened per name,
+//! cost 0.4 % of a core). The caller runs a check only when the graph changed or [`Unnamed::due`]
+//! says a test is due, so a node at rest with every interface found does no work at all.
 //! [`Unnamed::check`] is pure over what it is given; the caller supplies the clock, the
 //! existence test and the node's wiring.
 

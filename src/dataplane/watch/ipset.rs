@@ -8,16 +8,16 @@
 //!   the set. A member swapped for another (one `del` and one `add`) can leave every header
 //!   field as it was: headers miss it.
 //!
-//!   The dump is the kernel's work, not ours: for every hash set, `mtype_head` counts the
-//!   entries (`mtype_ext_size`) by walking every bucket and every member, to leave expired
-//!   ones out. Measured on 6.18 (`benches/idle.rs --wide`): about 2 µs per set, 2 ns per
-//!   bucket (our sets then had 1024; `rules::sets::fitted_hashsize` now fits them) and 45 ns
-//!   per member, ~5 ms of CPU for 554 sets with 61k members. The kernel closes the reply's
-//!   datagram after each set, so the dump is one read per set (`host::nfnetlink` reads the
-//!   next without a poll first): two thirds of a dump's kernel time on the 2-core machine
-//!   (2.5–3.4 of 4–5 ms) is that per-set round trip, not the walk. `IPSET_CMD_HEADER` walks nothing but returns only the name, type and family,
-//!   and a names-only listing (`IPSET_FLAG_LIST_SETNAME`) skips the header: neither sees a
-//!   member removed. How often the dump runs is the sentinel's choice.
+//!   The dump is the kernel's work, not ours: for every hash set, `mtype_head` counts the entries
+//!   (`mtype_ext_size`) by walking every bucket and every member, to leave expired ones out.
+//!   Measured on 6.18 (`benches/idle.rs --wide`): about 2 µs per set, 2 ns per bucket (our sets
+//!   then had 1024; `rules::sets::fitted_hashsize` now fits them) and 45 ns per member, ~5 ms of
+//!   CPU for 554 sets with 61k members. The kernel closes the reply's datagram after each set, so
+//!   the dump is one read per set (`host::nfnetlink` reads the next without a poll first): two
+//!   thirds of a dump's kernel time on the 2-core machine (2.5–3.4 of 4–5 ms) is that per-set
+//!   round trip, not the walk. `IPSET_CMD_HEADER` walks nothing but returns only the name, type
+//!   and family, and a names-only listing (`IPSET_FLAG_LIST_SETNAME`) skips the header: neither
+//!   sees a member removed. How often the dump runs is the sentinel's choice.
 //!
 //!   The number of references (iptables rules and `list:set` members naming the set) is left
 //!   out: it says nothing about the set's contents, and on the legacy backend it moves for a
