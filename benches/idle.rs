@@ -6,7 +6,8 @@
 //! --datastore dir:…` in a network namespace of its own, waits for the first full apply, then:
 //! - samples the agent's CPU from `/proc/<pid>/stat` over an idle window (`utime + stime` of
 //!   the agent and of the children it waited for: `iptables-save`, `ipset`, ...) and reports
-//!   it as % of one core, with its resident memory;
+//!   it as % of one core, with its resident memory and its threads' wake-ups per second
+//!   (context switches, `/proc/<pid>/task/*/status`);
 //! - tampers with what it programmed, one kind at a time, and measures the time until the
 //!   kernel holds our rules again (p50 / p99 over the rounds): `iptables -F cali-FORWARD`,
 //!   `-D` of our jump in `FORWARD`, a foreign ACCEPT inserted above our jump, `ipset del` of a
@@ -100,6 +101,25 @@ fn usage(pid: u32) -> (u64, u64) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     (ticks, rss)
+}
+
+/// Context switches of all the agent's threads so far (voluntary and not): each is a
+/// wake-up of a thread, the idle cost a CPU share measured in ticks cannot resolve.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 fn ticks_per_second() -> f64 {
@@ -355,6 +375,7 @@ fn measure(
     );
     let (sets, members) = sets.trim().split_once(' ').unwrap_or(("?", "?"));
     let (t0, _) = usage(pid);
+    let s0 = switches(pid);
     let w0 = Instant::now();
     // The window in 60 s slices: the first holds no exact verify (FELIX_KERNELVERIFYINTERVAL,
     // 120 s after the first apply) nor refresh (300 s); the slices holding them show what
@@ -371,6 +392,7 @@ fn measure(
         last = (t, now);
     }
     let (t1, rss) = usage(pid);
+    let wakeups = switches(pid).saturating_sub(s0) as f64 / w0.elapsed().as_secs_f64();
     let cpu = (t1 - t0) as f64 / ticks_per_second() / w0.elapsed().as_secs_f64() * 100.0;
     let first = if slices.len() > 1 {
         let list: Vec<String> = slices.iter().map(|p| format!("{p:.2}")).collect();
@@ -379,7 +401,7 @@ fn measure(
         String::new()
     };
     println!(
-        "{label} {backend:6} local={local:4}: cold start {:5.2} s, {} rules, {sets} sets with {members} members; idle CPU {cpu:6.3} % of a core over {} s{first} (agent + children), RSS {:.1} MiB",
+        "{label} {backend:6} local={local:4}: cold start {:5.2} s, {} rules, {sets} sets with {members} members; idle CPU {cpu:6.3} % of a core over {} s{first} (agent + children), {wakeups:.1} thread wake-ups/s, RSS {:.1} MiB",
         cold.as_secs_f64(),
         rules.trim(),
         opts.idle.as_secs(),

@@ -12,10 +12,9 @@ mod kube_api;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -25,7 +24,9 @@ use netpol_agent::agent::Calculation;
 use netpol_agent::backoff::Policy;
 use netpol_agent::calc_graph::update::DesiredState;
 use netpol_agent::calc_graph::GraphConfig;
-use netpol_agent::datastore::kube::{spawn_with, InitialList, KubeConnect, KubeOptions};
+use netpol_agent::datastore::kube::{
+    spawn_with, InitialList, KubeConnect, KubeOptions, KubeThread,
+};
 use netpol_agent::datastore::manifests::parse_manifests;
 use netpol_agent::iface_naming::CalicoResolver;
 use netpol_agent::model::validate;
@@ -214,8 +215,7 @@ const RECHECK: Duration = Duration::from_millis(50);
 /// The datastore under test, started through its public API against the fake server.
 struct Source {
     rx: Receiver<DatastoreEvent>,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<anyhow::Result<()>>>,
+    thread: Option<KubeThread>,
 }
 
 impl Source {
@@ -226,12 +226,11 @@ impl Source {
     fn start_with(api: &FakeApi, options: KubeOptions) -> Source {
         let (tx, rx) = channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let handle = spawn_with(KubeConnect::Url(api.url.clone()), options, tx, stop.clone())
+        let thread = spawn_with(KubeConnect::Url(api.url.clone()), options, tx, stop)
             .expect("the datastore starts");
         Source {
             rx,
-            stop,
-            handle: Some(handle),
+            thread: Some(thread),
         }
     }
 
@@ -260,20 +259,18 @@ impl Source {
     }
 
     fn shutdown(mut self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.handle
+        self.thread
             .take()
             .expect("running")
-            .join()
+            .stop()
             .expect("no panic")
     }
 }
 
 impl Drop for Source {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.stop();
         }
     }
 }

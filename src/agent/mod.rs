@@ -30,7 +30,7 @@ pub mod unnamed;
 
 use crate::calc_graph::update::Update;
 use crate::calc_graph::{CalcGraph, GraphConfig, RejectKind};
-use crate::dataplane::driver::{self, Batch, Timers, IDLE_TURN};
+use crate::dataplane::driver::{self, Batch, Timers, IDLE_TURN, QUIET_TURN};
 use crate::dataplane::iptables::Ownership;
 use crate::dataplane::watch::Interest;
 use crate::dataplane::DataplaneConfig;
@@ -66,6 +66,8 @@ pub enum Input {
     InterfacesChanged,
     /// IPVS mode: this host's addresses changed (the this-host set).
     HostAddresses(Vec<std::net::IpAddr>),
+    /// The stop flag was set (a signal): only wakes the loop, which then looks at the flag.
+    Stop,
 }
 
 impl From<DatastoreEvent> for Input {
@@ -218,7 +220,15 @@ pub fn run(
                 check_interfaces(&graph, &mut unnamed, iface_probe.as_ref(), &health);
             }
         }
-        let first = match inputs.recv_timeout(IDLE_TURN) {
+        // At rest nothing is due before the next interface check, unless deny or flow logs
+        // want their turns: sleep until an input or that.
+        let turn = if traffic.wants_turns() {
+            IDLE_TURN
+        } else {
+            QUIET_TURN.min(INTERFACE_CHECK)
+        };
+        let first = match inputs.recv_timeout(turn.min(health.turn_bound())) {
+            Ok(Input::Stop) => continue,
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break,
@@ -274,6 +284,7 @@ pub fn run(
                 }
                 Input::InterfacesChanged => rename_all = true,
                 Input::HostAddresses(addrs) => graph.set_host_addresses(addrs.iter().copied()),
+                Input::Stop => {}
             }
         }
         graph.set_event_time(Some(Instant::now()));

@@ -47,8 +47,16 @@ pub struct Timers {
 /// How often a part whose change watch could not be opened is re-read at most.
 const UNWATCHED_REFRESH: Duration = Duration::from_secs(10);
 
-/// How often an idle loop turns (health) and looks at the stop flag.
+/// How often the calculation loop turns at rest while deny logs, flow logs or the rule
+/// counters have work at every turn (`Traffic::wants_turns`).
 pub const IDLE_TURN: Duration = Duration::from_millis(200);
+/// The longest either loop sleeps at rest when nothing of its own is due (shorter when the
+/// watchdog is, `Health::turn_bound`). Each turn is a wake-up of the thread, and a node at
+/// rest should cost nothing between its checks. Neither loop needs a turn to see a stop:
+/// a signal wakes the calculation loop (`Input::Stop`), whose end closes the channel the
+/// dataplane loop waits on. A restart in place asked by another thread (auto's wiring seen,
+/// kube-ipvs0 come or gone) is seen at the next turn, within this.
+pub const QUIET_TURN: Duration = Duration::from_secs(2);
 
 /// One flush of the calc graph, for the dataplane thread.
 pub struct Batch {
@@ -124,7 +132,7 @@ pub fn run(
         health.turn(Loop::Dataplane);
         let mut deadline = next_refresh
             .min(next_ipsets_refresh)
-            .min(Instant::now() + IDLE_TURN);
+            .min(Instant::now() + QUIET_TURN.min(health.turn_bound()));
         for t in [
             next_check,
             retry_at,

@@ -20,7 +20,7 @@ pub mod staged;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,8 +76,8 @@ pub fn load_objects(source: &Source) -> anyhow::Result<Vec<K8sObject>> {
 fn load_kubernetes() -> anyhow::Result<Vec<K8sObject>> {
     let (tx, rx) = channel::<DatastoreEvent>();
     let stop = Arc::new(AtomicBool::new(false));
-    let handle = kube::spawn(KubeConnect::Infer, tx, stop.clone())
-        .context("connecting to the Kubernetes API")?;
+    let source =
+        kube::spawn(KubeConnect::Infer, tx, stop).context("connecting to the Kubernetes API")?;
     let mut objects: BTreeMap<ObjectRef, K8sObject> = BTreeMap::new();
     let deadline = Instant::now() + KUBE_LIST_TIMEOUT;
     let result = loop {
@@ -113,9 +113,8 @@ fn load_kubernetes() -> anyhow::Result<Vec<K8sObject>> {
             }
         }
     };
-    stop.store(true, Ordering::Relaxed);
     drop(rx);
-    let _ = handle.join();
+    let _ = source.stop();
     result.map(|()| objects.into_values().collect())
 }
 

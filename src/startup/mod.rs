@@ -202,6 +202,32 @@ fn timers(opts: &AgentOptions) -> Timers {
 /// and `run` starts the agent again in place, rules kept meanwhile.
 pub type Restart = Arc<Mutex<Option<String>>>;
 
+/// Wakes the calculation loop when SIGTERM or SIGINT sets the stop flag: it sleeps until an
+/// input at rest (`driver::QUIET_TURN`), so a signal must come as one to end it at once. The
+/// flag's own handlers, installed before, still set it for a signal that comes first.
+fn wake_on_signals(
+    stop: &Arc<AtomicBool>,
+    tx: Sender<Input>,
+) -> anyhow::Result<signal_hook::iterator::Handle> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .context("installing signal handlers")?;
+    let handle = signals.handle();
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let _ = tx.send(Input::Stop);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(handle)
+}
+
 /// Asks for a restart in place: records why, then stops the loops.
 pub fn request_restart(restart: &Restart, stop: &AtomicBool, why: String) {
     *restart.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
@@ -259,6 +285,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
     let (tx, rx) = std::sync::mpsc::channel::<Input>();
+    let signals = wake_on_signals(&stop, tx.clone())?;
     let ipvs_auto = args.rules.kube_ipvs_support_enabled == IpvsSupport::Auto;
     ipvs::watch_kube_ipvs(
         &settings.rules,
@@ -345,6 +372,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         traffic,
         opts.interface_grace_period,
     )?;
+    signals.close();
     if let Some(why) = restart.lock().unwrap_or_else(|p| p.into_inner()).take() {
         info!("restarting in place: {why}; the rules stay in place meanwhile");
         return Ok(restart_in_place());

@@ -2,9 +2,10 @@
 //!
 //! - live: both agent loops (the calculation loop and the dataplane loop) have turned within
 //!   the watchdog timeout (felix's `DataplaneWatchdogTimeout`). Both loops wake at least every
-//!   200 ms when idle, so only a loop stuck in one step (a hung `iptables-restore`, a
-//!   deadlock) goes stale. Each try of an iptables update counts as a turn too: tries that
-//!   fail (a lock someone else holds) are progress, one that never returns is not.
+//!   [`Health::turn_bound`] when idle, so only a loop stuck in one step (a hung
+//!   `iptables-restore`, a deadlock) goes stale. Each try of an iptables update counts as a
+//!   turn too: tries that fail (a lock someone else holds) are progress, one that never
+//!   returns is not.
 //! - ready: the datastore delivered its first complete listing AND the first full apply
 //!   after it has completed; before that the node's pods are not yet protected as the
 //!   policies say.
@@ -14,6 +15,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The shortest idle turn [`Health::turn_bound`] asks for (what every idle turn was before
+/// the loops learnt to sleep until something is due).
+const MIN_TURN: Duration = Duration::from_millis(200);
 
 /// Which agent loop reports a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +67,14 @@ impl Health {
             unprogrammed_family: Mutex::new(None),
             datastore_refused: Mutex::new(None),
         }
+    }
+
+    /// The longest an idle loop may sleep and still be live: a quarter of the watchdog
+    /// timeout, so a configured short watchdog (seconds) is never missed by a sleeping loop,
+    /// but never under [`MIN_TURN`]: a watchdog of a few milliseconds (the option takes
+    /// 0.001 s) must not make the loops spin.
+    pub fn turn_bound(&self) -> Duration {
+        (self.watchdog / 4).max(MIN_TURN)
     }
 
     fn now_ms(&self) -> u64 {
@@ -247,6 +260,18 @@ mod tests {
         h.clear_refused();
         assert!(h.liveness().0, "the watchdog restarts when the loops start");
         assert!(h.readiness().1.contains("datastore"));
+    }
+
+    #[test]
+    fn idle_loops_turn_well_within_the_watchdog_but_never_spin() {
+        let bound = |watchdog| Health::new(watchdog).turn_bound();
+        assert_eq!(
+            bound(Duration::from_secs(90)),
+            Duration::from_millis(22_500)
+        );
+        assert_eq!(bound(Duration::from_secs(5)), Duration::from_millis(1250));
+        // The option takes 0.001 s: the loops then turn as often as they always did.
+        assert_eq!(bound(Duration::from_millis(1)), MIN_TURN);
     }
 
     #[test]

@@ -272,6 +272,17 @@ impl Traffic {
         self.cut.as_mut().and_then(|c| c.ready.take())
     }
 
+    /// Whether [`tick`](Traffic::tick) has work at idle turns (deny logs, flow logs, the rule
+    /// counters, staged policies: metrics to export, plans and pending verdicts that waited
+    /// for their spacing). With all of them off the calculation loop may sleep until an
+    /// input comes.
+    pub fn wants_turns(&self) -> bool {
+        self.deny.is_some()
+            || self.flow.is_some()
+            || self.counters.is_some()
+            || self.staged.is_some()
+    }
+
     /// The calculation loop's turn (also when idle): metrics of the deny-log reader, and a
     /// counter plan that waited for its interval.
     pub fn tick(&mut self, graph: &CalcGraph) {

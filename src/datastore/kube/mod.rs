@@ -11,8 +11,9 @@
 //! use netpol_agent::model::DatastoreEvent;
 //! let (tx, rx) = channel::<DatastoreEvent>();
 //! let stop = Arc::new(AtomicBool::new(false));
-//! let handle = spawn(KubeConnect::Infer, tx, stop.clone())?; // Err: no usable configuration
+//! let source = spawn(KubeConnect::Infer, tx, stop.clone())?; // Err: no usable configuration
 //! // ... rx.recv() → Upsert/Delete of the initial listing, one InSync, then changes ...
+//! let _ = source.stop(); // sets `stop`, wakes the thread and waits for it
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 //!
@@ -22,12 +23,13 @@
 //! `kube::Config::infer` (a kubeconfig from `KUBECONFIG` or `~/.kube/config`, else the pod's
 //! in-cluster service account), [`KubeConnect::Url`] an explicit API server URL without
 //! credentials (tests, `kubectl proxy`). Then a dedicated thread (`kube-datastore`) runs its
-//! own single-threaded tokio runtime with the three watchers until `stop` is set (looked at
-//! every 50 ms) or the receiver is dropped (noticed at the next event); the thread then
-//! returns `Ok(())`. API errors (refused connections,
-//! 5xx, 403 while RBAC is being fixed, expired resource versions) never end it: they are
-//! logged with `tracing` and retried with kube-runtime's jittered exponential back-off (`backoff::Policy::KUBE_WATCH`: 0.8 s doubling to
-//! 30 s, back to 0.8 s after two quiet minutes, or at the first error after the watcher ran
+//! own single-threaded tokio runtime with the three watchers until [`KubeThread::stop`] (at
+//! once), `stop` set by anyone else (seen within [`STOP_POLL`]), or the receiver dropped
+//! (noticed at the next event); the thread then returns `Ok(())`. API errors (refused
+//! connections, 5xx, 403 while RBAC is being fixed, expired resource versions) never end it:
+//! they are logged with `tracing` and retried with kube-runtime's jittered exponential
+//! back-off (`backoff::Policy::KUBE_WATCH`: 0.8 s doubling to 30 s, back to 0.8 s after two
+//! quiet minutes, or at the first error after the watcher ran
 //! without one for as long as the wait before it: see [`Retry`]), and nothing already
 //! delivered is withdrawn because of an error. Watch requests that follow each other within
 //! the first wait (a watch the server or a proxy ends at once, which kube-runtime restarts
@@ -148,8 +150,33 @@ pub const KEPT_POD_ANNOTATIONS: &[&str] = &[SANDBOX_ID_ANNOTATION];
 /// How many kinds must be listed before `InSync`.
 const KINDS: usize = 6;
 
-/// How often the runtime looks at the stop flag.
-const STOP_POLL: Duration = Duration::from_millis(50);
+/// How often the runtime looks at the stop flag when nobody wakes it ([`KubeThread::stop`]
+/// does). Only a fallback: the agent exits or re-executes itself after setting the flag, so
+/// a short poll would only wake an idle node's thread for nothing (it was 50 ms: 20 wake-ups
+/// a second at rest).
+const STOP_POLL: Duration = Duration::from_secs(2);
+
+/// The datastore's thread, and how to end it.
+pub struct KubeThread {
+    handle: std::thread::JoinHandle<anyhow::Result<()>>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl KubeThread {
+    /// Sets the stop flag, wakes the thread and waits for it to end.
+    pub fn stop(self) -> std::thread::Result<anyhow::Result<()>> {
+        self.stop.store(true, Ordering::SeqCst);
+        // A permit is kept when the thread is not waiting yet: the wake is never lost.
+        self.wake.notify_one();
+        self.handle.join()
+    }
+
+    /// Waits for the thread to end by itself (its receiver dropped, its flag set).
+    pub fn join(self) -> std::thread::Result<anyhow::Result<()>> {
+        self.handle.join()
+    }
+}
 
 /// Where the API server is.
 #[derive(Clone, Debug)]
@@ -211,7 +238,7 @@ pub fn spawn(
     connect: KubeConnect,
     tx: impl EventSink,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+) -> anyhow::Result<KubeThread> {
     spawn_with(connect, KubeOptions::default(), tx, stop)
 }
 
@@ -223,20 +250,22 @@ pub fn spawn_with(
     options: KubeOptions,
     tx: impl EventSink,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+) -> anyhow::Result<KubeThread> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the Kubernetes datastore's runtime")?;
     let client = runtime.block_on(client(connect, options.backoff))?;
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let (thread_stop, thread_wake) = (stop.clone(), wake.clone());
     let handle = std::thread::Builder::new()
         .name("kube-datastore".into())
         .spawn(move || {
-            runtime.block_on(run(client, options, tx, stop));
+            runtime.block_on(run(client, options, tx, thread_stop, thread_wake));
             Ok(())
         })
         .context("cannot start the Kubernetes datastore thread")?;
-    Ok(handle)
+    Ok(KubeThread { handle, stop, wake })
 }
 
 /// The client, with watch requests spaced by `backoff` (see `watch_spacing`).
@@ -311,14 +340,20 @@ impl Out {
     }
 }
 
-async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc<AtomicBool>) {
+async fn run(
+    client: Client,
+    options: KubeOptions,
+    tx: impl EventSink,
+    stop: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+) {
     let out = Out {
         tx: Box::new(tx),
         listed: AtomicUsize::new(0),
     };
     let lists = tokio::select! {
         lists = Lists::decide(&client, options.initial_list) => lists,
-        () = stopped(&stop) => return,
+        () = stopped(&stop, &wake) => return,
     };
     // Each follower ends only when the receiver is gone; then all stop.
     tokio::select! {
@@ -329,7 +364,7 @@ async fn run(client: Client, options: KubeOptions, tx: impl EventSink, stop: Arc
         // Staged policies (issue 23): never enforced; their CRDs are ours and may be absent.
         _ = cluster_policy::follow::<StagedNetworkPolicy>(Api::all(client.clone()), &options, lists, &out, &cluster_policy::STAGED_POLICIES) => {}
         _ = cluster_policy::follow::<StagedClusterNetworkPolicy>(Api::all(client), &options, lists, &out, &cluster_policy::STAGED_CLUSTER_POLICIES) => {}
-        () = stopped(&stop) => {}
+        () = stopped(&stop, &wake) => {}
     }
     info!("Kubernetes datastore stopped");
 }
@@ -459,9 +494,12 @@ fn version_offers_streaming(major: &str, minor: &str) -> Option<bool> {
     Some((major, minor) >= (1, 27))
 }
 
-async fn stopped(stop: &AtomicBool) {
+async fn stopped(stop: &AtomicBool, wake: &tokio::sync::Notify) {
     while !stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(STOP_POLL).await;
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(STOP_POLL) => {}
+        }
     }
 }
 
