@@ -34,6 +34,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/procfs.rs"]
+mod procfs;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
@@ -101,25 +103,6 @@ fn usage(pid: u32) -> (u64, u64) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     (ticks, rss)
-}
-
-/// Context switches of all the agent's threads so far (voluntary and not): each is a
-/// wake-up of a thread, the idle cost a CPU share measured in ticks cannot resolve.
-fn switches(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .flat_map(|status| {
-            status
-                .lines()
-                .filter(|l| l.contains("ctxt_switches:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
 }
 
 fn ticks_per_second() -> f64 {
@@ -375,7 +358,7 @@ fn measure(
     );
     let (sets, members) = sets.trim().split_once(' ').unwrap_or(("?", "?"));
     let (t0, _) = usage(pid);
-    let s0 = switches(pid);
+    let s0 = procfs::context_switches(pid);
     let w0 = Instant::now();
     // The window in 60 s slices: the first holds no exact verify (FELIX_KERNELVERIFYINTERVAL,
     // 120 s after the first apply) nor refresh (300 s); the slices holding them show what
@@ -392,7 +375,8 @@ fn measure(
         last = (t, now);
     }
     let (t1, rss) = usage(pid);
-    let wakeups = switches(pid).saturating_sub(s0) as f64 / w0.elapsed().as_secs_f64();
+    let wakeups =
+        procfs::context_switches(pid).saturating_sub(s0) as f64 / w0.elapsed().as_secs_f64();
     let cpu = (t1 - t0) as f64 / ticks_per_second() / w0.elapsed().as_secs_f64() * 100.0;
     let first = if slices.len() > 1 {
         let list: Vec<String> = slices.iter().map(|p| format!("{p:.2}")).collect();

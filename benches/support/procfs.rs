@@ -1,6 +1,6 @@
 //! What the scale benchmarks (`kube_scale`, `kube_real`) read about a process from `/proc`
-//! and from the agent's log, written once: resident memory, CPU seconds, and the time of a
-//! log line. Each reader returns zero (or `None`) for a process that is gone, so a figure
+//! and from the agent's log, written once: resident memory, CPU seconds, context switches,
+//! and the time of a log line. Each reader returns zero (or `None`) for a process that is gone, so a figure
 //! taken as an agent exits is a visible zero, not a panic half way through a report.
 
 #![allow(dead_code)]
@@ -16,6 +16,26 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Context switches (voluntary and not) of every thread of a process so far: each is a
+/// wake-up of a thread, the idle cost a CPU share measured in ticks cannot resolve. 0 if
+/// the process is gone.
+pub fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
 }
 
 /// CPU seconds of a process and of the children it waited for (utime, stime, cutime,
