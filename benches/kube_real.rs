@@ -37,8 +37,9 @@
 //! - `--check` (the smoke in the test command): besides the figures, each round's outcomes
 //!   are checks, printed and counted (`N passed, M failed` last; exit status 1 on a failure):
 //!   every agent applied and was still running at the end, every probe was enforced (at
-//!   least one, none timed out or failed), and the churn's writes all succeeded. Never a
-//!   time: the figures are for reading.
+//!   least one, none timed out or failed; a probe whose sets churn changed under it is
+//!   neither, and such probes may not outnumber the measured ones), and the churn's writes
+//!   all succeeded. Never a time: the figures are for reading.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -428,15 +429,17 @@ impl Checks {
     fn probes(&mut self, r: &enforced::Results, what: &str) {
         self.check(
             !r.add.is_empty()
-                && r.add.len() == r.delete.len()
+                && (r.add.len()..=r.add.len() + r.changed_under).contains(&r.delete.len())
+                && r.changed_under <= r.add.len()
                 && r.timed_out == 0
                 && r.failed.is_empty(),
             &format!(
-                "every probe {what} enforced ({} added, {} deleted, {} timed out, {} failed)",
+                "every probe {what} enforced ({} added, {} deleted, {} timed out, {} failed; {} whose sets churn changed under it, at most as many as measured)",
                 r.add.len(),
                 r.delete.len(),
                 r.timed_out,
-                r.failed.len()
+                r.failed.len(),
+                r.changed_under
             ),
         );
     }

@@ -283,7 +283,10 @@ case "$PROXY" in iptables|nftables) ;;
 esac
 [ "$(id -u)" = 0 ] || die "run as root"
 if [ "$JOIN" = 0 ] && { [ -e "$STATE/admin.kubeconfig" ] || ip netns list 2>/dev/null | grep -q '^npk-'; }; then
-  die "a cluster is up already (bash scripts/k8s-cluster.sh down first)"
+  # The names, the fabric's addresses and /run/npk are the machine's, so one cluster at a
+  # time; name whose it is (another checkout's, or a run that ended without its `down`).
+  owner=$(cat "$RUN/state" 2>/dev/null || echo "$STATE")
+  die "a cluster is up already (network namespaces: $(ip netns list 2>/dev/null | awk '/^npk-/ { printf "%s ", $1 }')state: $owner); take it down first: NETPOL_K8S_CLUSTER=$owner bash scripts/k8s-cluster.sh down"
 fi
 
 eval "$(bash scripts/k8s.sh paths "${K8S_ARGS[@]}")"
@@ -313,6 +316,7 @@ if [ "$JOIN" = 0 ]; then
 
   rm -rf "$STATE" "$RUN"
   mkdir -p "$STATE" "$RUN"
+  echo "$STATE" >"$RUN/state"
   echo "$K8S_BIN/kubectl" >"$STATE/kubectl.path"
   echo "cni=$CNI ip-family=$FAMILY proxy-mode=$PROXY kubernetes=v$K8S_VERSION workers=$WORKERS" >"$STATE/cell"
   NODES=(npk-cp)

@@ -16,10 +16,15 @@
 //! [`POLL`]: no process per read.
 //! The first read starts when the writer has answered, so a change the agent made before the
 //! answer reached the bench is seen then: the write's own time (reported apart) bounds that.
-//! A probe whose sets changed under it (a churned policy edited the selector away) times out
-//! after [`LIMIT`] and is counted, never averaged in.
+//! Churn can change what a probe is measured against: a policy edited or deleted takes the
+//! template's sets with it. So a pod added that is not in every set within [`LIMIT`] (or
+//! whose set went away) is judged again from a fresh read: if the template's own sets are
+//! no longer those the probe waited on, the probe is counted as changed under it (reported,
+//! never averaged in); if they are the same, the agent did not follow and it is timed out.
+//! A set already gone when the probe begins makes it count as changed under it, unwritten.
+//! A pod deleted has no such excuse: it must leave every set that still exists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -51,27 +56,48 @@ impl SetTester {
         self.watch.contains(set, ip.into())
     }
 
-    /// Polls until every set in `sets` holds `ip` (`want`) or none does (`!want`): the Unix
-    /// time in nanoseconds of the read that saw it, or `None` after [`LIMIT`] or an error.
-    fn wait(&mut self, sets: &[String], ip: Ipv4Addr, want: bool) -> Option<u128> {
+    /// Polls until every set in `sets` holds `ip` (`want`) or none does (`!want`), for at
+    /// most [`LIMIT`]. A set that no longer exists holds nothing: it ends a wait for `want`
+    /// at once ([`Waited::SetGone`]) and satisfies a wait for `!want`.
+    fn wait(&mut self, sets: &[String], ip: Ipv4Addr, want: bool) -> Waited {
         let deadline = std::time::Instant::now() + LIMIT;
         loop {
             let mut done = true;
             for set in sets {
-                if self.contains(set, ip).ok()? != want {
-                    done = false;
-                    break;
+                match self.contains(set, ip) {
+                    Ok(held) if held == want => {}
+                    Ok(_) => {
+                        done = false;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        if want {
+                            return Waited::SetGone;
+                        }
+                    }
+                    Err(e) => return Waited::Error(format!("{set}: {e}")),
                 }
             }
             if done {
-                return Some(now_nanos());
+                return Waited::Seen(now_nanos());
             }
             if std::time::Instant::now() > deadline {
-                return None;
+                return Waited::Limit;
             }
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// How a wait for a change in the sets ended.
+enum Waited {
+    /// The Unix time in nanoseconds of the read that saw the change.
+    Seen(u128),
+    /// [`LIMIT`] passed first.
+    Limit,
+    /// A set the address should join no longer exists.
+    SetGone,
+    Error(String),
 }
 
 fn now_nanos() -> u128 {
@@ -154,6 +180,10 @@ pub struct Results {
     pub write_add: Vec<f64>,
     pub write_delete: Vec<f64>,
     pub timed_out: usize,
+    /// Probes whose template's sets changed under them (churn edited or deleted a policy
+    /// that selected them) before the pod added was seen: neither measured nor failed. One
+    /// that changed before its first write wrote nothing, so has no delete either.
+    pub changed_under: usize,
     pub failed: Vec<String>,
 }
 
@@ -176,12 +206,13 @@ impl Results {
             )
         };
         let mut line = format!(
-            "event → enforced {what} (agent-0's IP sets): pod added {}; pod deleted {}; the API server's answer to those writes: status {}, delete {}; timed out {}",
+            "event → enforced {what} (agent-0's IP sets): pod added {}; pod deleted {}; the API server's answer to those writes: status {}, delete {}; timed out {}; sets changed under the probe {}",
             pct(&self.add),
             pct(&self.delete),
             pct(&self.write_add),
             pct(&self.write_delete),
             self.timed_out,
+            self.changed_under,
         );
         if !self.failed.is_empty() {
             line += &format!("; {} failed, first: {}", self.failed.len(), self.failed[0]);
@@ -223,8 +254,7 @@ impl Prober {
     }
 
     fn once(&mut self, results: &mut Results) -> Result<(), String> {
-        let save = super::common::run_ok("ip", &["netns", "exec", &self.ns, "ipset", "save"]);
-        let members = members_by_address(&save);
+        let members = self.members();
         // Node-0's own pods (10.128.0.0/24, scale-load's podCIDR(0)) are local, not remote.
         let candidates: Vec<&Ipv4Addr> = members
             .keys()
@@ -254,12 +284,15 @@ impl Prober {
         self.next_id += 1;
         let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 64, 0, 1)) + id);
         for set in &sets {
-            if self
-                .tester
-                .contains(set, ip)
-                .map_err(|e| format!("{set}: {e}"))?
-            {
-                return Err(format!("{ip} is already in {set} (a network member)"));
+            match self.tester.contains(set, ip) {
+                Ok(false) => {}
+                Ok(true) => return Err(format!("{ip} is already in {set} (a network member)")),
+                // Gone since the read above: churn changed the sets before the probe began.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    results.changed_under += 1;
+                    return Ok(());
+                }
+                Err(e) => return Err(format!("{set}: {e}")),
             }
         }
         // Each change: the writer's (T0, T1), then the reads until the sets follow.
@@ -282,13 +315,35 @@ impl Prober {
                 (&mut results.delete, &mut results.write_delete)
             };
             match self.tester.wait(&sets, ip, want) {
-                Some(t) => {
+                Waited::Seen(t) => {
                     latency.push(ms(t0, t));
                     write.push(ms(t0, t1));
                 }
-                None => results.timed_out += 1,
+                Waited::Error(e) => return Err(e),
+                Waited::Limit | Waited::SetGone if want => {
+                    // The probe is a copy of the template: if the template's sets are still
+                    // those waited on, the agent did not follow.
+                    let now: BTreeSet<String> = self
+                        .members()
+                        .remove(&template)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect();
+                    if now == sets.iter().cloned().collect() {
+                        results.timed_out += 1;
+                    } else {
+                        results.changed_under += 1;
+                    }
+                }
+                Waited::Limit | Waited::SetGone => results.timed_out += 1,
             }
         }
         Ok(())
+    }
+
+    /// The agent's sets now, by member address.
+    fn members(&self) -> BTreeMap<Ipv4Addr, Vec<String>> {
+        let save = super::common::run_ok("ip", &["netns", "exec", &self.ns, "ipset", "save"]);
+        members_by_address(&save)
     }
 }
