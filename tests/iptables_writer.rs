@@ -30,11 +30,47 @@ const ALL: [(Backend, IpFamily); 4] = [
 ];
 
 fn exec(ns: &NetNs) -> Exec {
-    Exec {
-        prefix: ["ip", "netns", "exec", ns.name.as_str()]
-            .map(String::from)
-            .to_vec(),
-    }
+    Exec::in_netns(&ns.name)
+}
+
+/// The writer's programs run in the test's namespace, not the host's: `Exec` enters it by
+/// `setns` (no `ip netns exec` wrapper), and what they read is the namespace's own.
+#[test]
+fn exec_runs_programs_inside_the_namespace() {
+    let ns = NetNs::new("exec");
+    ns.exec_ok(&[
+        "ip",
+        "link",
+        "add",
+        "npa-exec0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "npa-exec1",
+    ]);
+    let read = |exec: &Exec| {
+        let out = exec
+            .command("cat")
+            .arg("/proc/net/dev")
+            .output()
+            .expect("cat runs");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let inside = read(&exec(&ns));
+    assert!(inside.contains("npa-exec0:"), "{inside}");
+    assert!(
+        !read(&Exec::default()).contains("npa-exec0:"),
+        "the namespace's link is seen from the host"
+    );
+    let tables = exec(&ns)
+        .command(&cli(Backend::Legacy, IpFamily::V4))
+        .args(["-w", "-N", "NPA-EXEC-PROBE"])
+        .status()
+        .expect("iptables runs");
+    assert!(tables.success());
+    assert!(save(&ns, Backend::Legacy, IpFamily::V4).contains(":NPA-EXEC-PROBE"));
 }
 
 /// The iptables command line tool (`iptables-legacy`, `ip6tables-nft`, ...).

@@ -159,7 +159,7 @@ pub fn snapshot(exec: &Exec) -> FelixSnapshot {
             .map(String::from)
             .collect();
     }
-    if exec.prefix.is_empty() {
+    if exec.is_own_namespace() {
         if let Ok(dir) = std::fs::read_dir(Path::new("/sys/fs/bpf/tc/globals")) {
             s.bpf_pins = dir
                 .filter_map(|e| e.ok())

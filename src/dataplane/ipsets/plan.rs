@@ -183,6 +183,7 @@ impl KernelSets {
         problems: &mut BTreeSet<String>,
     ) -> Vec<Op> {
         let mut ops = Vec::new();
+        let mut dels = Vec::new();
         for name in dirty {
             let Some(spec) = desired.get(name) else {
                 continue;
@@ -214,6 +215,14 @@ impl KernelSets {
                     })
                 }
                 Some(k) => {
+                    let extra: Vec<Member> = k.members.difference(&want).copied().collect();
+                    if !extra.is_empty() {
+                        dels.push(Op {
+                            name: name.clone(),
+                            family: spec.family,
+                            kind: OpKind::Del(extra),
+                        });
+                    }
                     let missing: Vec<Member> = want.difference(&k.members).copied().collect();
                     (!missing.is_empty()).then_some(OpKind::Add(missing))
                 }
@@ -226,6 +235,9 @@ impl KernelSets {
                 });
             }
         }
+        // Every addition first: an address that moves from one set to another is in the new
+        // one before it leaves the old, so no set a rule matches on is ever short of both.
+        ops.extend(dels);
         order_ops(ops, failed)
     }
 

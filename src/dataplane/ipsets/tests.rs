@@ -166,12 +166,17 @@ fn plans_only_what_differs_from_the_cache() {
         script(&mgr, &ops),
         "add cali40s:a 10.0.0.3\n\
          create cali40s:new hash:net family inet hashsize 64 maxelem 1048576\n\
-         add cali40s:new 10.1.0.1\n"
+         add cali40s:new 10.1.0.1\n\
+         del cali40s:a 10.0.0.2\n",
+        "member deletions ride in the first phase, after every addition"
     );
+    // Planned from the same cache (the first phase not written), the removal phase still
+    // makes up for its deletions; after a written first phase it only destroys.
     let ops = mgr.plan_removals(&desired, &dirty, &BTreeSet::new());
     assert_eq!(
         script(&mgr, &ops),
-        "del cali40s:a 10.0.0.2\ndestroy cali4t3\n"
+        "del cali40s:a 10.0.0.2\ndestroy cali4t3\n",
+        "without the first phase written, its deletions are still made up for"
     );
 }
 
