@@ -16,6 +16,9 @@
 #                 felix's descriptive comments ("Return if profile accepted", ...)
 #   ids-only      without the descriptive comments
 #   no-comments   without any comment match
+#   per-pod-head  as compiled, but with felix's own head in every workload chain: the rules
+#                 of the shared `cali-wl-start` (conntrack, marks cleared) in place of the
+#                 jump to it, as before it was shared (the table's size, same verdicts)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MANIFESTS=${1:-target/restore-floor/synthetic-110.yaml}
@@ -37,12 +40,15 @@ awk '/^\*/ { t = 1 } !t' "$WORK/compiled.txt" >"$WORK/sets.txt"
 awk '/^\*filter/ { t = 1 } t; /^COMMIT/ { t = 0 }' "$WORK/compiled.txt" >"$WORK/as-compiled.txt"
 perl -pe 's/ -m comment --comment "(?!cali:)[^"]*"//g' "$WORK/as-compiled.txt" >"$WORK/ids-only.txt"
 sed -E 's/ -m comment --comment "[^"]*"//g' "$WORK/as-compiled.txt" >"$WORK/no-comments.txt"
+perl -e 'my @l = <>; my @start = map { /^-A cali-wl-start (.*)$/ ? $1 : () } @l;
+  for (@l) { if (/^-A (cali-[tf]w-\S+) .*-j cali-wl-start$/) { my $c = $1; print "-A $c $_\n" for @start } else { print } }' \
+  "$WORK/as-compiled.txt" >"$WORK/per-pod-head.txt"
 printf '*filter\n:npa-floor-probe - [0:0]\n-A npa-floor-probe -j ACCEPT\nCOMMIT\n' >"$WORK/probe.txt"
 
 ip netns add "$NS"
 ip netns exec "$NS" ipset restore <"$WORK/sets.txt"
 printf '%-12s %7s %9s %9s %9s\n' variant rules matches "p50 ms" "max ms"
-for variant in as-compiled ids-only no-comments; do
+for variant in as-compiled ids-only no-comments per-pod-head; do
   ip netns exec "$NS" iptables-legacy -F
   ip netns exec "$NS" iptables-legacy -X
   ip netns exec "$NS" iptables-legacy-restore <"$WORK/$variant.txt"

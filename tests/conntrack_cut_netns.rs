@@ -7,7 +7,9 @@
 //!   entries, so the next packet meets the new rules), and one cut line per connection names
 //!   the flow, the denying direction and the policy;
 //! - without it, they keep passing (the `RELATED,ESTABLISHED` shortcut never asks policy);
-//! - the allowed client's connections pass in both cases.
+//! - the allowed client's connections pass in both cases;
+//! - the same without re-evaluation with `FELIX_IPTABLESFILTERALLOWACTION=RETURN` (legacy),
+//!   an Admin ClusterNetworkPolicy denying the other client besides.
 
 mod common;
 mod pod_node;
@@ -31,6 +33,23 @@ spec:
   ingress:
   - from: [{namespaceSelector: {}, podSelector: {matchLabels: {role: client}}}]
     ports: [{protocol: TCP, port: 8080}]
+"#;
+
+/// Beside `POLICY`, in the RETURN variant: an Admin tier Deny of the denied client, ahead of
+/// every NetworkPolicy. The established shortcut comes before all tiers (felix's order), so
+/// its connections still pass; a shortcut that only marked the packet and went on into the
+/// tiers would have them dropped here.
+const ADMIN_DENY: &str = r#"
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: deny-other}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: server}}}}
+  ingress:
+  - {name: no-other, action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {role: other}}}}]}
 "#;
 
 fn pods() -> Vec<PodSpec> {
@@ -113,13 +132,24 @@ fn cut_lines(log: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn tightened_policy(reevaluate: bool) {
-    let tag = if reevaluate { "ctcut-on" } else { "ctcut-off" };
-    let mut node = PodNode::new(tag, "nft", pods());
+/// `allow_return`: `FELIX_IPTABLESFILTERALLOWACTION=RETURN` on the legacy backend, where the
+/// shared `cali-wl-start` marks an established packet accepted and returns, and the workload
+/// chain returns on the mark (`rules::chains`): the shortcut must hold through both.
+fn tightened_policy(reevaluate: bool, allow_return: bool) {
+    let tag = match (reevaluate, allow_return) {
+        (true, _) => "ctcut-on",
+        (false, false) => "ctcut-off",
+        (false, true) => "ctcut-ret",
+    };
+    let backend = if allow_return { "legacy" } else { "nft" };
+    let mut node = PodNode::new(tag, backend, pods());
     node.write_policies("");
     let mut env = vec![("FELIX_LOGFORMAT", "json")];
     if reevaluate {
         env.push(("FELIX_CONNTRACKREEVALUATE", "true"));
+    }
+    if allow_return {
+        env.push(("FELIX_IPTABLESFILTERALLOWACTION", "RETURN"));
     }
     node.start_agent(&env);
     node.wait_converged(Duration::from_secs(20));
@@ -140,7 +170,11 @@ fn tightened_policy(reevaluate: bool) {
     }
 
     let arrival = Instant::now();
-    node.write_policies(POLICY);
+    if allow_return {
+        node.write_policies(&format!("{POLICY}{ADMIN_DENY}"));
+    } else {
+        node.write_policies(POLICY);
+    }
     // Probe the denied connections every 100 ms, for 2.5 s or until each has stopped (on
     // until 5 s when stretched by the time scale): when did each stop?
     let window = if common::real_time() {
@@ -221,11 +255,17 @@ fn tightened_policy(reevaluate: bool) {
 #[test]
 fn a_tightened_policy_cuts_exactly_the_connections_it_denies() {
     common::require_root();
-    tightened_policy(true);
+    tightened_policy(true, false);
 }
 
 #[test]
 fn without_reevaluation_established_connections_survive_a_tightened_policy() {
     common::require_root();
-    tightened_policy(false);
+    tightened_policy(false, false);
+}
+
+#[test]
+fn with_the_return_allow_action_established_connections_survive_and_new_ones_meet_policy() {
+    common::require_root();
+    tightened_policy(false, true);
 }

@@ -77,15 +77,24 @@ fn server_chains_match_the_article_listing() {
     assert!(set.starts_with("cali40s:") && set.len() == 31, "{set}");
     let names = [(policy_chain.as_str(), "<POLICY>"), (set.as_str(), "<SET>")];
 
-    // Article rows 1-12 of `Chain cali-tw-veth-13dd25c5cb`. Deviations, both required by the
-    // design: row 3 clears accept *and* pass (0x30000; the article's older felix cleared only
-    // 0x10000), and rows 10-11 (the empty ServiceAccount profile) are not rendered.
+    // Article rows 1-12 of `Chain cali-tw-veth-13dd25c5cb`. Deviations, all required by the
+    // design: rows 1-3 (conntrack, marks cleared) are the shared chain `cali-wl-start`, which
+    // every workload chain jumps to first (one jump instead of three rules per chain: the
+    // legacy restore's cost follows the table's size); row 3 clears accept *and* pass
+    // (0x30000; the article's older felix cleared only 0x10000); and rows 10-11 (the empty
+    // ServiceAccount profile) are not rendered.
     assert_eq!(
-        normalized(&state, "cali-tw-veth-13dd25c5cb", &names),
+        normalized(&state, "cali-wl-start", &names),
         [
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             "-m conntrack --ctstate INVALID -j DROP",
             "-j MARK --set-xmark 0x0/0x30000",
+        ]
+    );
+    assert_eq!(
+        normalized(&state, "cali-tw-veth-13dd25c5cb", &names),
+        [
+            "-j cali-wl-start",
             "-m comment --comment \"Start of policies\" -j MARK --set-xmark 0x0/0x20000",
             "-m mark --mark 0x0/0x20000 -j <POLICY>",
             "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",

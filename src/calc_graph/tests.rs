@@ -1135,7 +1135,7 @@ fn workload_chains_list_the_tiers_in_order_and_only_networkpolicies_isolate() {
     let jump = |chain: &str| format!("-m mark --mark 0x0/0x20000 -j {chain}");
     let ret = "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 -j RETURN";
     assert_eq!(
-        tw[3..tw.len() - 3],
+        tw[1..tw.len() - 3],
         [
             "-m comment --comment \"Start of tier kube-admin\" -j MARK --set-xmark 0x0/0x20000".to_string(),
             jump("cali-pi-kcnp/a-admin"),
@@ -1153,7 +1153,7 @@ fn workload_chains_list_the_tiers_in_order_and_only_networkpolicies_isolate() {
     );
     let fw = bodies(&g, &format!("cali-fw-{iface}"));
     assert_eq!(
-        fw[4..fw.len() - 3],
+        fw[2..fw.len() - 3],
         [
             "-m comment --comment \"Start of tier kube-admin\" -j MARK --set-xmark 0x0/0x20000"
                 .to_string(),
@@ -1208,9 +1208,7 @@ fn without_cluster_policies_the_workload_chains_keep_the_pre_tier_layout() {
     assert_eq!(
         bodies(&g, &format!("cali-tw-{iface}")),
         [
-            "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-            "-m conntrack --ctstate INVALID -j DROP",
-            "-j MARK --set-xmark 0x0/0x30000",
+            "-j cali-wl-start",
             "-m comment --comment \"Start of policies\" -j MARK --set-xmark 0x0/0x20000",
             "-m mark --mark 0x0/0x20000 -j cali-pi-knp/x/np",
             "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",

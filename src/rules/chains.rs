@@ -18,7 +18,7 @@ use super::{
     bridge, deny, from_workload_chain, policy_chain, profile_chain, render_rules,
     to_workload_chain, Action, AllowAction, Chain, ChainInsertMode, Direction,
     EndpointToHostAction, RenderedRule, Rule, RuleConfig, FORWARD_CHAIN, FROM_WL_DISPATCH,
-    INPUT_CHAIN, OUTPUT_CHAIN, TO_WL_DISPATCH, WL_TO_HOST_CHAIN,
+    INPUT_CHAIN, OUTPUT_CHAIN, TO_WL_DISPATCH, WL_START_CHAIN, WL_TO_HOST_CHAIN,
 };
 
 /// ICMPv6 types a pod must be able to send to its host before any policy: MLD (130-132),
@@ -143,11 +143,15 @@ fn render_static(cfg: &RuleConfig, family: IpFamily, guard: bool, traced: bool) 
         }),
     }
 
+    let mut wl_start = RuleList::new(traced);
+    workload_start_rules(cfg, &mut wl_start);
+
     vec![
         forward.finish(FORWARD_CHAIN, family, || ChainRole::Forward),
         input.finish(INPUT_CHAIN, family, || ChainRole::Input),
         wl_to_host.finish(WL_TO_HOST_CHAIN, family, || ChainRole::WorkloadToHost),
         output.finish(OUTPUT_CHAIN, family, || ChainRole::Output),
+        wl_start.finish(WL_START_CHAIN, family, || ChainRole::WorkloadStart),
     ]
 }
 
@@ -452,20 +456,18 @@ fn flow_log_copy(
     )
 }
 
-/// A workload chain: conntrack, then per tier that has policies in this direction felix's
-/// section (clear the pass bit, each policy's jump guarded by "not passed" and followed by
-/// "Return if policy accepted"), the NetworkPolicy section ending with its drop (the pod is
-/// isolated), then the namespace profile (allow). A ClusterNetworkPolicy tier has no end
-/// drop: a Deny drops in the policy chain, and nothing matched falls through to the next tier.
-fn endpoint_rules(
-    cfg: &RuleConfig,
-    family: IpFamily,
-    chain: &str,
-    direction: Direction,
-    namespace: &str,
-    tiers: &TierChains<'_>,
-    rules: &mut RuleList,
-) {
+/// What felix puts at the top of every workload chain, kept once in `cali-wl-start` for all
+/// of them: established and related connections accepted (with
+/// `FELIX_IPTABLESFILTERALLOWACTION=RETURN`: marked accepted and returned to the workload
+/// chain, which returns on the mark), invalid ones dropped, the accept and pass bits cleared.
+///
+/// Why shared: legacy iptables rewrites the whole table on every change, so its cost follows
+/// the table's rules and matches (docs/development/benchmarks.md, "Where a legacy restore's
+/// time goes"); these three rules were a sixth of the table's rules and a fifth of its matches
+/// at 110 pods, and the same in every pod's two chains. The jump keeps felix's reason for
+/// having them per workload (commit 1e4956f516): only traffic that the dispatch sent to a
+/// workload chain is ever accepted as established, never that of an interface not ours.
+fn workload_start_rules(cfg: &RuleConfig, rules: &mut RuleList) {
     let m = cfg.marks;
     let established = "-m conntrack --ctstate RELATED,ESTABLISHED";
     match cfg.allow_action {
@@ -497,6 +499,34 @@ fn endpoint_rules(
         }),
         || RuleRole::ClearAcceptAndPass,
     );
+}
+
+/// A workload chain: the shared start (conntrack, marks), then per tier that has policies in this direction felix's
+/// section (clear the pass bit, each policy's jump guarded by "not passed" and followed by
+/// "Return if policy accepted"), the NetworkPolicy section ending with its drop (the pod is
+/// isolated), then the namespace profile (allow). A ClusterNetworkPolicy tier has no end
+/// drop: a Deny drops in the policy chain, and nothing matched falls through to the next tier.
+fn endpoint_rules(
+    cfg: &RuleConfig,
+    family: IpFamily,
+    chain: &str,
+    direction: Direction,
+    namespace: &str,
+    tiers: &TierChains<'_>,
+    rules: &mut RuleList,
+) {
+    let m = cfg.marks;
+    rules.push(Rule::new(Action::Jump(WL_START_CHAIN.into())), || {
+        RuleRole::JumpToWorkloadStart
+    });
+    if cfg.allow_action == AllowAction::Return {
+        // The start chain's RETURN only left the start chain; an established packet comes
+        // back marked accepted, anything else with the bits cleared.
+        rules.push(
+            Rule::new(Action::Return).mark_match(m.accept, m.accept),
+            || RuleRole::ReturnIfEstablished,
+        );
+    }
     let sections = [
         Section::Cluster {
             tier: ADMIN_TIER_NAME,
@@ -675,158 +705,4 @@ fn render_profile(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bodies(c: &Chain) -> Vec<String> {
-        c.rules
-            .iter()
-            .map(|r| {
-                let needle = format!("-m comment --comment \"cali:{}\" ", r.hash);
-                r.body
-                    .replace(&needle, "")
-                    .replace(&needle[..needle.len() - 1], "")
-            })
-            .collect()
-    }
-
-    #[test]
-    fn forward_dispatches_every_prefix() {
-        let cfg = RuleConfig {
-            interface_prefixes: vec!["eni".into(), "veth".into()],
-            ..RuleConfig::default()
-        };
-        let chains = static_chains(&cfg, IpFamily::V4, false);
-        assert_eq!(
-            bodies(&chains[0]),
-            [
-                "-j MARK --set-xmark 0x0/0xe0000",
-                "-i eni+ -j cali-from-wl-dispatch",
-                "-o eni+ -j cali-to-wl-dispatch",
-                "-i veth+ -j cali-from-wl-dispatch",
-                "-o veth+ -j cali-to-wl-dispatch",
-            ]
-        );
-        assert_eq!(
-            bodies(&chains[1]),
-            ["-i eni+ -g cali-wl-to-host", "-i veth+ -g cali-wl-to-host"]
-        );
-        assert_eq!(
-            bodies(&chains[2]),
-            [
-                "-j cali-from-wl-dispatch",
-                "-m comment --comment \"Configured DefaultEndpointToHostAction\" -j ACCEPT"
-            ]
-        );
-        assert_eq!(
-            bodies(&chains[3]),
-            ["-o eni+ -j RETURN", "-o veth+ -j RETURN"]
-        );
-    }
-
-    #[test]
-    fn ipv6_lets_neighbour_discovery_reach_the_host() {
-        let chains = static_chains(&RuleConfig::default(), IpFamily::V6, false);
-        let wl = bodies(&chains[2]);
-        assert_eq!(wl.len(), 8);
-        assert_eq!(wl[4], "-p ipv6-icmp -m icmp6 --icmpv6-type 135 -j ACCEPT");
-    }
-
-    #[test]
-    fn kernel_rules_put_the_accept_last() {
-        let rules = kernel_chain_rules(&RuleConfig::default(), IpFamily::V4);
-        assert_eq!(rules[0].chain, "FORWARD");
-        assert!(rules[0].inserts[0].body.ends_with("-j cali-FORWARD"));
-        assert!(rules[0].appends[0].body.ends_with(
-            "-m comment --comment \"Policy explicitly accepted packet.\" -m mark --mark 0x10000/0x10000 -j ACCEPT"
-        ));
-        assert!(rules[2].inserts[0].body.ends_with("-j cali-OUTPUT"));
-    }
-
-    #[test]
-    fn unisolated_endpoint_goes_straight_to_the_profile() {
-        let ips = ["10.0.0.5".parse().unwrap()];
-        let [tw, fw] = endpoint_chains(
-            &RuleConfig::default(),
-            IpFamily::V4,
-            "cali1",
-            &ips,
-            "ns",
-            &[],
-            &[],
-        );
-        assert_eq!(tw.name, "cali-tw-cali1");
-        assert_eq!(fw.name, "cali-fw-cali1");
-        assert_eq!(
-            bodies(&tw),
-            [
-                "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-                "-m conntrack --ctstate INVALID -j DROP",
-                "-j MARK --set-xmark 0x0/0x30000",
-                "-j cali-pri-kns.ns",
-                "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 -j RETURN",
-                "-m comment --comment \"Drop if no profiles matched\" -j DROP",
-            ]
-        );
-        // The egress chain starts with the source check, then the same layout.
-        assert_eq!(
-            bodies(&fw)[0],
-            "! -s 10.0.0.5/32 -m comment --comment \"Drop if the source is not the workload address\" -j DROP"
-        );
-        assert!(bodies(&fw)[4].ends_with("cali-pro-kns.ns"));
-    }
-
-    #[test]
-    fn source_check_per_family_and_switch() {
-        let ips: [IpAddr; 2] = ["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
-        let cfg = RuleConfig::default();
-        let fw6 = endpoint_chains(&cfg, IpFamily::V6, "c", &ips, "ns", &[], &[])[1].clone();
-        assert!(bodies(&fw6)[0].starts_with("! -s fd00::5/128 "));
-        // No address of the family: nothing of it passes.
-        let fw6 = endpoint_chains(&cfg, IpFamily::V6, "c", &ips[..1], "ns", &[], &[])[1].clone();
-        assert_eq!(
-            bodies(&fw6)[0],
-            "-m comment --comment \"Drop if the source is not the workload address\" -j DROP"
-        );
-        // Several addresses of one family (not from the API server): scratch-mark form.
-        let two: [IpAddr; 2] = ["10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap()];
-        let fw = endpoint_chains(&cfg, IpFamily::V4, "c", &two, "ns", &[], &[])[1].clone();
-        assert_eq!(
-            bodies(&fw)[..4],
-            [
-                "-j MARK --set-xmark 0x40000/0x40000",
-                "-s 10.0.0.5/32 -j MARK --set-xmark 0x0/0x40000",
-                "-s 10.0.0.6/32 -j MARK --set-xmark 0x0/0x40000",
-                "-m comment --comment \"Drop if the source is not the workload address\" -m mark --mark 0x40000/0x40000 -j DROP",
-            ]
-        );
-        // The ingress chain never checks sources; off, neither does the egress chain.
-        let off = RuleConfig {
-            workload_source_check: false,
-            ..RuleConfig::default()
-        };
-        let [tw, fw] = endpoint_chains(&off, IpFamily::V4, "c", &ips, "ns", &[], &[]);
-        assert!(bodies(&fw)[0].starts_with("-m conntrack"));
-        assert!(bodies(&tw)[0].starts_with("-m conntrack"));
-    }
-
-    #[test]
-    fn reject_and_return_actions_follow_config() {
-        let cfg = RuleConfig {
-            deny_action: crate::rules::DenyAction::Reject,
-            allow_action: AllowAction::Return,
-            ..RuleConfig::default()
-        };
-        let [tw, _] = endpoint_chains(&cfg, IpFamily::V6, "c", &[], "ns", &[], &[]);
-        let b = bodies(&tw);
-        assert_eq!(
-            b[0],
-            "-m conntrack --ctstate RELATED,ESTABLISHED -j MARK --set-xmark 0x10000/0x10000"
-        );
-        assert_eq!(b[1], "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN");
-        assert!(b
-            .last()
-            .unwrap()
-            .ends_with("-j REJECT --reject-with icmp6-port-unreachable"));
-    }
-}
+mod tests;

@@ -53,6 +53,8 @@ pub const FORWARD_CHAIN: &str = "cali-FORWARD";
 pub const INPUT_CHAIN: &str = "cali-INPUT";
 pub const OUTPUT_CHAIN: &str = "cali-OUTPUT";
 pub const WL_TO_HOST_CHAIN: &str = "cali-wl-to-host";
+/// The start every workload chain jumps to first: conntrack, then the mark bits cleared.
+pub const WL_START_CHAIN: &str = "cali-wl-start";
 pub const FROM_WL_DISPATCH: &str = "cali-from-wl-dispatch";
 pub const TO_WL_DISPATCH: &str = "cali-to-wl-dispatch";
 /// Bridge mode only: traffic routed (not bridged) into the bridge, dispatched by destination

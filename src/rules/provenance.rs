@@ -45,6 +45,8 @@ pub enum ChainRole {
     WorkloadToHost,
     /// `cali-OUTPUT`: host-to-pod traffic is not policed.
     Output,
+    /// `cali-wl-start`: the conntrack and mark rules every workload chain starts with.
+    WorkloadStart,
     /// `cali-wl-guard`: local pods a policy isolates whose interface is not known yet,
     /// dropped by address (`rules::guard`).
     Guard,
@@ -202,6 +204,12 @@ pub enum RuleRole {
     /// Anti-spoofing: drops what a pod sends from an address not its own (`own`, this
     /// family; the rule, or each rule of the several-address form).
     DropSpoofedSource { own: Vec<IpNet> },
+    /// The jump into `cali-wl-start` (conntrack, then the marks cleared).
+    JumpToWorkloadStart,
+    /// `FELIX_IPTABLESFILTERALLOWACTION=RETURN`: returns what `cali-wl-start` marked accepted
+    /// (established and related connections).
+    ReturnIfEstablished,
+    // cali-wl-start.
     /// Accepts packets of established connections (conntrack).
     AcceptEstablished,
     /// `FELIX_IPTABLESFILTERALLOWACTION=RETURN`: marks established packets accepted.

@@ -24,6 +24,9 @@ impl fmt::Display for ChainRole {
                 f.write_str("static: egress policy of pods for traffic to their host")
             }
             ChainRole::Output => f.write_str("static: host-to-pod traffic in OUTPUT"),
+            ChainRole::WorkloadStart => {
+                f.write_str("static: the start of every workload chain (conntrack, marks cleared)")
+            }
             ChainRole::Guard => f.write_str(
                 "guard: isolated local pods whose interface is not known yet, by address",
             ),
@@ -161,6 +164,12 @@ pub fn describe_rule<'a>(
                     own.join(", ")
                 )
             }
+        }
+        RuleRole::JumpToWorkloadStart => {
+            "jump to the start shared by workload chains (conntrack, marks cleared)".into()
+        }
+        RuleRole::ReturnIfEstablished => {
+            "return if the start marked the packet accepted (established or related)".into()
         }
         RuleRole::AcceptEstablished => "accept established and related connections".into(),
         RuleRole::MarkEstablished => "mark established and related connections accepted".into(),
