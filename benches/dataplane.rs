@@ -10,8 +10,9 @@
 //! `NETPOL_BENCH_BACKEND=nft`, nft) backend from the scenario's thread moved into the
 //! namespace (`setns`) around every call, with `Exec::default()`: its programs are spawned
 //! as the agent spawns its own in its namespace, and so are the floor's timed restores; no
-//! `ip netns exec` wrapper (about 1.5 ms a program here) is timed on either side. The synthetic cluster comes from `support/synthetic.rs` (10k pods, 1k
-//! policies, 300 namespaces; shared with the calc graph benchmark). Every scenario runs
+//! `ip netns exec` wrapper (about 1.5 ms a program here) is timed on either side. The
+//! synthetic cluster comes from `support/synthetic.rs` (10k pods, 1k policies, 300
+//! namespaces; shared with the calc graph benchmark). Every scenario runs
 //! twice: IPv4 only, and dual-stack (`-dual`: every pod has an IPv4 and an IPv6 address,
 //! every ipBlock comes in both families, the graph renders both and every change is applied
 //! as the agent applies it with IPv6 on: one `ipset restore` per family and phase, one

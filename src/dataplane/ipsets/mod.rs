@@ -9,8 +9,8 @@
 //! a pod that changes labels then costs one `ipset restore`, not two (a process start, about
 //! 0.7 ms, on the path from event to enforcement). Until iptables is written the old rules
 //! see the new memberships, which is the state the cluster is in now under the rules last
-//! written; the old order showed the old rules the union of old and new members, which holds
-//! no more safety (an allow sees more, a ClusterNetworkPolicy deny sees more). Between
+//! written. The old order showed the old rules the union of old and new members, which is no
+//! safer: an allow sees more addresses than either state, and so does a deny. Between
 //! `resync`s the cache of what the kernel holds is trusted, so a steady state writes nothing
 //! and starts no process.
 //!
