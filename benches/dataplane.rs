@@ -7,8 +7,8 @@
 //! namespaces it creates (`ip netns add npa-bench-<pid>-<n>`) and deletes when it ends, also
 //! on panic (a Drop guard; the parent also sweeps `npa-bench-<child pid>-*` after each
 //! child). `Dataplane` programs them with the iptables legacy (or, with
-//! `NETPOL_BENCH_BACKEND=nft`, nft) backend from the scenario's thread moved into the
-//! namespace (`setns`) around every call, with `Exec::default()`: its programs are spawned
+//! `NETPOL_BENCH_BACKEND=nft`, nft) backend from a thread that entered the namespace
+//! (`common::in_netns`) for every call, with `Exec::default()`: its programs are spawned
 //! as the agent spawns its own in its namespace, and so are the floor's timed restores; no
 //! `ip netns exec` wrapper (about 1.5 ms a program here) is timed on either side. The
 //! synthetic cluster comes from `support/synthetic.rs` (10k pods, 1k policies, 300
@@ -68,6 +68,8 @@
 //! ipset writer's "ipset restore" debug event (the same figure as `IpsetStats::lines`),
 //! captured with a tracing layer that enables nothing else below warn.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
@@ -81,7 +83,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nix::sched::{setns, CloneFlags};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::Context;
@@ -190,19 +191,13 @@ impl NetNs {
         Exec::in_netns(&self.name)
     }
 
-    /// Moves the calling thread into the namespace until the guard drops. What is timed runs
+    /// Runs `f` on a thread inside the namespace (`common::in_netns`). What is timed runs
     /// so: its programs are started with `Exec::default()`, by `posix_spawn` from a thread
     /// in the namespace, as the agent starts its own. (`Exec::in_netns` forks to enter in the
     /// child, which costs the bench 0.7 ms more per program at its 19 MB than the agent
     /// pays.)
-    fn enter(&self) -> Entered {
-        let home = std::fs::File::open("/proc/thread-self/ns/net")
-            .expect("cannot open this thread's network namespace");
-        let target = std::fs::File::open(format!("/run/netns/{}", self.name))
-            .unwrap_or_else(|e| panic!("cannot open namespace {}: {e}", self.name));
-        setns(&target, CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("cannot enter namespace {}: {e}", self.name));
-        Entered { home }
+    fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        common::in_netns(&self.name, f)
     }
 
     /// Runs `program args` in the namespace with `input` on stdin; returns its stdout.
@@ -240,18 +235,6 @@ impl NetNs {
             .collect();
         sets.sort();
         (rules, sets)
-    }
-}
-
-/// A thread inside another network namespace ([`NetNs::enter`]); back home when dropped.
-struct Entered {
-    home: std::fs::File,
-}
-
-impl Drop for Entered {
-    fn drop(&mut self) {
-        setns(&self.home, CloneFlags::CLONE_NEWNET)
-            .expect("cannot return to the thread's network namespace");
     }
 }
 
@@ -335,22 +318,23 @@ impl Scripts {
             .filter(|(_, body)| !body.is_empty())
             .map(|(f, body)| (*f, format!("*filter\n{body}COMMIT\n")))
             .collect();
-        let _inside = ns.enter();
         let run = |program: &str, args: &[&str], input: &str| {
             let mut cmd = Exec::default().command(program);
             run_ok(cmd.args(args), input);
         };
-        let start = Instant::now();
-        if !self.ipset_before.is_empty() {
-            run("ipset", &["restore"], &self.ipset_before);
-        }
-        for (family, script) in &iptables {
-            run(&iptables_tool(*family, "restore"), &["--noflush"], script);
-        }
-        if !self.ipset_after.is_empty() {
-            run("ipset", &["restore"], &self.ipset_after);
-        }
-        start.elapsed()
+        ns.inside(|| {
+            let start = Instant::now();
+            if !self.ipset_before.is_empty() {
+                run("ipset", &["restore"], &self.ipset_before);
+            }
+            for (family, script) in &iptables {
+                run(&iptables_tool(*family, "restore"), &["--noflush"], script);
+            }
+            if !self.ipset_after.is_empty() {
+                run("ipset", &["restore"], &self.ipset_after);
+            }
+            start.elapsed()
+        })
     }
 }
 
@@ -524,19 +508,20 @@ fn ipset_lines() -> u64 {
 // ---- scenarios ----
 
 /// The dataplane under test, for namespace `ns`: every call to it must be made from inside
-/// (`ns.enter()`), as the agent runs in its own.
+/// (`ns.inside`), as the agent runs in its own.
 fn new_dataplane(ns: &NetNs, families: Vec<IpFamily>) -> Dataplane {
-    let _inside = ns.enter();
-    Dataplane::new(&DataplaneConfig {
-        families,
-        rules: RuleConfig::default(),
-        backend: bench_backend(),
-        ownership: netpol_agent::agent::OWNERSHIP,
-        interest: netpol_agent::agent::ours(),
-        max_set_size: DEFAULT_MAX_SET_SIZE,
-        exec: Exec::default(),
+    ns.inside(|| {
+        Dataplane::new(&DataplaneConfig {
+            families,
+            rules: RuleConfig::default(),
+            backend: bench_backend(),
+            ownership: netpol_agent::agent::OWNERSHIP,
+            interest: netpol_agent::agent::ours(),
+            max_set_size: DEFAULT_MAX_SET_SIZE,
+            exec: Exec::default(),
+        })
+        .expect("cannot set up the dataplane")
     })
-    .expect("cannot set up the dataplane")
 }
 
 fn ms(d: Duration) -> f64 {
@@ -585,15 +570,15 @@ fn cold_start(scale: Scale) -> ColdStart {
     let mut rng = Rng(SEED);
     let ipset_before = ipset_lines();
 
-    let inside = ours.enter();
-    let start = Instant::now();
-    let (mut graph, apps) = build(scale, &mut rng);
-    let update = graph.flush();
-    let graph_time = start.elapsed();
-    dataplane.absorb(&update);
-    let report = dataplane.apply().expect("cold-start apply failed");
-    let total = start.elapsed();
-    drop(inside);
+    let (graph, apps, graph_time, report, total) = ours.inside(|| {
+        let start = Instant::now();
+        let (mut graph, apps) = build(scale, &mut rng);
+        let update = graph.flush();
+        let graph_time = start.elapsed();
+        dataplane.absorb(&update);
+        let report = dataplane.apply().expect("cold-start apply failed");
+        (graph, apps, graph_time, report, start.elapsed())
+    });
     let ipset_written = (ipset_lines() - ipset_before) as usize;
 
     let mut selected_apps: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
@@ -757,20 +742,21 @@ struct Sample {
 impl Started {
     /// One event through graph and kernel, then its floor through the mirror.
     fn step(&mut self, class: &'static str, event: Event<'_>) -> Sample {
-        let inside = self.ours.enter();
         let ipset_before = ipset_lines();
-        let start = Instant::now();
-        match event {
-            Event::Pod(p) => self.graph.upsert_pod(p),
-            Event::Policy(np) => self.graph.upsert_policy(np),
-            Event::ClusterPolicy(cnp) => self.graph.upsert_cluster_policy(cnp),
-        }
-        let update = self.graph.flush();
-        let graph = start.elapsed();
-        self.dataplane.absorb(&update);
-        let report = self.dataplane.apply().expect("apply failed");
-        let ours = start.elapsed();
-        drop(inside);
+        let (graph_state, dataplane) = (&mut self.graph, &mut self.dataplane);
+        let (update, graph, report, ours) = self.ours.inside(|| {
+            let start = Instant::now();
+            match event {
+                Event::Pod(p) => graph_state.upsert_pod(p),
+                Event::Policy(np) => graph_state.upsert_policy(np),
+                Event::ClusterPolicy(cnp) => graph_state.upsert_cluster_policy(cnp),
+            }
+            let update = graph_state.flush();
+            let graph = start.elapsed();
+            dataplane.absorb(&update);
+            let report = dataplane.apply().expect("apply failed");
+            (update, graph, report, start.elapsed())
+        });
         let ours_lines = report.iptables_lines + (ipset_lines() - ipset_before) as usize;
 
         let floor = floor_scripts(&update, &mut self.chains);

@@ -30,12 +30,10 @@ impl Exec {
     /// Runs commands inside network namespace `name` (one made by `ip netns add <name>`).
     /// A namespace that does not exist fails the spawn with the error of its `open`.
     pub fn in_netns(name: &str) -> Exec {
-        // A name with a NUL byte cannot be a file name: keep it, minus the NUL, so that the
-        // open fails as for any missing namespace instead of panicking here.
-        let path = format!("/run/netns/{}", name.replace('\0', ""));
-        Exec {
-            netns: Some(CString::new(path).unwrap_or_default()),
-        }
+        // A name with a NUL byte cannot be a file name: the empty path then fails the open
+        // as a missing namespace does, instead of panicking here.
+        let path = CString::new(format!("/run/netns/{name}")).unwrap_or_default();
+        Exec { netns: Some(path) }
     }
 
     /// Whether commands run in the caller's own namespace (the host's, for the agent).

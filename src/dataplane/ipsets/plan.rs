@@ -215,14 +215,7 @@ impl KernelSets {
                     })
                 }
                 Some(k) => {
-                    let extra: Vec<Member> = k.members.difference(&want).copied().collect();
-                    if !extra.is_empty() {
-                        dels.push(Op {
-                            name: name.clone(),
-                            family: spec.family,
-                            kind: OpKind::Del(extra),
-                        });
-                    }
+                    dels.extend(deletions(name, spec.family, &k.members, &want));
                     let missing: Vec<Member> = want.difference(&k.members).copied().collect();
                     (!missing.is_empty()).then_some(OpKind::Add(missing))
                 }
@@ -264,14 +257,7 @@ impl KernelSets {
                         continue;
                     }
                     let want = effective_members(spec);
-                    let extra: Vec<Member> = k.members.difference(&want).copied().collect();
-                    if !extra.is_empty() {
-                        ops.push(Op {
-                            name: name.clone(),
-                            family: spec.family,
-                            kind: OpKind::Del(extra),
-                        });
-                    }
+                    ops.extend(deletions(name, spec.family, &k.members, &want));
                 }
                 None => destroys.push(name.clone()),
             }
@@ -404,6 +390,21 @@ fn check_spec(key: &str, spec: &SetSpec) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The `del` op for what `have` holds beyond `want`, if it holds anything more.
+fn deletions(
+    name: &str,
+    family: IpFamily,
+    have: &BTreeSet<Member>,
+    want: &BTreeSet<Member>,
+) -> Option<Op> {
+    let extra: Vec<Member> = have.difference(want).copied().collect();
+    (!extra.is_empty()).then(|| Op {
+        name: name.to_string(),
+        family,
+        kind: OpKind::Del(extra),
+    })
 }
 
 /// The members of `spec` the kernel can hold: of the set's family and kind. Anything else is
