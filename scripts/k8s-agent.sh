@@ -27,13 +27,44 @@ npa_crd() {
   echo "$dir/config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml"
 }
 
+# Why each agent pod that is not ready is not: its Ready condition, restarts and last exit,
+# kubelet's probe events, and the agent's own words (its warnings and errors, the readiness
+# answers it logged, and the previous container's last lines after a restart).
+not_ready_report() {
+  local p
+  # Every agent pod, in case a node has two (the DaemonSet counts the oldest).
+  "${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent -o wide --no-headers >&2 || true
+  for p in $("${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent \
+      -o jsonpath='{range .items[*]}{.metadata.name}:{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
+      | awk -F: '$2 != "True" { print $1 }'); do
+    echo "--- $p: not ready" >&2
+    "${KUBECTL[@]}" -n kube-system get pod "$p" -o jsonpath='node {.spec.nodeName}; Ready {.status.conditions[?(@.type=="Ready")].status} since {.status.conditions[?(@.type=="Ready")].lastTransitionTime} ({.status.conditions[?(@.type=="Ready")].reason}); restarts {.status.containerStatuses[0].restartCount}; last exit {.status.containerStatuses[0].lastState.terminated.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}{"\n"}' >&2 || true
+    "${KUBECTL[@]}" -n kube-system get events --field-selector "involvedObject.name=$p" >&2 || true
+    "${KUBECTL[@]}" -n kube-system logs "$p" 2>&1 | grep -E '"level":"(WARN|ERROR)"|"probe":' | tail -15 >&2 || true
+    "${KUBECTL[@]}" -n kube-system logs --previous "$p" 2>/dev/null | tail -10 >&2 || true
+  done
+}
+
 check() {
-  local nodes want ready pods
+  local nodes want ready pods waited=0
   nodes=$("${KUBECTL[@]}" get nodes --no-headers | wc -l)
   want=$("${KUBECTL[@]}" -n kube-system get ds netpol-agent -o jsonpath='{.status.desiredNumberScheduled}')
-  ready=$("${KUBECTL[@]}" -n kube-system get ds netpol-agent -o jsonpath='{.status.numberReady}')
   [ "$want" = "$nodes" ] || die "the DaemonSet wants $want pods for $nodes nodes"
-  [ "$ready" = "$nodes" ] || die "$ready of $nodes agents ready"
+  # A completed rollout had every pod ready; one that is not a moment later lost readiness
+  # after having it, which a user's `kubectl get ds` shows too. Say why, and give it the
+  # time of three readiness probes to come back (a restarted container, a node's status
+  # late under load) before calling the install broken.
+  while :; do
+    ready=$("${KUBECTL[@]}" -n kube-system get ds netpol-agent -o jsonpath='{.status.numberReady}')
+    [ "$ready" = "$nodes" ] && break
+    if [ "$waited" = 0 ]; then
+      echo "k8s-agent: $ready of $nodes agents ready after the rollout; why:" >&2
+      not_ready_report
+    fi
+    [ "$waited" -ge 30 ] && die "$ready of $nodes agents ready ($waited s after the rollout; why above)"
+    sleep 2; waited=$((waited + 2))
+  done
+  [ "$waited" = 0 ] || echo "k8s-agent: note: every agent ready again $waited s after the rollout (see above why one was not)" >&2
   # An RBAC refusal in an agent's log (the API server's words for a 403: `<resource> is
   # forbidden: User "system:serviceaccount:..." cannot <verb> ...`): the shipped RBAC is not
   # enough for something it reads. Not any "forbidden": 1.33's refusal of streaming lists

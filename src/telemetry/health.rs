@@ -10,7 +10,10 @@
 //!   after it has completed; before that the node's pods are not yet protected as the
 //!   policies say.
 //!
-//! The loops write atomics only; the HTTP server reads them.
+//! The loops write atomics only; the HTTP server reads them. Each probe answer that differs
+//! from the one before it is logged ([`Health::answer`]), so a pod kubelet saw flip to not
+//! ready or not live has the reason in its log, at the time kubelet saw it (felix logs its
+//! overall health changes the same way).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -49,6 +52,34 @@ pub struct Health {
     /// Something an operator should know that does not make the agent unready (auto's wiring
     /// not seen yet on a node without pods), added to the readiness answer.
     note: Mutex<Option<String>>,
+    /// The last answer each probe path gave, to log only the changes.
+    answered: [Mutex<Option<(bool, String)>>; 2],
+}
+
+/// The two probe paths, as kubelet asks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    Liveness,
+    Readiness,
+}
+
+/// How an answer differs from the previous one, to decide whether and how loudly to log it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// The same answer as before (the note may differ while passing): nothing to log.
+    None,
+    /// Passing now, or failing from the start or for another reason than before.
+    Routine,
+    /// It passed before and fails now: kubelet takes the pod out of service (or restarts it).
+    Lost,
+}
+
+fn change(before: Option<&(bool, String)>, now: &(bool, String)) -> Change {
+    match before {
+        Some((true, _)) if !now.0 => Change::Lost,
+        Some((ok, why)) if *ok == now.0 && (now.0 || *why == now.1) => Change::None,
+        _ => Change::Routine,
+    }
 }
 
 impl Health {
@@ -66,7 +97,25 @@ impl Health {
             note: Mutex::new(None),
             unprogrammed_family: Mutex::new(None),
             datastore_refused: Mutex::new(None),
+            answered: [Mutex::new(None), Mutex::new(None)],
         }
+    }
+
+    /// The answer to a probe of `which`, logged when it differs from the last one given:
+    /// warning when it passed before and fails now, info otherwise.
+    pub fn answer(&self, which: Probe) -> (bool, String) {
+        let (now, slot, name) = match which {
+            Probe::Liveness => (self.liveness(), &self.answered[0], "liveness"),
+            Probe::Readiness => (self.readiness(), &self.answered[1], "readiness"),
+        };
+        let mut last = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match change(last.as_ref(), &now) {
+            Change::None => {}
+            Change::Routine => tracing::info!(probe = name, "{}", now.1),
+            Change::Lost => tracing::warn!(probe = name, "{} (passed before)", now.1),
+        }
+        *last = Some(now.clone());
+        now
     }
 
     /// The longest an idle loop may sleep and still be live: a quarter of the watchdog
@@ -236,6 +285,33 @@ mod tests {
         );
         h.set_note(None);
         assert!(!h.readiness().1.contains("wiring"));
+    }
+
+    #[test]
+    fn probe_answers_are_logged_when_they_change() {
+        let ok = |why: &str| (true, why.to_string());
+        let bad = |why: &str| (false, why.to_string());
+        assert_eq!(change(None, &bad("not ready: waiting")), Change::Routine);
+        assert_eq!(change(None, &ok("ready")), Change::Routine);
+        let waiting = bad("not ready: waiting");
+        assert_eq!(change(Some(&waiting), &waiting), Change::None);
+        assert_eq!(
+            change(Some(&waiting), &bad("not ready: applying")),
+            Change::Routine
+        );
+        assert_eq!(change(Some(&waiting), &ok("ready")), Change::Routine);
+        // A note changing under a passing answer is no news; losing the pass is.
+        assert_eq!(change(Some(&ok("ready")), &ok("ready; note")), Change::None);
+        assert_eq!(
+            change(Some(&ok("ready")), &bad("not ready: refused")),
+            Change::Lost
+        );
+        let h = Health::new(Duration::from_secs(90));
+        assert!(!h.answer(Probe::Readiness).0);
+        h.set_in_sync();
+        h.set_applied();
+        assert!(h.answer(Probe::Readiness).0);
+        assert!(h.answer(Probe::Liveness).0);
     }
 
     #[test]

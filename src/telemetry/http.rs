@@ -20,7 +20,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context};
 use tiny_http::{Header, Method, Response, Server};
 
-use crate::telemetry::health::Health;
+use crate::telemetry::health::{Health, Probe};
 
 /// What a route answers.
 pub struct Reply {
@@ -173,8 +173,8 @@ pub fn serve_health_streaming(
         port,
         move |path, query| {
             let (ok, why) = match path {
-                "/liveness" => health.liveness(),
-                "/readiness" => health.readiness(),
+                "/liveness" => health.answer(Probe::Liveness),
+                "/readiness" => health.answer(Probe::Readiness),
                 _ => return extra(path, query),
             };
             Some(Reply::text(if ok { 200 } else { 503 }, why))
