@@ -31,7 +31,7 @@ npa_crd() {
 # kubelet's probe events, and the agent's own words (its warnings and errors, the readiness
 # answers it logged, and the previous container's last lines after a restart).
 not_ready_report() {
-  local p
+  local p node
   # Every agent pod, in case a node has two (the DaemonSet counts the oldest).
   "${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent -o wide --no-headers >&2 || true
   for p in $("${KUBECTL[@]}" -n kube-system get pods -l app.kubernetes.io/name=netpol-agent \
@@ -39,6 +39,10 @@ not_ready_report() {
       | awk -F: '$2 != "True" { print $1 }'); do
     echo "--- $p: not ready" >&2
     "${KUBECTL[@]}" -n kube-system get pod "$p" -o jsonpath='node {.spec.nodeName}; Ready {.status.conditions[?(@.type=="Ready")].status} since {.status.conditions[?(@.type=="Ready")].lastTransitionTime} ({.status.conditions[?(@.type=="Ready")].reason}); restarts {.status.containerStatuses[0].restartCount}; last exit {.status.containerStatuses[0].lastState.terminated.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}{"\n"}' >&2 || true
+    # A node whose own Ready condition fails has its pods marked not ready by the node
+    # lifecycle controller, whatever their probes say.
+    node=$("${KUBECTL[@]}" -n kube-system get pod "$p" -o jsonpath='{.spec.nodeName}' 2>/dev/null) || node=
+    [ -z "$node" ] || "${KUBECTL[@]}" get node "$node" -o jsonpath='node {.metadata.name}: Ready {.status.conditions[?(@.type=="Ready")].status} since {.status.conditions[?(@.type=="Ready")].lastTransitionTime} ({.status.conditions[?(@.type=="Ready")].message}){"\n"}' >&2 || true
     "${KUBECTL[@]}" -n kube-system get events --field-selector "involvedObject.name=$p" >&2 || true
     "${KUBECTL[@]}" -n kube-system logs "$p" 2>&1 | grep -E '"level":"(WARN|ERROR)"|"probe":' | tail -15 >&2 || true
     "${KUBECTL[@]}" -n kube-system logs --previous "$p" 2>/dev/null | tail -10 >&2 || true
