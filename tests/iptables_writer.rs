@@ -376,14 +376,89 @@ fn removing_a_policy_deletes_its_chains_and_jumps() {
         for (_, name) in &update.chains_removed {
             assert!(!saved.contains(&format!(":{name} ")), "{name} still there");
         }
-        // nft deletes chains in a second transaction.
-        let expected_calls = match backend {
-            Backend::Legacy => 2,
-            Backend::Nft => 3,
-        };
-        assert_eq!(w.stats().restore_calls, expected_calls);
+        // Both backends delete the chains in the transaction that drops their references.
+        assert_eq!(w.stats().restore_calls, 2, "{backend:?}");
         w.invalidate();
         assert_eq!(w.apply(&after, &all_dirty()).unwrap(), 0);
+    }
+}
+
+/// A chain deletion the kernel refuses (another program jumps to the policy chain) fails the
+/// restore it is in. On nft the writer then deletes chains in a second transaction, so the
+/// policy's removal from the pods' chains still commits and only the deletion keeps failing;
+/// legacy's whole-table restore commits nothing. Once the other jump is gone, the chain goes.
+#[test]
+fn a_refused_chain_deletion_is_split_from_the_updates_on_nft() {
+    for (backend, family) in [
+        (Backend::Nft, IpFamily::V4),
+        (Backend::Legacy, IpFamily::V4),
+    ] {
+        let ns = NetNs::new("writer-busy");
+        add_foreign(&ns, backend, family);
+        let mut demo = Demo::new(&ns, family, ChainInsertMode::Insert);
+        let before = demo.desired();
+        let mut w = TableWriter::new(exec(&ns), family, backend, OWNERSHIP).with_retry(Policy {
+            tries: Some(3),
+            first: Duration::from_millis(10),
+            ..Policy::IPTABLES_RESTORE
+        });
+        w.apply(&before, &all_dirty()).unwrap();
+
+        demo.graph
+            .remove_policy(&ObjectKey::new("shop", "api-egress"));
+        let update = demo.graph.flush();
+        let removed: Vec<String> = update
+            .chains_removed
+            .iter()
+            .map(|(_, n)| n.clone())
+            .collect();
+        let held = removed
+            .iter()
+            .find(|n| {
+                before
+                    .chains
+                    .get(n.as_str())
+                    .is_some_and(|c| !c.rules.is_empty())
+            })
+            .expect("the policy had a chain with rules")
+            .clone();
+        let ipt = cli(backend, family);
+        ns.exec_ok(&[&ipt, "-w", "-A", "KUBE-TEST", "-j", &held]);
+        let mut dirty: BTreeSet<String> = removed.iter().cloned().collect();
+        dirty.extend(update.chains_upserted.iter().map(|(_, c)| c.name.clone()));
+        let after = demo.desired();
+        let err = w.apply(&after, &dirty).unwrap_err();
+        let saved = save(&ns, backend, family);
+        assert!(
+            saved.contains(&format!(":{held} ")),
+            "{held} was deleted: {err:#}"
+        );
+        let jumps_to_held = |saved: &str| {
+            saved
+                .lines()
+                .filter(|l| l.starts_with("-A cali-") && l.ends_with(&format!("-j {held}")))
+                .count()
+        };
+        match backend {
+            Backend::Nft => assert_eq!(
+                jumps_to_held(&saved),
+                0,
+                "the pods' chains still jump to {held}: the update did not commit\n{saved}"
+            ),
+            Backend::Legacy => assert!(
+                jumps_to_held(&saved) > 0,
+                "legacy commits nothing of a refused restore\n{saved}"
+            ),
+        }
+
+        ns.exec_ok(&[&ipt, "-w", "-D", "KUBE-TEST", "-j", &held]);
+        w.invalidate();
+        w.apply(&after, &all_dirty()).unwrap();
+        check_kernel(&ns, backend, family, &after);
+        let saved = save(&ns, backend, family);
+        for name in &removed {
+            assert!(!saved.contains(&format!(":{name} ")), "{name} still there");
+        }
     }
 }
 

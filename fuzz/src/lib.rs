@@ -20,8 +20,8 @@ use netpol_agent::agent::{Calculation, OWNERSHIP};
 use netpol_agent::calc_graph::update::RestoreScripts;
 use netpol_agent::calc_graph::GraphConfig;
 use netpol_agent::dataplane::iptables::parse::parse_save;
-use netpol_agent::dataplane::iptables::plan::{apply_ops, plan_table};
-use netpol_agent::dataplane::iptables::{Backend, DesiredTable, TableState};
+use netpol_agent::dataplane::iptables::plan::{apply_ops, plan_table, ChainDeletions};
+use netpol_agent::dataplane::iptables::{DesiredTable, TableState};
 use netpol_agent::dataplane::owned::OwnedState;
 use netpol_agent::datastore::limits::MAX_MESSAGE_CHARS;
 use netpol_agent::datastore::manifests::parse_manifest_bytes;
@@ -113,8 +113,8 @@ pub fn iptables_save(data: &[u8]) {
     }
 
     let desired = demo_desired();
-    for backend in [Backend::Legacy, Backend::Nft] {
-        let plan = plan_table(&state, desired, None, backend);
+    for deletions in [ChainDeletions::WithUpdates, ChainDeletions::Separate] {
+        let plan = plan_table(&state, desired, None, deletions);
         let mut model = state.clone();
         let all: Vec<_> = plan.main.iter().chain(&plan.deferred).cloned().collect();
         for op in &all {

@@ -112,6 +112,8 @@ pub struct TableWriter {
     restore_pids: Vec<u32>,
     /// Called as each try starts (see [`TableWriter::on_each_try`]).
     on_try: Option<TryHook>,
+    /// Where chain deletions go: with the updates until a restore of both fails.
+    deletions: plan::ChainDeletions,
 }
 
 /// What a writer calls as each try of an apply starts.
@@ -132,6 +134,7 @@ impl TableWriter {
             metrics: crate::telemetry::metrics::global().iptables(family, TABLE),
             restore_pids: Vec::new(),
             on_try: None,
+            deletions: plan::ChainDeletions::WithUpdates,
         }
     }
 
@@ -222,13 +225,30 @@ impl TableWriter {
             Some(state) => (state, false),
             None => (self.read_kernel()?, true),
         };
-        let plan = plan::plan_table(&state, desired, (!all_dirty).then_some(dirty), self.backend);
+        let plan = plan::plan_table(
+            &state,
+            desired,
+            (!all_dirty).then_some(dirty),
+            self.deletions,
+        );
         let mut trusted = true;
         for ops in [&plan.main, &plan.deferred] {
             if ops.is_empty() {
                 continue;
             }
-            self.restore(ops)?;
+            if let Err(e) = self.restore(ops) {
+                if plan::split_after_failure(self.backend, self.deletions, ops) {
+                    // It may have failed for another reason (a lock, a concurrent writer);
+                    // splitting costs a restore per chain removal, refusing costs the update.
+                    self.deletions = plan::ChainDeletions::Separate;
+                    tracing::warn!(
+                        family = ?self.family,
+                        "{} failed on a transaction that deletes chains beside other updates; chains are deleted in a second transaction from now on (felix's nft way): {e:#}",
+                        self.restore_tool()
+                    );
+                }
+                return Err(e);
+            }
             *written += ops.len();
             if trusted {
                 if let Err(e) = plan::apply_ops(&mut state, ops) {

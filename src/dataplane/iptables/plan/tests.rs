@@ -251,7 +251,7 @@ fn plan_creates_updates_and_removes_chains() {
         vec![chain("cali-a", 2), chain("cali-b", 1)],
         ChainInsertMode::Insert,
     );
-    let p = plan_table(&current, &want, None, Backend::Legacy);
+    let p = plan_table(&current, &want, None, ChainDeletions::WithUpdates);
     let script = Plan::script(&p.main, "filter");
     assert!(script.starts_with("*filter\n:cali-a - [0:0]\n:cali-b - [0:0]\n-A cali-a "));
     assert!(script.ends_with("COMMIT\n"));
@@ -259,31 +259,87 @@ fn plan_creates_updates_and_removes_chains() {
     apply_ops(&mut current, &p.main).unwrap();
 
     // Nothing dirty, nothing to do.
-    assert!(plan_table(&current, &want, Some(&BTreeSet::new()), Backend::Legacy).is_empty());
-    assert!(plan_table(&current, &want, None, Backend::Legacy).is_empty());
+    assert!(plan_table(
+        &current,
+        &want,
+        Some(&BTreeSet::new()),
+        ChainDeletions::WithUpdates
+    )
+    .is_empty());
+    assert!(plan_table(&current, &want, None, ChainDeletions::WithUpdates).is_empty());
 
-    // cali-b goes away: flushed and deleted after the other updates; nft defers the -X.
+    // cali-b goes away: flushed and deleted after the other updates, in the same restore
+    // unless the writer fell back to a second one.
     let want2 = desired(vec![chain("cali-a", 2)], ChainInsertMode::Insert);
-    let legacy = plan_table(&current, &want2, Some(&BTreeSet::new()), Backend::Legacy);
-    assert_eq!(lines(&legacy.main), ["-F cali-b", "-X cali-b"]);
-    let nft = plan_table(&current, &want2, Some(&BTreeSet::new()), Backend::Nft);
-    assert_eq!(lines(&nft.main), ["-F cali-b"]);
-    assert_eq!(lines(&nft.deferred), ["-X cali-b"]);
+    let together = plan_table(
+        &current,
+        &want2,
+        Some(&BTreeSet::new()),
+        ChainDeletions::WithUpdates,
+    );
+    assert_eq!(lines(&together.main), ["-F cali-b", "-X cali-b"]);
+    assert!(together.deferred.is_empty());
+    let split = plan_table(
+        &current,
+        &want2,
+        Some(&BTreeSet::new()),
+        ChainDeletions::Separate,
+    );
+    assert_eq!(lines(&split.main), ["-F cali-b"]);
+    assert_eq!(lines(&split.deferred), ["-X cali-b"]);
+    // A failed restore with deletions beside other operations splits them, on nft only and
+    // once; a restore of deletions alone has nothing to split.
+    assert!(split_after_failure(
+        Backend::Nft,
+        ChainDeletions::WithUpdates,
+        &together.main
+    ));
+    assert!(!split_after_failure(
+        Backend::Legacy,
+        ChainDeletions::WithUpdates,
+        &together.main
+    ));
+    assert!(!split_after_failure(
+        Backend::Nft,
+        ChainDeletions::Separate,
+        &together.main
+    ));
+    assert!(!split_after_failure(
+        Backend::Nft,
+        ChainDeletions::WithUpdates,
+        &split.main
+    ));
+    assert!(!split_after_failure(
+        Backend::Nft,
+        ChainDeletions::WithUpdates,
+        &split.deferred
+    ));
 
     // Only dirty chains are diffed.
     let want3 = desired(
         vec![chain("cali-a", 3), chain("cali-b", 1)],
         ChainInsertMode::Insert,
     );
-    assert!(plan_table(&current, &want3, Some(&BTreeSet::new()), Backend::Legacy).is_empty());
+    assert!(plan_table(
+        &current,
+        &want3,
+        Some(&BTreeSet::new()),
+        ChainDeletions::WithUpdates
+    )
+    .is_empty());
     let dirty: BTreeSet<String> = ["cali-a".to_string()].into();
     assert_eq!(
-        plan_table(&current, &want3, Some(&dirty), Backend::Legacy).lines(),
+        plan_table(&current, &want3, Some(&dirty), ChainDeletions::WithUpdates).lines(),
         1
     );
 
     // Removing everything leaves the kernel chains as they were.
-    let gone = plan_table(&current, &DesiredTable::empty(), None, Backend::Legacy);
+    let gone = plan_table(
+        &current,
+        &DesiredTable::empty(),
+        None,
+        ChainDeletions::WithUpdates,
+    );
     apply_ops(&mut current, &gone.main).unwrap();
     let empty: BTreeMap<String, Vec<KernelRule>> = ["INPUT", "FORWARD", "OUTPUT"]
         .iter()
