@@ -503,8 +503,8 @@ fn workload_start_rules(cfg: &RuleConfig, rules: &mut RuleList) {
 
 /// A workload chain: the jump to the shared start (conntrack, marks), then per tier that has
 /// policies in this direction felix's section (clear the pass bit, each policy's jump guarded
-/// by "not passed" and followed by "Return if policy accepted"), the NetworkPolicy section ending with its drop (the pod is
-/// isolated), then the namespace profile (allow). A ClusterNetworkPolicy tier has no end
+/// by "not passed" and followed by "Return if policy accepted"), the NetworkPolicy section
+/// ending with its drop (the pod is isolated), then the namespace profile (allow). A ClusterNetworkPolicy tier has no end
 /// drop: a Deny drops in the policy chain, and nothing matched falls through to the next tier.
 fn endpoint_rules(
     cfg: &RuleConfig,

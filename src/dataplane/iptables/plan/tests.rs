@@ -289,31 +289,45 @@ fn plan_creates_updates_and_removes_chains() {
     assert_eq!(lines(&split.deferred), ["-X cali-b"]);
     // A failed restore with deletions beside other operations splits them, on nft only and
     // once; a restore of deletions alone has nothing to split.
-    assert!(split_after_failure(
-        Backend::Nft,
-        ChainDeletions::WithUpdates,
-        &together.main
-    ));
-    assert!(!split_after_failure(
-        Backend::Legacy,
-        ChainDeletions::WithUpdates,
-        &together.main
-    ));
-    assert!(!split_after_failure(
-        Backend::Nft,
-        ChainDeletions::Separate,
-        &together.main
-    ));
-    assert!(!split_after_failure(
-        Backend::Nft,
-        ChainDeletions::WithUpdates,
-        &split.main
-    ));
-    assert!(!split_after_failure(
-        Backend::Nft,
-        ChainDeletions::WithUpdates,
-        &split.deferred
-    ));
+    for (backend, deletions, ops, splits) in [
+        (
+            Backend::Nft,
+            ChainDeletions::WithUpdates,
+            &together.main,
+            true,
+        ),
+        (
+            Backend::Legacy,
+            ChainDeletions::WithUpdates,
+            &together.main,
+            false,
+        ),
+        (
+            Backend::Nft,
+            ChainDeletions::Separate,
+            &together.main,
+            false,
+        ),
+        (
+            Backend::Nft,
+            ChainDeletions::WithUpdates,
+            &split.main,
+            false,
+        ),
+        (
+            Backend::Nft,
+            ChainDeletions::WithUpdates,
+            &split.deferred,
+            false,
+        ),
+    ] {
+        assert_eq!(
+            split_after_failure(backend, deletions, ops),
+            splits,
+            "{backend:?} {deletions:?} {:?}",
+            lines(ops)
+        );
+    }
 
     // Only dirty chains are diffed.
     let want3 = desired(
